@@ -1,0 +1,243 @@
+"""The public forward: validation on the host, then one call into the per-arch library.
+
+Every argument is checked before anything is launched; an error names the argument, what
+it got and what was expected. With `workspace=` and `out=` given, a forward allocates
+nothing and never waits on the device, so it can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _native
+from .modes import Activation, QuantMode
+from .tactic import Tactic, default_tactic
+
+# Modes this release has kernels for, with the torch dtype of activations and weights.
+_SUPPORTED = {QuantMode.BF16: torch.bfloat16, QuantMode.FP16: torch.float16}
+_DTYPE_CODE = {QuantMode.BF16: 0, QuantMode.FP16: 1}
+_INDEX_CODE = {torch.int32: 0, torch.int64: 1}
+WORKSPACE_ALIGNMENT = 256
+
+
+def _fail(argument: str, got, expected: str, exc=ValueError):
+    raise exc(f"{argument}: got {got}, expected {expected}")
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"tensor(shape={tuple(t.shape)}, dtype={t.dtype}, device={t.device})"
+
+
+def _tensor(name, t, *, dtype=None, ndim=None, shape=None, device=None, align=16):
+    if not isinstance(t, torch.Tensor):
+        _fail(name, type(t).__name__, "a torch.Tensor", TypeError)
+    if device is not None and t.device != device:
+        _fail(name, f"device {t.device}", f"device {device} (all tensors on one GPU)")
+    if dtype is not None:
+        allowed = dtype if isinstance(dtype, tuple) else (dtype,)
+        if t.dtype not in allowed:
+            _fail(name, f"dtype {t.dtype}", " or ".join(str(d) for d in allowed), TypeError)
+    if ndim is not None and t.dim() != ndim:
+        _fail(name, f"shape {tuple(t.shape)}", f"a {ndim}-D tensor")
+    if shape is not None:
+        for i, (got, want) in enumerate(zip(t.shape, shape)):
+            if want is not None and got != want:
+                _fail(name, f"shape {tuple(t.shape)}",
+                      "shape (" + ", ".join("*" if s is None else str(s) for s in shape) + f") "
+                      f"(dimension {i} must be {want})")
+    if not t.is_contiguous():
+        _fail(name, f"strides {t.stride()} for shape {tuple(t.shape)}", "a contiguous tensor")
+    if t.numel() and t.data_ptr() % align:
+        _fail(name, f"data pointer {t.data_ptr():#x}", f"{align}-byte alignment")
+    return t
+
+
+def _quant(quant, hidden_states) -> QuantMode:
+    if quant is None:
+        by_dtype = {v: k for k, v in _SUPPORTED.items()}
+        if not isinstance(hidden_states, torch.Tensor) or hidden_states.dtype not in by_dtype:
+            got = hidden_states.dtype if isinstance(hidden_states, torch.Tensor) else type(hidden_states).__name__
+            _fail("hidden_states", f"dtype {got}", "torch.bfloat16 or torch.float16 (or pass quant=)",
+                  TypeError)
+        return by_dtype[hidden_states.dtype]
+    mode = QuantMode.parse(quant)
+    if mode not in _SUPPORTED:
+        built = sorted({k.act_dtype for lib in _native.libraries() for k in lib["kernels"]})
+        raise NotImplementedError(
+            f"quant={mode.value!r} has no kernels in this build of moe_kernels; it supports "
+            f"{[m.value for m in _SUPPORTED]} (built kernels: {built})")
+    return mode
+
+
+class _Problem:
+    """A validated forward: shapes, the C ABI shape dict, and the tensors to pass."""
+
+    def __init__(self, hidden_states, w13, w2, topk_weights, topk_ids, *, quant, activation,
+                 w13_bias, w2_bias, expert_offset, ep_rank, ep_size, num_experts,
+                 swiglu_alpha, swiglu_limit):
+        self.quant = _quant(quant, hidden_states)
+        self.activation = Activation.parse(activation)
+        dtype = _SUPPORTED[self.quant]
+        x = _tensor("hidden_states", hidden_states, dtype=dtype, ndim=2)
+        self.device = x.device
+        T, H = x.shape
+        w13 = _tensor("w13", w13, dtype=dtype, ndim=3, device=self.device)
+        w2 = _tensor("w2", w2, dtype=dtype, ndim=3, device=self.device)
+        E = w13.shape[0]
+        if E == 0:
+            _fail("w13", f"shape {tuple(w13.shape)}", "at least one expert")
+        I = w2.shape[2]
+        n1 = 2 * I if self.activation.gated else I
+        _tensor("w13", w13, shape=(E, n1, H))
+        _tensor("w2", w2, shape=(E, H, I))
+        if H % 8 or I % 8:
+            _fail("hidden_states/w2", f"hidden_size={H}, intermediate_size={I}",
+                  "both multiples of 8 (16-byte rows for TMA)")
+        ids = _tensor("topk_ids", topk_ids, dtype=(torch.int32, torch.int64), ndim=2,
+                      device=self.device, align=topk_ids.element_size() if isinstance(topk_ids, torch.Tensor) else 4)
+        k = ids.shape[1]
+        _tensor("topk_ids", ids, shape=(T, None))
+        if k == 0:
+            _fail("topk_ids", f"shape {tuple(ids.shape)}", "top_k >= 1")
+        wts = _tensor("topk_weights", topk_weights, dtype=torch.float32, ndim=2,
+                      shape=(T, k), device=self.device, align=4)
+        if w13_bias is not None:
+            _tensor("w13_bias", w13_bias, dtype=dtype, ndim=2, shape=(E, n1), device=self.device)
+        if w2_bias is not None:
+            _tensor("w2_bias", w2_bias, dtype=dtype, ndim=2, shape=(E, H), device=self.device)
+        if T * k >= 2**31:
+            _fail("topk_ids", f"T*k = {T * k}", "fewer than 2**31 (token, slot) pairs")
+        self.expert_offset = _expert_offset(expert_offset, ep_rank, ep_size, num_experts, E)
+        if not (swiglu_alpha > 0 and swiglu_limit > 0):
+            _fail("swiglu_alpha/swiglu_limit", (swiglu_alpha, swiglu_limit), "positive numbers")
+        self.tensors = (x, ids, wts, w13, w2, w13_bias, w2_bias)
+        self.T, self.H, self.I, self.E, self.k, self.n1 = T, H, I, E, k, n1
+        self.shape = {
+            "num_tokens": T, "hidden_size": H, "inter_size": I, "num_experts": E, "top_k": k,
+            "expert_offset": self.expert_offset, "dtype": _DTYPE_CODE[self.quant],
+            "activation": self.activation.code, "index_dtype": _INDEX_CODE[ids.dtype],
+            "act_alpha": float(swiglu_alpha), "act_limit": float(swiglu_limit),
+        }
+
+
+def _expert_offset(expert_offset, ep_rank, ep_size, num_experts, e_local) -> int:
+    if ep_rank is not None or ep_size is not None:
+        if expert_offset is not None:
+            _fail("expert_offset", expert_offset, "None when ep_rank/ep_size are given")
+        if ep_rank is None or ep_size is None:
+            _fail("ep_rank/ep_size", (ep_rank, ep_size), "both given, or neither")
+        if not (isinstance(ep_size, int) and ep_size >= 1 and isinstance(ep_rank, int) and 0 <= ep_rank < ep_size):
+            _fail("ep_rank/ep_size", (ep_rank, ep_size), "integers with 0 <= ep_rank < ep_size")
+        if num_experts is not None and num_experts != e_local * ep_size:
+            _fail("num_experts", num_experts, f"ep_size * local experts = {ep_size} * {e_local}")
+        return ep_rank * e_local
+    offset = 0 if expert_offset is None else expert_offset
+    if not isinstance(offset, int) or offset < 0:
+        _fail("expert_offset", expert_offset, "a non-negative int")
+    if num_experts is not None and offset + e_local > num_experts:
+        _fail("expert_offset", offset, f"expert_offset + {e_local} local experts <= num_experts={num_experts}")
+    return offset
+
+
+def _device_index(device) -> int:
+    device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    if device.type != "cuda":
+        _fail("device", device, "a CUDA device")
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def workspace_size(num_tokens: int, top_k: int, num_experts: int, hidden_size: int,
+                   intermediate_size: int, *, quant="bf16", activation="swiglu",
+                   device=None) -> int:
+    """Bytes of workspace a forward with these sizes needs on `device` (num_experts is local).
+
+    A workspace sized for T tokens serves every forward with at most T tokens.
+    """
+    mode = QuantMode.parse(quant)
+    if mode not in _SUPPORTED:
+        _quant(mode, None)
+    act = Activation.parse(activation)
+    for name, v in (("num_tokens", num_tokens), ("top_k", top_k), ("num_experts", num_experts),
+                    ("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
+        if not isinstance(v, int) or v < (0 if name == "num_tokens" else 1):
+            _fail(name, v, "a positive int")
+    shape = {"num_tokens": num_tokens, "hidden_size": hidden_size, "inter_size": intermediate_size,
+             "num_experts": num_experts, "top_k": top_k, "expert_offset": 0,
+             "dtype": _DTYPE_CODE[mode], "activation": act.code, "index_dtype": 0,
+             "act_alpha": 1.0, "act_limit": 1.0}
+    return int(_native.C().workspace_size(_device_index(device), shape))
+
+
+def list_kernels(device=None, quant=None) -> list:
+    """The grouped-GEMM kernels usable on `device` (default: current), optionally for one mode."""
+    dev = _device_index(device)
+    kernels = [k for k in _native.library_for(dev)["kernels"] if not _native.kernel_problem(dev, k.name)]
+    if quant is not None:
+        mode = QuantMode.parse(quant)
+        kernels = [k for k in kernels if k.act_dtype == mode.value]
+    return kernels
+
+
+def _resolve_tactic(p: _Problem, tactic) -> Tactic:
+    dev = p.device.index
+    usable = {k.name: k for k in list_kernels(dev, p.quant)}
+    if tactic is None:
+        if not usable:
+            raise NotImplementedError(
+                f"no {p.quant.value} kernels can run on {_native.device_info(dev)['name']} in this build")
+        return default_tactic(list(usable.values()), num_tokens=p.T, top_k=p.k, num_experts=p.E,
+                              hidden_size=p.H, gemm1_n=p.n1,
+                              sm_count=_native.device_info(dev)["sm_count"])
+    if not isinstance(tactic, Tactic):
+        _fail("tactic", repr(tactic), "a moe_kernels.Tactic", TypeError)
+    for which in ("gemm1", "gemm2"):
+        name = getattr(tactic, which)
+        if name not in usable:
+            why = _native.kernel_problem(dev, name) if any(
+                k.name == name for k in _native.library_for(dev)["kernels"]) else "not in this build"
+            _fail(f"tactic.{which}", repr(name),
+                  f"a {p.quant.value} kernel usable on this GPU ({why}); usable: {sorted(usable)}")
+    return tactic
+
+
+def fused_moe(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+              topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, quant=None,
+              activation="swiglu", w13_bias=None, w2_bias=None, expert_offset=None,
+              ep_rank=None, ep_size=None, num_experts=None, swiglu_alpha: float = 1.702,
+              swiglu_limit: float = 7.0, workspace=None, out=None, tactic=None) -> torch.Tensor:
+    """Fused MoE forward: out[t] = sum_slot topk_weights[t, slot] * expert(topk_ids[t, slot])(x[t]).
+
+    hidden_states [T, H]; w13 [E_local, 2I, H] (gate rows, then up rows; [E_local, I, H] for
+    non-gated activations); w2 [E_local, H, I]; topk_weights [T, k] float32; topk_ids [T, k]
+    int32/int64 global expert ids. Ids outside [expert_offset, expert_offset + E_local)
+    (including -1) contribute nothing. quant defaults to the dtype of hidden_states.
+    """
+    p = _Problem(hidden_states, w13, w2, topk_weights, topk_ids, quant=quant,
+                 activation=activation, w13_bias=w13_bias, w2_bias=w2_bias,
+                 expert_offset=expert_offset, ep_rank=ep_rank, ep_size=ep_size,
+                 num_experts=num_experts, swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit)
+    x, ids, wts, w13, w2, b13, b2 = p.tensors
+    if out is None:
+        out = torch.empty_like(x)
+    else:
+        _tensor("out", out, dtype=x.dtype, ndim=2, shape=(p.T, p.H), device=p.device)
+    if p.device.type != "cuda":
+        _fail("hidden_states", f"device {p.device}", "a CUDA tensor")
+    if p.T == 0:
+        return out
+    dev = p.device.index
+    tactic = _resolve_tactic(p, tactic)
+    need = _native.C().workspace_size(dev, p.shape)
+    if workspace is None:
+        workspace = torch.empty(need, dtype=torch.uint8, device=p.device)
+    else:
+        _tensor("workspace", workspace, dtype=torch.uint8, ndim=1, device=p.device,
+                align=WORKSPACE_ALIGNMENT)
+        if workspace.numel() < need:
+            _fail("workspace", f"{workspace.numel()} bytes",
+                  f"at least {need} bytes (moe_kernels.workspace_size(...))")
+    stream = torch.cuda.current_stream(p.device).cuda_stream
+    _native.C().run(dev, p.shape, x.data_ptr(), ids.data_ptr(), wts.data_ptr(), w13.data_ptr(),
+                    w2.data_ptr(), b13.data_ptr() if b13 is not None else 0,
+                    b2.data_ptr() if b2 is not None else 0, out.data_ptr(), workspace.data_ptr(),
+                    workspace.numel(), tactic.gemm1, tactic.gemm2, stream)
+    return out

@@ -1,0 +1,65 @@
+"""Tactics: which GEMM1 and GEMM2 kernels a forward uses, named by their stable names.
+
+No public function takes or returns a bare integer index. Tile shapes come from the
+catalog (cmake/catalog.py) through the library's registry; this module only ranks them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ._native import KernelInfo
+
+
+@dataclasses.dataclass(frozen=True)
+class Tactic:
+    """One GEMM1 kernel and one GEMM2 kernel, by registry name."""
+
+    gemm1: str
+    gemm2: str
+
+    def __post_init__(self):
+        for field in ("gemm1", "gemm2"):
+            value = getattr(self, field)
+            if not isinstance(value, str) or not value:
+                raise TypeError(f"Tactic.{field}={value!r}: expected a kernel name (str), "
+                                "see moe_kernels.list_kernels()")
+
+    def __str__(self) -> str:
+        return f"{self.gemm1}+{self.gemm2}"
+
+
+# Default rule thresholds. Rows per expert at or under DECODE_ROWS use the smallest-M tile
+# (ping-pong, M=64): larger M tiles would be mostly padding. Above it, the largest M tile
+# whose schedule is cooperative. Among those, the widest N tile that still gives every SM
+# at least one tile, since too few CTAs cannot pull the weights at full bandwidth.
+DECODE_ROWS = 64
+
+
+def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_count: int) -> KernelInfo:
+    plain = [k for k in kernels if k.cluster == (1, 1)] or kernels
+    if rows_per_expert <= DECODE_ROWS:
+        tm = min(k.tile[0] for k in plain)
+    else:
+        coop = [k for k in plain if k.schedule == "coop"] or plain
+        tm = min((k.tile[0] for k in coop), key=lambda t: (abs(t - 128), t))
+        plain = [k for k in coop if k.tile[0] == tm]
+    same_m = sorted((k for k in plain if k.tile[0] == tm), key=lambda k: k.tile[1])
+
+    def tiles(k):
+        return math.ceil(max(rows_per_expert, 1) / k.tile[0]) * math.ceil(n / k.tile[1]) * experts_hit
+
+    filling = [k for k in same_m if tiles(k) >= sm_count]
+    return filling[-1] if filling else same_m[0]
+
+
+def default_tactic(kernels: list, *, num_tokens: int, top_k: int, num_experts: int,
+                   hidden_size: int, gemm1_n: int, sm_count: int) -> Tactic:
+    """The rule used when nothing was tuned: by rows per expert, N and the SM count."""
+    if not kernels:
+        raise ValueError("no kernels to choose from")
+    pairs = num_tokens * top_k
+    experts_hit = max(1, min(num_experts, pairs))
+    rows = pairs / experts_hit
+    return Tactic(_pick(kernels, rows, gemm1_n, experts_hit, sm_count).name,
+                  _pick(kernels, rows, hidden_size, experts_hit, sm_count).name)

@@ -1,0 +1,47 @@
+// The interface every generated grouped-GEMM instantiation implements, and the registry
+// that lists them. One group per local expert; shapes and pointers live in device memory,
+// written by the routing kernels, so launching never needs the per-expert counts on the host.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe_kernels/c_api.h"
+
+namespace moe_kernels {
+
+// D_g[M_g, N] = A_g[M_g, K] x B_g[N, K]^T for each group g; row-major A/D, K-major B.
+struct GroupedGemmArgs {
+  int num_groups;
+  int32_t* problem_shapes;  // [num_groups][3] = (M, N, K)
+  const void** ptr_a;
+  int64_t* stride_a;        // leading dimension of each A_g
+  const void** ptr_b;
+  int64_t* stride_b;
+  void** ptr_d;
+  int64_t* stride_d;
+  void* workspace;          // at least workspace_size(num_groups, sm_count) bytes
+  int device;
+  int sm_count;
+  cudaStream_t stream;
+};
+
+struct GemmKernelOps {
+  int (*run)(const GroupedGemmArgs& args, char* err, size_t errlen);
+  size_t (*workspace_size)(int num_groups, int sm_count);
+  int smem_bytes;
+};
+
+struct KernelEntry {
+  moek_kernel_info info;
+  const GemmKernelOps* ops;
+};
+
+// Generated registry (<arch>/registry.cpp).
+extern const KernelEntry kKernels[];
+extern const int kNumKernels;
+extern const char* const kArchName;  // per-arch library suffix, e.g. "sm90a"
+extern const int kArchMajor, kArchMinor;
+
+}  // namespace moe_kernels

@@ -1,0 +1,55 @@
+// Launchers for the non-GEMM steps of the fused MoE forward (routing.cu, activation.cu,
+// finalize.cu). All take device pointers and a stream, never sync, never allocate.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace moe_kernels {
+
+// Device-side description of one grouped GEMM's per-expert arguments, filled by
+// build_groups: A_e = a_base + offsets[e] rows, B_e = b_base + e * n * k, D_e likewise.
+struct GroupSetup {
+  int32_t* problem_shapes;  // [E][3]
+  const void** ptr_a;
+  int64_t* stride_a;
+  const void** ptr_b;
+  int64_t* stride_b;
+  void** ptr_d;
+  int64_t* stride_d;
+  const char* a_base;
+  const char* b_base;
+  char* d_base;
+  int64_t n, k;
+};
+
+// Routing indices shared by the steps. A "pair" p = t * top_k + slot.
+struct RoutingBuffers {
+  int32_t* counts;     // [E] rows per expert (zeroed by the launcher)
+  int32_t* cursors;    // [E] scatter cursors (zeroed by the launcher)
+  int32_t* offsets;    // [E + 1] exclusive prefix sum of counts; offsets[E] = rows in total
+  int32_t* row_src;    // [T * k] permuted row -> pair
+  int32_t* pair_dst;   // [T * k] pair -> permuted row, or -1 if its expert is not local
+};
+
+// Counts rows per expert, scans them, writes both GEMMs' group arguments, then scatters
+// each pair's hidden row into its expert's block of `x`. `elem_bytes` is the 16-bit size.
+cudaError_t launch_routing(const void* topk_ids, bool ids_int64, int64_t num_pairs, int top_k,
+                           int64_t expert_offset, int num_experts, const void* hidden,
+                           int64_t hidden_size, int elem_bytes, void* x, RoutingBuffers rb,
+                           GroupSetup gemm1, GroupSetup gemm2, int sm_count, cudaStream_t stream);
+
+// out[r, :] = act(g[r, :] + bias[e_r]) for the permuted rows; gated ones read [gate | up].
+cudaError_t launch_activation(int activation, bool fp16, const void* g, const void* bias,
+                              void* out, int64_t max_rows, int64_t inter_size,
+                              const void* topk_ids, bool ids_int64, int64_t expert_offset,
+                              const RoutingBuffers& rb, int num_experts, float alpha,
+                              float limit, cudaStream_t stream);
+
+// out[t, :] = sum over slots, in slot order, of w[t, slot] * (y[row(t, slot)] + bias[e]).
+cudaError_t launch_finalize(bool fp16, const void* y, const void* bias, const float* topk_weights,
+                            const void* topk_ids, bool ids_int64, int64_t expert_offset,
+                            const RoutingBuffers& rb, void* out, int64_t num_tokens, int top_k,
+                            int64_t hidden_size, cudaStream_t stream);
+
+}  // namespace moe_kernels

@@ -1,0 +1,319 @@
+// The runner: the C ABI of a per-arch library. Lays out the caller's workspace, then
+// launches routing -> GEMM1 -> activation -> GEMM2 -> finalize on the caller's stream.
+// Nothing here allocates or waits on the device.
+#include <cuda_runtime.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <algorithm>
+
+#include "gemm/grouped_gemm.h"
+#include "kernels.h"
+#include "moe_kernels/c_api.h"
+
+namespace moe_kernels {
+namespace {
+
+constexpr size_t kAlign = 256;
+constexpr int kMaxDevices = 64;
+
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+int fail(char* err, size_t errlen, int status, const char* fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return status;
+}
+
+#define MOEK_CUDA_TRY(expr, what)                                                       \
+  do {                                                                                  \
+    cudaError_t e_ = (expr);                                                            \
+    if (e_ != cudaSuccess)                                                              \
+      return fail(err, errlen, MOEK_CUDA_ERROR, "%s: %s (%s:%d)", what,               \
+                  cudaGetErrorString(e_), __FILE__, __LINE__);                          \
+  } while (0)
+
+struct DeviceLimits {
+  int sm_count = 0;
+  int smem_optin = 0;
+  int major = 0, minor = 0;
+};
+
+// Attribute queries are cheap, but cached anyway: the forward path calls this every time.
+int device_limits(int device, DeviceLimits* out, char* err, size_t errlen) {
+  static DeviceLimits cache[kMaxDevices];
+  if (device < 0 || device >= kMaxDevices)
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "device index %d out of range", device);
+  DeviceLimits& c = cache[device];
+  if (c.sm_count == 0) {
+    DeviceLimits d;
+    MOEK_CUDA_TRY(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device),
+                  "cudaDeviceGetAttribute(sm count)");
+    MOEK_CUDA_TRY(cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                         device), "cudaDeviceGetAttribute(smem)");
+    MOEK_CUDA_TRY(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device),
+                  "cudaDeviceGetAttribute(cc major)");
+    MOEK_CUDA_TRY(cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, device),
+                  "cudaDeviceGetAttribute(cc minor)");
+    c = d;
+  }
+  *out = c;
+  return MOEK_OK;
+}
+
+const char* dtype_name(int dtype) { return dtype == MOEK_DTYPE_FP16 ? "fp16" : "bf16"; }
+bool is_gated(int act) {
+  return act == MOEK_ACT_SWIGLU || act == MOEK_ACT_GEGLU || act == MOEK_ACT_SWIGLU_OAI;
+}
+
+const KernelEntry* find_kernel(const char* name) {
+  if (!name) return nullptr;
+  for (int i = 0; i < kNumKernels; ++i)
+    if (strcmp(kKernels[i].info.name, name) == 0) return &kKernels[i];
+  return nullptr;
+}
+
+int check_kernel(const KernelEntry& k, const DeviceLimits& d, char* err, size_t errlen) {
+  if (d.major != kArchMajor || d.minor != kArchMinor)
+    return fail(err, errlen, MOEK_UNSUPPORTED, "%s is built for sm_%d%d, the device is sm_%d%d",
+                k.info.name, kArchMajor, kArchMinor, d.major, d.minor);
+  if (k.ops->smem_bytes > d.smem_optin)
+    return fail(err, errlen, MOEK_UNSUPPORTED,
+                "%s needs %d bytes of shared memory, the device allows %d per block",
+                k.info.name, k.ops->smem_bytes, d.smem_optin);
+  return MOEK_OK;
+}
+
+// Workspace layout: every region starts on a 256-byte boundary.
+struct Layout {
+  size_t counts;        // int32 [2E]: counts, then scatter cursors (zeroed together)
+  size_t offsets;       // int32 [E + 1]
+  size_t row_src;       // int32 [T*k]
+  size_t pair_dst;      // int32 [T*k]
+  size_t groups[2];     // per GEMM: shapes, then A/B/D pointers and strides
+  size_t gemm_ws;       // CUTLASS workspace, shared by the two GEMMs (same stream)
+  size_t x;             // [T*k, H] permuted input; reused for GEMM2's output
+  size_t g;             // [T*k, N1] GEMM1 output
+  size_t a;             // [T*k, I] activation output
+  size_t total;
+};
+
+size_t group_block_bytes(int64_t e) {
+  return align_up(12 * e) + 6 * align_up(8 * e);
+}
+
+int validate_shape(const moek_shape& s, char* err, size_t errlen) {
+  if (s.num_tokens < 0 || s.hidden_size <= 0 || s.inter_size <= 0 || s.num_experts <= 0 ||
+      s.top_k <= 0 || s.expert_offset < 0)
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT,
+                "bad shape: T=%lld H=%lld I=%lld E=%lld k=%lld expert_offset=%lld",
+                (long long)s.num_tokens, (long long)s.hidden_size, (long long)s.inter_size,
+                (long long)s.num_experts, (long long)s.top_k, (long long)s.expert_offset);
+  if (s.hidden_size % 8 || s.inter_size % 8)
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT,
+                "hidden_size=%lld and inter_size=%lld must be multiples of 8",
+                (long long)s.hidden_size, (long long)s.inter_size);
+  if (s.num_tokens * s.top_k > INT32_MAX || s.num_experts > INT32_MAX / 4)
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "T*k=%lld or E=%lld too large",
+                (long long)(s.num_tokens * s.top_k), (long long)s.num_experts);
+  if (s.dtype != MOEK_DTYPE_BF16 && s.dtype != MOEK_DTYPE_FP16)
+    return fail(err, errlen, MOEK_UNSUPPORTED, "unknown dtype %d", s.dtype);
+  if (s.activation < MOEK_ACT_SWIGLU || s.activation > MOEK_ACT_IDENTITY)
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "unknown activation %d", s.activation);
+  if (s.index_dtype != MOEK_INDEX_INT32 && s.index_dtype != MOEK_INDEX_INT64)
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "unknown index dtype %d", s.index_dtype);
+  return MOEK_OK;
+}
+
+Layout plan(const moek_shape& s, int sm_count) {
+  const int64_t rows = s.num_tokens * s.top_k, e = s.num_experts, eb = 2;
+  const int64_t n1 = is_gated(s.activation) ? 2 * s.inter_size : s.inter_size;
+  size_t gemm_ws = 0;
+  for (int i = 0; i < kNumKernels; ++i)
+    if (strcmp(kKernels[i].info.act_dtype, dtype_name(s.dtype)) == 0)
+      gemm_ws = std::max(gemm_ws, kKernels[i].ops->workspace_size(static_cast<int>(e), sm_count));
+  Layout L{};
+  size_t at = 0;
+  auto take = [&](size_t bytes) { size_t here = at; at += align_up(bytes); return here; };
+  L.counts = take(sizeof(int32_t) * 2 * e);
+  L.offsets = take(sizeof(int32_t) * (e + 1));
+  L.row_src = take(sizeof(int32_t) * rows);
+  L.pair_dst = take(sizeof(int32_t) * rows);
+  L.groups[0] = take(group_block_bytes(e));
+  L.groups[1] = take(group_block_bytes(e));
+  L.gemm_ws = take(gemm_ws);
+  L.x = take(rows * s.hidden_size * eb);
+  L.g = take(rows * n1 * eb);
+  L.a = take(rows * s.inter_size * eb);
+  L.total = at;
+  return L;
+}
+
+GroupSetup group_setup(char* ws, size_t at, int64_t e, const void* a, const void* b, void* d,
+                       int64_t n, int64_t k) {
+  char* p = ws + at;
+  GroupSetup g{};
+  g.problem_shapes = reinterpret_cast<int32_t*>(p);
+  p += align_up(12 * e);
+  auto next = [&]() { char* q = p; p += align_up(8 * e); return q; };
+  g.ptr_a = reinterpret_cast<const void**>(next());
+  g.stride_a = reinterpret_cast<int64_t*>(next());
+  g.ptr_b = reinterpret_cast<const void**>(next());
+  g.stride_b = reinterpret_cast<int64_t*>(next());
+  g.ptr_d = reinterpret_cast<void**>(next());
+  g.stride_d = reinterpret_cast<int64_t*>(next());
+  g.a_base = static_cast<const char*>(a);
+  g.b_base = static_cast<const char*>(b);
+  g.d_base = static_cast<char*>(d);
+  g.n = n;
+  g.k = k;
+  return g;
+}
+
+GroupedGemmArgs gemm_args(const GroupSetup& g, int e, void* ws, int device, int sms,
+                          cudaStream_t stream) {
+  GroupedGemmArgs a{};
+  a.num_groups = e;
+  a.problem_shapes = g.problem_shapes;
+  a.ptr_a = g.ptr_a;
+  a.stride_a = g.stride_a;
+  a.ptr_b = g.ptr_b;
+  a.stride_b = g.stride_b;
+  a.ptr_d = g.ptr_d;
+  a.stride_d = g.stride_d;
+  a.workspace = ws;
+  a.device = device;
+  a.sm_count = sms;
+  a.stream = stream;
+  return a;
+}
+
+bool misaligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a != 0; }
+
+}  // namespace
+}  // namespace moe_kernels
+
+using namespace moe_kernels;
+
+extern "C" {
+
+int moek_abi_version(void) { return MOEK_ABI_VERSION; }
+const char* moek_arch(void) { return kArchName; }
+int moek_supports_cc(int major, int minor) { return major == kArchMajor && minor == kArchMinor; }
+int moek_cuda_version(void) { return CUDART_VERSION; }
+int moek_num_kernels(void) { return kNumKernels; }
+const moek_kernel_info* moek_kernel(int index) {
+  return index >= 0 && index < kNumKernels ? &kKernels[index].info : nullptr;
+}
+
+int moek_check_kernel(const char* name, int32_t device, char* err, size_t errlen) {
+  const KernelEntry* k = find_kernel(name);
+  if (!k) return fail(err, errlen, MOEK_INVALID_ARGUMENT, "no kernel named '%s' in %s", name ? name : "(null)", kArchName);
+  DeviceLimits d;
+  if (int st = device_limits(device, &d, err, errlen)) return st;
+  return check_kernel(*k, d, err, errlen);
+}
+
+int moek_workspace_size(const moek_shape* shape, int32_t device, size_t* bytes, char* err,
+                        size_t errlen) {
+  if (!shape || !bytes) return fail(err, errlen, MOEK_INVALID_ARGUMENT, "null argument");
+  if (int st = validate_shape(*shape, err, errlen)) return st;
+  DeviceLimits d;
+  if (int st = device_limits(device, &d, err, errlen)) return st;
+  *bytes = plan(*shape, d.sm_count).total;
+  return MOEK_OK;
+}
+
+int moek_run(const moek_args* a, char* err, size_t errlen) {
+  if (!a) return fail(err, errlen, MOEK_INVALID_ARGUMENT, "null args");
+  const moek_shape& s = a->shape;
+  if (int st = validate_shape(s, err, errlen)) return st;
+  if (s.num_tokens == 0) return MOEK_OK;
+  struct { const void* p; size_t align; const char* name; bool required; } ptrs[] = {
+      {a->hidden, 16, "hidden_states", true},
+      {a->topk_ids, s.index_dtype == MOEK_INDEX_INT64 ? 8u : 4u, "topk_ids", true},
+      {a->topk_weights, 4, "topk_weights", true}, {a->w13, 16, "w13", true},
+      {a->w2, 16, "w2", true}, {a->w13_bias, 16, "w13_bias", false},
+      {a->w2_bias, 16, "w2_bias", false}, {a->out, 16, "out", true},
+      {a->workspace, kAlign, "workspace", true}};
+  for (const auto& p : ptrs) {
+    if (!p.p && p.required)
+      return fail(err, errlen, MOEK_INVALID_ARGUMENT, "%s is a null pointer", p.name);
+    if (p.p && misaligned(p.p, p.align))
+      return fail(err, errlen, MOEK_INVALID_ARGUMENT, "%s at %p is not %zu-byte aligned",
+                  p.name, p.p, p.align);
+  }
+  const KernelEntry* k1 = find_kernel(a->gemm1);
+  const KernelEntry* k2 = find_kernel(a->gemm2);
+  if (!k1 || !k2)
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "no kernel named '%s' in %s",
+                !k1 ? (a->gemm1 ? a->gemm1 : "(null)") : (a->gemm2 ? a->gemm2 : "(null)"),
+                kArchName);
+  for (const KernelEntry* k : {k1, k2})
+    if (strcmp(k->info.act_dtype, dtype_name(s.dtype)) != 0)
+      return fail(err, errlen, MOEK_INVALID_ARGUMENT, "kernel %s is for %s, the problem is %s",
+                  k->info.name, k->info.act_dtype, dtype_name(s.dtype));
+
+  // Run on the tensors' device and leave the caller's current device as it was.
+  int prev_device = -1;
+  MOEK_CUDA_TRY(cudaGetDevice(&prev_device), "cudaGetDevice");
+  if (prev_device != a->device) MOEK_CUDA_TRY(cudaSetDevice(a->device), "cudaSetDevice");
+  struct Restore {
+    int prev, cur;
+    ~Restore() { if (prev != cur) cudaSetDevice(prev); }
+  } restore{prev_device, a->device};
+  DeviceLimits d;
+  if (int st = device_limits(a->device, &d, err, errlen)) return st;
+  for (const KernelEntry* k : {k1, k2})
+    if (int st = check_kernel(*k, d, err, errlen)) return st;
+  const Layout L = plan(s, d.sm_count);
+  if (a->workspace_bytes < L.total)
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "workspace has %zu bytes, needs %zu",
+                a->workspace_bytes, L.total);
+
+  cudaStream_t stream = static_cast<cudaStream_t>(a->stream);
+  char* ws = static_cast<char*>(a->workspace);
+  const int e = static_cast<int>(s.num_experts);
+  const int top_k = static_cast<int>(s.top_k);
+  const int64_t rows = s.num_tokens * s.top_k;
+  const bool ids64 = s.index_dtype == MOEK_INDEX_INT64;
+  const bool fp16 = s.dtype == MOEK_DTYPE_FP16;
+  const int64_t n1 = is_gated(s.activation) ? 2 * s.inter_size : s.inter_size;
+
+  RoutingBuffers rb{};
+  rb.counts = reinterpret_cast<int32_t*>(ws + L.counts);
+  rb.cursors = rb.counts + e;
+  rb.offsets = reinterpret_cast<int32_t*>(ws + L.offsets);
+  rb.row_src = reinterpret_cast<int32_t*>(ws + L.row_src);
+  rb.pair_dst = reinterpret_cast<int32_t*>(ws + L.pair_dst);
+  // GEMM1: x[rows, H] x w13^T -> g[rows, N1];  GEMM2: a[rows, I] x w2^T -> y (in x's space).
+  GroupSetup g1 = group_setup(ws, L.groups[0], e, ws + L.x, a->w13, ws + L.g, n1, s.hidden_size);
+  GroupSetup g2 = group_setup(ws, L.groups[1], e, ws + L.a, a->w2, ws + L.x, s.hidden_size,
+                              s.inter_size);
+
+  MOEK_CUDA_TRY(launch_routing(a->topk_ids, ids64, rows, top_k, s.expert_offset, e, a->hidden,
+                               s.hidden_size, 2, ws + L.x, rb, g1, g2, d.sm_count, stream),
+                "routing");
+  if (int st = k1->ops->run(gemm_args(g1, e, ws + L.gemm_ws, a->device, d.sm_count, stream),
+                            err, errlen))
+    return st;
+  MOEK_CUDA_TRY(launch_activation(s.activation, fp16, ws + L.g, a->w13_bias, ws + L.a, rows,
+                                  s.inter_size, a->topk_ids, ids64, s.expert_offset, rb, e,
+                                  s.act_alpha, s.act_limit, stream),
+                "activation");
+  if (int st = k2->ops->run(gemm_args(g2, e, ws + L.gemm_ws, a->device, d.sm_count, stream),
+                            err, errlen))
+    return st;
+  MOEK_CUDA_TRY(launch_finalize(fp16, ws + L.x, a->w2_bias, a->topk_weights, a->topk_ids, ids64,
+                                s.expert_offset, rb, a->out, s.num_tokens, top_k, s.hidden_size,
+                                stream),
+                "finalize");
+  return MOEK_OK;
+}
+
+}  // extern "C"
