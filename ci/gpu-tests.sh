@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Build moe_kernels for this machine's GPU, run the whole test suite and a short benchmark.
+# For any GPU machine (developer box, GPU CI runner). Needs: CUDA toolkit, a CUDA build of
+# PyTorch, cmake, ninja, pybind11, scikit-build-core and nvidia-cutlass installed, or their
+# wheels in .whl/ (installed offline from there). Builds without isolation, all cores.
+#
+#   ci/gpu-tests.sh                      # full catalog, tests, default benchmark
+#   MOE_KERNELS_CATALOG=minimal BENCH_ARGS="--tokens 1,128" LOG_DIR=/tmp/logs ci/gpu-tests.sh
+#   SKIP_BUILD=1 ci/gpu-tests.sh         # reuse the installed build
+#
+# Logs (build.log, tests.log, junit.xml, errors.json, bench.json, bench.log, sass.txt) go to LOG_DIR.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+LOG_DIR=${LOG_DIR:-build/gpu-logs}
+mkdir -p "$LOG_DIR"
+export PYTHONUNBUFFERED=1
+
+if [ -z "${MOE_KERNELS_ARCHS:-}" ]; then
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d '. ')
+  case "$cc" in
+    90) MOE_KERNELS_ARCHS=90a ;;
+    *) echo "ci/gpu-tests.sh: no catalog arch for compute capability $cc (cmake/catalog.py ARCHS)" >&2; exit 2 ;;
+  esac
+fi
+export MOE_KERNELS_ARCHS MOE_KERNELS_CATALOG=${MOE_KERNELS_CATALOG:-full}
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee "$LOG_DIR/gpu.txt"
+
+if [ -z "${SKIP_BUILD:-}" ]; then
+  if compgen -G ".whl/*.whl" > /dev/null; then
+    $PY -m pip install -q --no-index --no-deps .whl/*.whl
+  fi
+  echo "== build: archs=$MOE_KERNELS_ARCHS catalog=$MOE_KERNELS_CATALOG jobs=$CMAKE_BUILD_PARALLEL_LEVEL"
+  start=$(date +%s)
+  if ! $PY -m pip install --no-build-isolation --no-deps -v . > "$LOG_DIR/build.log" 2>&1; then
+    grep -E "error|FAILED" "$LOG_DIR/build.log" | head -40
+    tail -n 30 "$LOG_DIR/build.log"
+    exit 1
+  fi
+  echo "build took $(( $(date +%s) - start )) s"
+fi
+pkg=$($PY -c "import moe_kernels, os; print(os.path.dirname(moe_kernels.__file__))")
+ls -l "$pkg"/libmoe_kernels_*.so
+for lib in "$pkg"/libmoe_kernels_*.so; do
+  echo "$(basename "$lib"): $(cuobjdump --dump-sass "$lib" | grep -c HGMMA) HGMMA instructions" | tee -a "$LOG_DIR/sass.txt"
+done
+$PY -m moe_kernels info
+
+echo "== tests"
+status=0
+MOE_KERNELS_ERROR_REPORT="$LOG_DIR/errors.json" $PY -m pytest tests -q -rs \
+  --junitxml="$LOG_DIR/junit.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$LOG_DIR/tests.log" || status=$?
+[ -f "$LOG_DIR/errors.json" ] && cat "$LOG_DIR/errors.json"
+
+if [ -z "${SKIP_BENCH:-}" ]; then
+  echo "== benchmark"
+  # shellcheck disable=SC2086
+  $PY -m moe_kernels bench --json "$LOG_DIR/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$LOG_DIR/bench.log" || status=1
+fi
+exit $status

@@ -1,0 +1,25 @@
+"""moe_kernels: prebuilt CUTLASS fused Mixture-of-Experts kernels.
+
+    from moe_kernels import FusedMoE, fused_moe
+"""
+from . import prepare, reference
+from ._native import KernelInfo
+from .api import fused_moe, list_kernels, workspace_size
+from .layer import FusedMoE
+from .modes import Activation, QuantMode
+from .tactic import Tactic
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Activation",
+    "FusedMoE",
+    "KernelInfo",
+    "QuantMode",
+    "Tactic",
+    "fused_moe",
+    "list_kernels",
+    "prepare",
+    "reference",
+    "workspace_size",
+]

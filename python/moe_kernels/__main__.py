@@ -1,0 +1,23 @@
+"""Command line: `python -m moe_kernels info` and `python -m moe_kernels bench`."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m moe_kernels")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_info = sub.add_parser("info", help="what this build holds and which GPUs it supports")
+    p_info.add_argument("--json", action="store_true", help="machine-readable output")
+    from . import bench
+    bench.add_arguments(sub.add_parser("bench", help="time the fused layer against its floors and peers"))
+    args = parser.parse_args(argv)
+    if args.command == "info":
+        from . import info
+        return info.main(args)
+    return bench.main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""`python -m moe_kernels info`: what this build holds and whether this machine can use it."""
+from __future__ import annotations
+
+import json
+
+from . import _native
+
+
+def collect() -> dict:
+    from . import __version__
+    import torch
+
+    libs = [{"arch": lib["arch"], "cuda_version": _cuda(lib["cuda_version"]),
+             "kernels": [k.name for k in lib["kernels"]]} for lib in _native.libraries()]
+    devices = []
+    for d in range(_native.C().device_count()):
+        info = _native.device_info(d)
+        try:
+            arch = _native.library_for(d)["arch"]
+            why = None
+        except RuntimeError as e:
+            arch, why = None, str(e)
+        devices.append({"index": d, "name": info["name"], "compute_capability": f"{info['major']}.{info['minor']}",
+                        "sm_count": info["sm_count"], "library": arch, "supported": arch is not None,
+                        **({"reason": why} if why else {})})
+    return {"version": __version__, "torch": torch.__version__, "catalog": _native.build_info().get("catalog"),
+            "libraries": libs, "devices": devices}
+
+
+def _cuda(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+def main(args) -> int:
+    info = collect()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"moe_kernels {info['version']} (torch {info['torch']}), catalog: {info['catalog']}")
+    for lib in info["libraries"]:
+        print(f"  library {lib['arch']}: built with CUDA {lib['cuda_version']}, {len(lib['kernels'])} grouped-GEMM kernels")
+        for name in lib["kernels"]:
+            print(f"    {name}")
+    if not info["devices"]:
+        print("GPU: none visible (no CUDA driver or device); kernels can be listed but not run here")
+    for d in info["devices"]:
+        status = f"supported by {d['library']}" if d["supported"] else f"NOT supported: {d['reason']}"
+        print(f"GPU {d['index']}: {d['name']} (sm_{d['compute_capability'].replace('.', '')}, "
+              f"{d['sm_count']} SMs): {status}")
+    return 0

@@ -1,0 +1,84 @@
+"""FusedMoE: an nn.Module that holds prepared expert weights and runs the fused forward."""
+from __future__ import annotations
+
+import torch
+
+from . import api
+from .modes import Activation, QuantMode
+from .prepare import prepare_weights
+
+
+class FusedMoE(torch.nn.Module):
+    """A mixture-of-experts layer (the experts only; routing is the caller's).
+
+    With expert parallelism, each rank builds FusedMoE(..., ep_rank=r, ep_size=n) and holds
+    num_experts // ep_size experts; the caller sums the ranks' outputs. With tensor
+    parallelism, pass weights already sliced along the intermediate dimension.
+    """
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
+                 quant="bf16", activation="swiglu", ep_rank: int = 0, ep_size: int = 1,
+                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, device=None):
+        super().__init__()
+        for name, v in (("num_experts", num_experts), ("hidden_size", hidden_size),
+                        ("intermediate_size", intermediate_size), ("ep_size", ep_size)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: got {v!r}, expected a positive int")
+        if num_experts % ep_size:
+            raise ValueError(f"num_experts: got {num_experts}, expected a multiple of ep_size={ep_size}")
+        if not isinstance(ep_rank, int) or not 0 <= ep_rank < ep_size:
+            raise ValueError(f"ep_rank: got {ep_rank!r}, expected 0 <= ep_rank < ep_size={ep_size}")
+        self.num_experts = num_experts
+        self.local_experts = num_experts // ep_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.quant = QuantMode.parse(quant)
+        self.activation = Activation.parse(activation)
+        self.ep_rank, self.ep_size = ep_rank, ep_size
+        self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit
+        self.device = torch.device(device) if device is not None else None
+        self.weights = None
+
+    def extra_repr(self) -> str:
+        return (f"experts={self.num_experts} (local {self.local_experts}, ep {self.ep_rank}/{self.ep_size}), "
+                f"hidden={self.hidden_size}, intermediate={self.intermediate_size}, "
+                f"quant={self.quant.value}, activation={self.activation.value}")
+
+    def load_weights(self, w13, w2, w13_bias=None, w2_bias=None) -> None:
+        """Prepare and keep the expert weights: this rank's [E_local, ...] slice, or all
+        [num_experts, ...] experts, from which this rank's slice is taken."""
+        if isinstance(w13, torch.Tensor) and w13.dim() == 3 and self.ep_size > 1 and \
+                w13.shape[0] == self.num_experts:
+            lo, hi = self.ep_rank * self.local_experts, (self.ep_rank + 1) * self.local_experts
+            w13, w2 = w13[lo:hi], w2[lo:hi]
+            w13_bias = None if w13_bias is None else w13_bias[lo:hi]
+            w2_bias = None if w2_bias is None else w2_bias[lo:hi]
+        n1 = self.intermediate_size * (2 if self.activation.gated else 1)
+        expect = (self.local_experts, n1, self.hidden_size)
+        if not isinstance(w13, torch.Tensor) or tuple(w13.shape) != expect:
+            raise ValueError(f"w13: got shape {tuple(getattr(w13, 'shape', ()))}, expected {expect} "
+                             f"(or {(self.num_experts,) + expect[1:]} for all experts)")
+        self.weights = prepare_weights(w13, w2, quant=self.quant, activation=self.activation,
+                                       w13_bias=w13_bias, w2_bias=w2_bias, device=self.device)
+
+    def workspace_size(self, max_num_tokens: int, top_k: int) -> int:
+        """Bytes of `workspace=` that serve every forward of up to max_num_tokens tokens."""
+        self._require_weights()
+        return api.workspace_size(max_num_tokens, top_k, self.local_experts, self.hidden_size,
+                                  self.intermediate_size, quant=self.quant,
+                                  activation=self.activation, device=self.weights["w13"].device)
+
+    def forward(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor, *, workspace=None, out=None, tactic=None) -> torch.Tensor:
+        self._require_weights()
+        w = self.weights
+        return api.fused_moe(hidden_states, w["w13"], w["w2"], topk_weights, topk_ids,
+                             quant=self.quant, activation=self.activation, w13_bias=w["w13_bias"],
+                             w2_bias=w["w2_bias"], ep_rank=self.ep_rank, ep_size=self.ep_size,
+                             num_experts=self.num_experts, swiglu_alpha=self.swiglu_alpha,
+                             swiglu_limit=self.swiglu_limit, workspace=workspace, out=out,
+                             tactic=tactic)
+
+    def _require_weights(self):
+        if self.weights is None:
+            raise RuntimeError("FusedMoE: call load_weights(w13, w2, ...) before using the layer")

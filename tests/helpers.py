@@ -1,0 +1,57 @@
+"""Problem generators and checks shared by the GPU tests."""
+import torch
+
+from moe_kernels import reference
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# ||out - ref|| / ||ref|| against the float32 reference; the kernels round GEMM1's output,
+# the activation and GEMM2's output to 16 bits, the reference rounds nothing.
+TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3}
+
+
+def make_problem(T, E, k, H, I, *, dtype="bf16", gated=True, bias=False, ids_dtype=torch.int32,
+                 device="cuda", seed=None, ids=None, global_experts=None):
+    """Fresh random inputs; weights scaled so every stage stays O(1)."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed(seed if seed is not None else torch.randint(0, 2**31 - 1, ()).item())
+    dt = DTYPES[dtype]
+    n1 = 2 * I if gated else I
+    ge = global_experts or E
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dt)
+
+    p = {
+        "hidden_states": randn(T, H),
+        "w13": randn(E, n1, H, scale=H ** -0.5),
+        "w2": randn(E, H, I, scale=I ** -0.5),
+    }
+    if ids is None:
+        # k distinct experts per token, drawn uniformly
+        ids = torch.rand(T, ge, generator=g).argsort(dim=1)[:, :k]
+    p["topk_ids"] = ids.to(device=device, dtype=ids_dtype)
+    w = torch.rand(T, k, generator=g) + 0.1
+    p["topk_weights"] = (w / w.sum(dim=1, keepdim=True)).to(device=device, dtype=torch.float32)
+    if bias:
+        p["w13_bias"] = randn(E, n1, scale=0.5)
+        p["w2_bias"] = randn(E, H, scale=0.5)
+    return p
+
+
+def rel_error(out, ref):
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    bad = (~torch.isfinite(out)).sum().item()
+    assert bad == 0, f"{bad} of {out.numel()} outputs are not finite (unwritten or overflowed)"
+    num = (out.float() - ref.float()).norm().item()
+    den = ref.float().norm().item()
+    return num / den if den > 0 else num
+
+
+def poisoned_out(p):
+    return torch.full_like(p["hidden_states"], float("nan"))
+
+
+def reference_out(p, **kw):
+    return reference.fused_moe(p["hidden_states"], p["w13"], p["w2"], p["topk_weights"],
+                               p["topk_ids"], w13_bias=p.get("w13_bias"),
+                               w2_bias=p.get("w2_bias"), **kw)

@@ -1,0 +1,229 @@
+"""Public API, validation and the reference (CPU only: run in CI)."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import moe_kernels
+from moe_kernels import Activation, QuantMode, Tactic, fused_moe, reference
+from moe_kernels._native import KernelInfo
+from moe_kernels.tactic import default_tactic
+
+
+def test_every_public_name_imports():
+    for name in moe_kernels.__all__:
+        assert getattr(moe_kernels, name) is not None, name
+
+
+def problem(T=5, E=4, k=2, H=64, I=32, dtype=torch.bfloat16, gated=True):
+    n1 = 2 * I if gated else I
+    return dict(
+        hidden_states=torch.randn(T, H, dtype=dtype),
+        w13=torch.randn(E, n1, H, dtype=dtype),
+        w2=torch.randn(E, H, I, dtype=dtype),
+        topk_weights=torch.rand(T, k),
+        topk_ids=torch.randint(0, E, (T, k), dtype=torch.int32),
+    )
+
+
+def call(p, **kw):
+    return fused_moe(p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"], **kw)
+
+
+@pytest.mark.parametrize("mutate,exc,match", [
+    (lambda p: p.update(hidden_states=p["hidden_states"].float()), TypeError, r"hidden_states: got dtype torch.float32"),
+    (lambda p: p.update(w13=p["w13"].half()), TypeError, r"w13: got dtype torch.float16, expected torch.bfloat16"),
+    (lambda p: p.update(w2=p["w2"][:, :, :16].contiguous()), ValueError, r"w13: got shape \(4, 64, 64\)"),
+    (lambda p: p.update(w13=p["w13"][:, :, :32].contiguous()), ValueError, r"w13: got shape \(4, 64, 32\)"),
+    (lambda p: p.update(w13=p["w13"].transpose(1, 2).contiguous().transpose(1, 2)), ValueError, r"w13: got strides"),
+    (lambda p: p.update(hidden_states=p["hidden_states"][:, :60].contiguous(), w13=p["w13"][..., :60].contiguous(),
+                        w2=p["w2"][:, :60].contiguous()), ValueError, r"multiples of 8"),
+    (lambda p: p.update(topk_ids=p["topk_ids"].float()), TypeError, r"topk_ids: got dtype torch.float32"),
+    (lambda p: p.update(topk_ids=p["topk_ids"][:3]), ValueError, r"topk_ids: got shape \(3, 2\)"),
+    (lambda p: p.update(topk_weights=p["topk_weights"].bfloat16()), TypeError, r"topk_weights: got dtype"),
+    (lambda p: p.update(topk_weights=p["topk_weights"][:, :1].contiguous()), ValueError, r"topk_weights: got shape \(5, 1\)"),
+    (lambda p: p.update(hidden_states=p["hidden_states"].float().numpy()), TypeError, r"hidden_states: got dtype ndarray"),
+])
+def test_validation_errors_name_the_argument(mutate, exc, match):
+    p = problem()
+    mutate(p)
+    with pytest.raises(exc, match=match):
+        call(p)
+
+
+def test_misaligned_pointer():
+    p = problem()
+    base = torch.randn(5 * 64 + 1, dtype=torch.bfloat16)
+    p["hidden_states"] = base[1:].view(5, 64)
+    with pytest.raises(ValueError, match="hidden_states: got data pointer .* 16-byte alignment"):
+        call(p)
+
+
+def test_bias_validation():
+    p = problem()
+    with pytest.raises(ValueError, match=r"w13_bias: got shape \(4, 32\)"):
+        call(p, w13_bias=torch.zeros(4, 32, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match=r"w2_bias: got dtype torch.float32"):
+        call(p, w2_bias=torch.zeros(4, 64))
+
+
+def test_cpu_tensors_are_refused():
+    with pytest.raises(ValueError, match="hidden_states: got device cpu, expected a CUDA tensor"):
+        call(problem())
+
+
+def test_out_validation():
+    p = problem()
+    with pytest.raises(ValueError, match=r"out: got shape \(5, 32\)"):
+        call(p, out=torch.empty(5, 32, dtype=torch.bfloat16))
+
+
+def test_expert_parallel_arguments():
+    p = problem()
+    with pytest.raises(ValueError, match="expert_offset: got 3, expected None"):
+        call(p, expert_offset=3, ep_rank=0, ep_size=2)
+    with pytest.raises(ValueError, match="ep_rank/ep_size"):
+        call(p, ep_rank=2, ep_size=2)
+    with pytest.raises(ValueError, match="num_experts: got 9"):
+        call(p, ep_rank=0, ep_size=2, num_experts=9)
+    with pytest.raises(ValueError, match="expert_offset: got -1"):
+        call(p, expert_offset=-1)
+
+
+def test_quant_and_activation_names():
+    assert QuantMode.parse("BF16") is QuantMode.BF16
+    with pytest.raises(ValueError, match=r"quant='int3' is not a quantization mode"):
+        call(problem(), quant="int3")
+    with pytest.raises(ValueError, match=r"activation='tanh' is not an activation"):
+        call(problem(), activation="tanh")
+    with pytest.raises(TypeError, match="hidden_states: got dtype torch.float16, expected torch.bfloat16"):
+        call(problem(dtype=torch.float16), quant="bf16")
+
+
+def test_unsupported_mode_names_what_the_build_has():
+    with pytest.raises(NotImplementedError, match=r"quant='fp8' has no kernels .* supports \['bf16', 'fp16'\]"):
+        call(problem(), quant="fp8")
+
+
+def test_tactic_is_typed_by_name():
+    with pytest.raises(TypeError, match="Tactic.gemm1=3"):
+        Tactic(3, "x")
+    t = Tactic("a", "b")
+    assert str(t) == "a+b"
+    with pytest.raises(Exception):
+        t.gemm1 = "c"
+
+
+def test_no_integer_tactic_in_public_signatures():
+    import inspect
+    for name in moe_kernels.__all__:
+        obj = getattr(moe_kernels, name)
+        if callable(obj) and not isinstance(obj, type):
+            sig = inspect.signature(obj)
+            if "tactic" in sig.parameters:
+                assert sig.parameters["tactic"].default is None
+
+
+def _k(name, tm, tn, sched="pingpong", cluster=(1, 1)):
+    return KernelInfo(name, "sm90a", "bf16", "bf16", (tm, tn, 64), cluster, sched, 1000)
+
+
+def test_default_rule():
+    ks = [_k("p64x64", 64, 64), _k("p64x128", 64, 128), _k("p64x256", 64, 256),
+          _k("c128x128", 128, 128, "coop"), _k("c128x256", 128, 256, "coop"),
+          _k("c128x256c", 128, 256, "coop", (2, 1))]
+    # Mixtral decode: 2 experts hit, N=28672 for GEMM1, N=4096 for GEMM2
+    t = default_tactic(ks, num_tokens=1, top_k=2, num_experts=8, hidden_size=4096,
+                       gemm1_n=28672, sm_count=132)
+    assert t.gemm1 == "p64x256"  # 112 tiles x 2 experts fills 132 SMs with the widest tile
+    assert t.gemm2 == "p64x64"   # only 64 N-tiles per expert: go narrow
+    # prefill: 4096 tokens over 8 experts
+    t = default_tactic(ks, num_tokens=4096, top_k=2, num_experts=8, hidden_size=4096,
+                       gemm1_n=28672, sm_count=132)
+    assert t == Tactic("c128x256", "c128x256")
+
+
+def naive_moe(x, w13, w2, wts, ids, act, b13=None, b2=None):
+    T, k = ids.shape
+    out = torch.zeros(T, x.shape[1], dtype=torch.float64)
+    for t in range(T):
+        for s in range(k):
+            e = int(ids[t, s])
+            if not 0 <= e < w13.shape[0]:
+                continue
+            h = w13[e].double() @ x[t].double()
+            if b13 is not None:
+                h = h + b13[e].double()
+            if act == "swiglu":
+                g, u = h.chunk(2)
+                a = g * torch.sigmoid(g) * u
+            else:  # relu2
+                a = torch.relu(h) ** 2
+            y = w2[e].double() @ a
+            if b2 is not None:
+                y = y + b2[e].double()
+            out[t] += float(wts[t, s]) * y
+    return out
+
+
+@pytest.mark.parametrize("act", ["swiglu", "relu2"])
+def test_reference_matches_naive_loop(act):
+    gated = act == "swiglu"
+    p = problem(T=9, E=5, k=3, H=24, I=16, dtype=torch.float32, gated=gated)
+    p["topk_ids"][0, 0] = -1  # not a local expert
+    n1 = 32 if gated else 16
+    b13, b2 = torch.randn(5, n1), torch.randn(5, 24)
+    ref = reference.fused_moe(p["hidden_states"], p["w13"], p["w2"], p["topk_weights"],
+                              p["topk_ids"], activation=act, w13_bias=b13, w2_bias=b2)
+    naive = naive_moe(p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"],
+                      act, b13, b2)
+    torch.testing.assert_close(ref.double(), naive, rtol=1e-4, atol=1e-4)
+
+
+def test_reference_activations():
+    x = torch.linspace(-10, 10, 64).reshape(2, 32)
+    for act in Activation:
+        y = reference.apply_activation(x, act)
+        assert y.shape[-1] == (16 if act.gated else 32)
+    g = torch.tensor([[9.0, 2.0]])  # gate 9 -> clamped to limit 7; up 2
+    y = reference.apply_activation(g, "swiglu_oai", swiglu_alpha=1.702, swiglu_limit=7.0)
+    assert torch.allclose(y, torch.tensor([[7 * torch.sigmoid(torch.tensor(1.702 * 7)) * 3]]))
+
+
+def test_prepare_weights_validation():
+    from moe_kernels.prepare import prepare_weights
+    w13 = torch.randn(2, 32, 16, dtype=torch.bfloat16)
+    w2 = torch.randn(2, 16, 16, dtype=torch.bfloat16)
+    out = prepare_weights(w13, w2)
+    assert out["w13"].is_contiguous() and out["w13_bias"] is None
+    with pytest.raises(ValueError, match=r"w13: got shape \(2, 32, 16\), expected \(2, 16, 16\)"):
+        prepare_weights(w13, w2, activation="relu2")
+    with pytest.raises(NotImplementedError, match="fp8"):
+        prepare_weights(w13, w2, quant="fp8")
+
+
+def test_layer_validation():
+    from moe_kernels import FusedMoE
+    with pytest.raises(ValueError, match="num_experts: got 10, expected a multiple of ep_size=4"):
+        FusedMoE(10, 64, 32, ep_size=4)
+    layer = FusedMoE(8, 64, 32, ep_rank=1, ep_size=2)
+    with pytest.raises(RuntimeError, match="load_weights"):
+        layer(torch.zeros(1, 64), torch.zeros(1, 1), torch.zeros(1, 1, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"w13: got shape \(3, 64, 64\)"):
+        layer.load_weights(torch.zeros(3, 64, 64, dtype=torch.bfloat16), torch.zeros(3, 64, 32, dtype=torch.bfloat16))
+    layer.load_weights(torch.zeros(8, 64, 64, dtype=torch.bfloat16), torch.zeros(8, 64, 32, dtype=torch.bfloat16))
+    assert layer.weights["w13"].shape == (4, 64, 64)
+
+
+def test_info_cli_without_gpu():
+    r = subprocess.run([sys.executable, "-m", "moe_kernels", "info", "--json"], capture_output=True,
+                       text=True, check=True)
+    info = json.loads(r.stdout)
+    assert info["version"] == moe_kernels.__version__
+    assert info["libraries"] and info["libraries"][0]["kernels"]
+    if not torch.cuda.is_available():
+        assert info["devices"] == []
+    r = subprocess.run([sys.executable, "-m", "moe_kernels", "info"], capture_output=True, text=True, check=True)
+    assert "sm90a" in r.stdout

@@ -1,0 +1,102 @@
+"""The catalog, the generator and the built registry agree (CPU only)."""
+import importlib.util
+import json
+import os
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "cmake" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    import sys
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+catalog = _load("catalog")
+generate = _load("generate_kernels")
+
+
+def test_every_row_is_legal_and_names_unique():
+    for subset in catalog.CATALOG:
+        configs = catalog.select(subset, list(catalog.ARCHS))
+        names = [c.name for c in configs]
+        assert len(names) == len(set(names))
+        assert configs
+
+
+def test_minimal_is_a_subset_of_full():
+    full = {c.name for c in catalog.CATALOG["full"]}
+    assert {c.name for c in catalog.CATALOG["minimal"]} <= full
+
+
+def test_full_catalog_is_deliberate_size():
+    per_dtype = {}
+    for c in catalog.CATALOG["full"]:
+        per_dtype[c.act_dtype] = per_dtype.get(c.act_dtype, 0) + 1
+    assert all(4 <= n <= 40 for n in per_dtype.values()), per_dtype
+
+
+def test_names_are_stable():
+    # Names are an API: tuned tables and user code refer to them.
+    c = catalog.GemmConfig("90a", "bf16", "bf16", 128, 256, 64, 2, 1, "coop")
+    assert c.name == "sm90_bf16xbf16_128x256x64_2x1_coop"
+
+
+@pytest.mark.parametrize("bad", [
+    dict(schedule="coop", tile_m=64),
+    dict(tile_m=96),
+    dict(cluster_m=2, cluster_n=2),
+    dict(schedule="swizzle"),
+])
+def test_illegal_rows_are_rejected(bad):
+    row = dict(arch="90a", act_dtype="bf16", weight_dtype="bf16", tile_m=128, tile_n=128,
+               tile_k=64, cluster_m=1, cluster_n=1, schedule="coop")
+    row.update(bad)
+    with pytest.raises(AssertionError):
+        catalog.GemmConfig(**row).check()
+
+
+def test_unknown_subset_or_arch():
+    with pytest.raises(ValueError, match="subset"):
+        catalog.select("huge", ["90a"])
+    with pytest.raises(ValueError, match="archs"):
+        catalog.select("minimal", ["75"])
+
+
+def test_generator_output(tmp_path):
+    assert generate.main(["--archs", "90a", "--catalog", "minimal", "--out", str(tmp_path)]) == 0
+    names = [c.name for c in catalog.select("minimal", ["90a"])]
+    files = sorted(p.stem for p in (tmp_path / "90a").glob("*.cu"))
+    assert files == sorted(names)
+    registry = (tmp_path / "90a" / "registry.cpp").read_text()
+    for n in names:
+        assert f'"{n}"' in registry
+    manifest = (tmp_path / "manifest.cmake").read_text()
+    assert manifest.count(".cu\"") == len(names)
+    info = json.loads((tmp_path / "build_info.json").read_text())
+    assert info == {"catalog": "minimal", "archs": {"sm90a": names}}
+    # re-running rewrites nothing (no spurious rebuilds)
+    mtimes = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    generate.main(["--archs", "90a", "--catalog", "minimal", "--out", str(tmp_path)])
+    assert mtimes == {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+
+
+def test_built_registry_matches_build_info_and_catalog():
+    from moe_kernels import _native
+    info = _native.build_info()
+    assert info["catalog"] in catalog.CATALOG
+    libs = {lib["arch"]: [k.name for k in lib["kernels"]] for lib in _native.libraries()}
+    assert libs == info["archs"]
+    expected = {c.name: c for c in catalog.CATALOG[info["catalog"]]}
+    for lib in _native.libraries():
+        for k in lib["kernels"]:
+            c = expected[k.name]
+            assert (k.tile, k.cluster, k.schedule, k.act_dtype) == (
+                (c.tile_m, c.tile_n, c.tile_k), (c.cluster_m, c.cluster_n), c.schedule, c.act_dtype)
+            assert 0 < k.smem_bytes <= 232448  # SM90's per-block opt-in limit

@@ -1,0 +1,189 @@
+"""Kernel correctness on the GPU against moe_kernels.reference (skips without a GPU)."""
+import itertools
+
+import pytest
+import torch
+
+import moe_kernels
+from moe_kernels import Activation, FusedMoE, Tactic, fused_moe
+from helpers import TOLERANCE, make_problem, poisoned_out, reference_out, rel_error
+
+pytestmark = pytest.mark.gpu
+
+
+def run(p, **kw):
+    out = poisoned_out(p)
+    res = fused_moe(p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"],
+                    w13_bias=p.get("w13_bias"), w2_bias=p.get("w2_bias"), out=out, **kw)
+    assert res.data_ptr() == out.data_ptr()
+    return res
+
+
+def check(p, error_log, label, dtype="bf16", ref_kw=None, **kw):
+    out = run(p, **kw)
+    ref = reference_out(p, **(ref_kw or {}))
+    err = rel_error(out, ref)
+    error_log.add(label, err)
+    assert err < TOLERANCE[dtype], f"{label}: relative error {err:.3e}"
+    return out
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("act", [a.value for a in Activation])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_activations(act, bias, dtype, error_log):
+    gated = Activation(act).gated
+    p = make_problem(T=130, E=8, k=2, H=256, I=192, dtype=dtype, gated=gated, bias=bias)
+    kw = {"swiglu_alpha": 1.5, "swiglu_limit": 1.0} if act == "swiglu_oai" else {}
+    check(p, error_log, f"{dtype}/{act}", dtype, activation=act, ref_kw=dict(activation=act, **kw), **kw)
+
+
+SHAPES = [(T, E, k) for T, E, k in itertools.product([1, 7, 128, 1000, 4096], [1, 8, 128], [1, 2, 8])
+          if k <= E]
+
+
+@pytest.mark.parametrize("T,E,k", SHAPES)
+def test_shapes(T, E, k, error_log):
+    p = make_problem(T=T, E=E, k=k, H=512, I=256)
+    check(p, error_log, "bf16/shapes")
+
+
+@pytest.mark.parametrize("H,I", [(264, 200), (1032, 8), (8, 136), (7168, 256)])
+def test_sizes_not_multiple_of_tile(H, I, error_log):
+    p = make_problem(T=37, E=6, k=3, H=H, I=I, bias=True)
+    check(p, error_log, "bf16/odd_sizes")
+
+
+def test_experts_with_zero_tokens(error_log):
+    ids = torch.tensor([[3, 5], [5, 3], [3, 60]] * 5, dtype=torch.int32)
+    p = make_problem(T=15, E=64, k=2, H=256, I=128, ids=ids)
+    check(p, error_log, "bf16/zero_token_experts")
+
+
+def test_all_tokens_on_one_expert(error_log):
+    T = 777
+    ids = torch.full((T, 1), 6, dtype=torch.int32)
+    p = make_problem(T=T, E=8, k=1, H=512, I=256, ids=ids)
+    check(p, error_log, "bf16/one_expert")
+
+
+def test_out_of_range_ids_contribute_nothing(error_log):
+    ids = torch.tensor([[-1, 2], [9, 1], [1000, -7], [0, 3]], dtype=torch.int64)
+    p = make_problem(T=4, E=4, k=2, H=256, I=128, ids=ids, ids_dtype=torch.int64)
+    out = check(p, error_log, "bf16/out_of_range")
+    assert torch.all(out[2] == 0), "a token with no local expert must get zeros"
+
+
+def test_int64_ids_and_fp16(error_log):
+    p = make_problem(T=300, E=16, k=4, H=384, I=256, dtype="fp16", ids_dtype=torch.int64)
+    check(p, error_log, "fp16/int64_ids", "fp16")
+
+
+def test_expert_parallel_split_sums_to_unsplit(error_log):
+    E, ep = 16, 4
+    p = make_problem(T=200, E=E, k=4, H=256, I=128, bias=True)
+    full = run(p).float()
+    local = E // ep
+    total = torch.zeros_like(full)
+    for r in range(ep):
+        q = dict(p)
+        for name in ("w13", "w2", "w13_bias", "w2_bias"):
+            q[name] = p[name][r * local:(r + 1) * local].contiguous()
+        part = run(q, ep_rank=r, ep_size=ep, num_experts=E)
+        ref = reference_out(q, expert_offset=r * local)
+        assert rel_error(part, ref) < TOLERANCE["bf16"]
+        total += part.float()
+    err = rel_error(total, full)
+    error_log.add("bf16/ep_split", err)
+    assert err < TOLERANCE["bf16"]
+
+
+def test_fused_moe_layer_module(error_log):
+    E, H, I = 8, 256, 128
+    p = make_problem(T=50, E=E, k=2, H=H, I=I, bias=True)
+    layer = FusedMoE(E, H, I, quant="bf16", activation="swiglu", ep_rank=1, ep_size=2)
+    layer.load_weights(p["w13"], p["w2"], p["w13_bias"], p["w2_bias"])  # all experts: sliced
+    out = layer(p["hidden_states"], p["topk_weights"], p["topk_ids"])
+    q = {**p, **{n: p[n][4:8] for n in ("w13", "w2", "w13_bias", "w2_bias")}}
+    err = rel_error(out, reference_out(q, expert_offset=4))
+    error_log.add("bf16/layer", err)
+    assert err < TOLERANCE["bf16"]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_every_built_kernel(dtype, error_log):
+    kernels = moe_kernels.list_kernels(quant=dtype)
+    assert kernels, f"no {dtype} kernels usable on this GPU"
+    p = make_problem(T=333, E=8, k=2, H=520, I=264, dtype=dtype)
+    ref = reference_out(p)
+    for k in kernels:
+        out = run(p, tactic=Tactic(k.name, k.name))
+        err = rel_error(out, ref)
+        error_log.add(f"{dtype}/kernel/{k.name}", err)
+        assert err < TOLERANCE[dtype], f"{k.name}: relative error {err:.3e}"
+    # mixed pair: the smallest and largest tiles for the two GEMMs
+    a, b = kernels[0], kernels[-1]
+    assert rel_error(run(p, tactic=Tactic(a.name, b.name)), ref) < TOLERANCE[dtype]
+
+
+def test_external_workspace_and_too_small():
+    p = make_problem(T=64, E=8, k=2, H=256, I=128)
+    need = moe_kernels.workspace_size(128, 2, 8, 256, 128)
+    ws = torch.empty(need, dtype=torch.uint8, device="cuda")
+    a = run(p, workspace=ws)
+    b = run(p)
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="workspace"):
+        run(p, workspace=ws[: need // 4])
+
+
+def test_cuda_graph_capture_and_replay():
+    T, E, k, H, I = 96, 8, 2, 256, 128
+    p = make_problem(T=T, E=E, k=k, H=H, I=I)
+    static = {n: t.clone() for n, t in p.items()}
+    ws = torch.empty(moe_kernels.workspace_size(T, k, E, H, I), dtype=torch.uint8, device="cuda")
+    out = torch.empty_like(p["hidden_states"])
+
+    def step():
+        fused_moe(static["hidden_states"], static["w13"], static["w2"], static["topk_weights"],
+                  static["topk_ids"], workspace=ws, out=out)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()  # warm up (tactic choice, attribute setup) outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(3):
+        fresh = make_problem(T=T, E=E, k=k, H=H, I=I)
+        for n in ("hidden_states", "topk_weights", "topk_ids"):
+            static[n].copy_(fresh[n])
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = run({**p, **{n: static[n] for n in ("hidden_states", "topk_weights", "topk_ids")}})
+        assert torch.equal(out, eager), "graph replay differs from eager on the same inputs"
+        assert rel_error(out, reference_out(static)) < TOLERANCE["bf16"]
+
+
+def test_bitwise_deterministic():
+    p = make_problem(T=2048, E=32, k=8, H=512, I=256)
+    first = run(p)
+    for _ in range(4):
+        assert torch.equal(run(p), first)
+
+
+def test_zero_tokens_returns_empty():
+    p = make_problem(T=1, E=4, k=2, H=64, I=64)
+    p["hidden_states"] = p["hidden_states"][:0]
+    p["topk_ids"] = p["topk_ids"][:0]
+    p["topk_weights"] = p["topk_weights"][:0]
+    assert run(p).shape == (0, 64)
+
+
+def test_quant_mode_without_kernels_names_what_exists():
+    p = make_problem(T=4, E=4, k=2, H=64, I=64)
+    with pytest.raises(NotImplementedError, match="bf16"):
+        run(p, quant="fp8")
