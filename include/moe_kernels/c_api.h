@@ -67,6 +67,8 @@ typedef struct {
   const char* gemm2;
   int32_t device;
   void* stream;                // cudaStream_t
+  int32_t last_step;           // 0: the whole forward. For timing the steps separately:
+                               // stop after 1 routing, 2 GEMM1, 3 activation, 4 GEMM2.
 } moek_args;
 
 // One registry entry, as generated from cmake/catalog.py.

@@ -199,17 +199,28 @@ def _resolve_tactic(p: _Problem, tactic) -> Tactic:
     return tactic
 
 
+def choose_tactic(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
+                  activation="swiglu") -> Tactic:
+    """The tactic a fused_moe call with these arguments would use by default."""
+    p = _Problem(hidden_states, w13, w2, topk_weights, topk_ids, quant=quant, activation=activation,
+                 w13_bias=None, w2_bias=None, expert_offset=None, ep_rank=None, ep_size=None,
+                 num_experts=None, swiglu_alpha=1.702, swiglu_limit=7.0)
+    return _resolve_tactic(p, None)
+
+
 def fused_moe(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, quant=None,
               activation="swiglu", w13_bias=None, w2_bias=None, expert_offset=None,
               ep_rank=None, ep_size=None, num_experts=None, swiglu_alpha: float = 1.702,
-              swiglu_limit: float = 7.0, workspace=None, out=None, tactic=None) -> torch.Tensor:
+              swiglu_limit: float = 7.0, workspace=None, out=None, tactic=None,
+              _last_step: int = 0) -> torch.Tensor:
     """Fused MoE forward: out[t] = sum_slot topk_weights[t, slot] * expert(topk_ids[t, slot])(x[t]).
 
     hidden_states [T, H]; w13 [E_local, 2I, H] (gate rows, then up rows; [E_local, I, H] for
     non-gated activations); w2 [E_local, H, I]; topk_weights [T, k] float32; topk_ids [T, k]
     int32/int64 global expert ids. Ids outside [expert_offset, expert_offset + E_local)
     (including -1) contribute nothing. quant defaults to the dtype of hidden_states.
+    `_last_step` is for the benchmark's step breakdown only (out is then not written).
     """
     p = _Problem(hidden_states, w13, w2, topk_weights, topk_ids, quant=quant,
                  activation=activation, w13_bias=w13_bias, w2_bias=w2_bias,
@@ -239,5 +250,5 @@ def fused_moe(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     _native.C().run(dev, p.shape, x.data_ptr(), ids.data_ptr(), wts.data_ptr(), w13.data_ptr(),
                     w2.data_ptr(), b13.data_ptr() if b13 is not None else 0,
                     b2.data_ptr() if b2 is not None else 0, out.data_ptr(), workspace.data_ptr(),
-                    workspace.numel(), tactic.gemm1, tactic.gemm2, stream)
+                    workspace.numel(), tactic.gemm1, tactic.gemm2, stream, _last_step)
     return out

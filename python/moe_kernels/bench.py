@@ -74,6 +74,11 @@ def add_arguments(p) -> None:
     p.add_argument("--skew", type=float, default=1.2, help="Zipf exponent for --routing skewed")
     p.add_argument("--replays", type=int, default=30, help="timed graph replays per point")
     p.add_argument("--no-peers", action="store_true", help="time moe_kernels only")
+    p.add_argument("--sweep", action="store_true",
+                   help="also time every built kernel for each GEMM (the other GEMM on the default) "
+                        "and report the best pair against the default rule's choice")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also time each step (routing, GEMM1, activation, GEMM2, finalize) by prefixes")
     p.add_argument("--json", help="write the results to this file")
 
 
@@ -92,13 +97,17 @@ def routing(T, E, k, kind, skew, gen, device):
 
 
 def measure_ceilings(dtype):
-    """Copy bandwidth (bytes read + written / s) and dense GEMM rate (FLOP/s) on this GPU."""
+    """Copy bandwidth (bytes read + written / s) and dense GEMM rate (FLOP/s) on this GPU.
+
+    The copy is an elementwise kernel over 2 GiB: a memcpy node inside a CUDA graph can be
+    served by the copy engines, which are slower than the SMs and would understate the
+    ceiling (seen on an H200: 2.75 against 4.3 TB/s)."""
     import torch
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    src.random_()
+    src = torch.randn(1 << 29, device="cuda")
     dst = torch.empty_like(src)
-    t, _ = _time_graph(lambda: dst.copy_(src), replays=20, per_graph=1)
-    bw = 2 * src.numel() / t
+    t, _ = _time_graph(lambda: torch.mul(src, 1.0, out=dst), replays=20, per_graph=1)
+    bw = 2 * src.numel() * src.element_size() / t
+    del src, dst
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=dtype)
     b = torch.randn(n, n, device="cuda", dtype=dtype)
@@ -225,10 +234,56 @@ def bench_shape(shape, tokens, args, ceilings, report):
                                         "of_floor": floor_s / t}
             except Exception as e:  # a peer that fails is reported, never silently dropped
                 row["results"][name] = {"status": f"failed: {type(e).__name__}: {e}"[:200]}
+        if args.breakdown and row["results"]["moe_kernels"].get("status") == "ok":
+            prefix = []
+            for last in (1, 2, 3, 4):
+                j = iter(range(1 << 30))
+
+                def partial(last=last, j=j):
+                    n = next(j) % len(sets)
+                    x, ids, w = sets[n]
+                    moe_kernels.fused_moe(x, w13, w2, w, ids, quant=args.quant, activation=act,
+                                          workspace=ws, out=outs[n], _last_step=last)
+                prefix.append(_time_graph(partial, args.replays, len(sets))[0] * 1e6)
+            prefix.append(row["results"]["moe_kernels"]["us"])
+            steps = ["routing", "gemm1", "activation", "gemm2", "finalize"]
+            row["breakdown_us"] = {n: b - a for n, a, b in zip(steps, [0.0] + prefix[:-1], prefix)}
+        if args.sweep and row["results"]["moe_kernels"].get("status") == "ok":
+            row["sweep"] = _sweep(moe_kernels, sets, outs, ws, w13, w2, args, act, ref)
         report(row)
         del ws, outs, sets
     del w13, w2
     torch.cuda.empty_cache()
+
+
+def _sweep(moe_kernels, sets, outs, ws, w13, w2, args, act, ref):
+    """Time every kernel in each GEMM slot, keeping the default in the other slot."""
+    from moe_kernels import Tactic
+    x0, ids0, w0 = sets[0]
+    default = moe_kernels.api.choose_tactic(x0, w13, w2, w0, ids0, quant=args.quant, activation=act)
+    names = [k.name for k in moe_kernels.list_kernels(quant=args.quant)]
+
+    def timed(tactic):
+        outs[0].fill_(float("nan"))
+        moe_kernels.fused_moe(x0, w13, w2, w0, ids0, quant=args.quant, activation=act, workspace=ws,
+                              out=outs[0], tactic=tactic)
+        err = ((outs[0].float() - ref).norm() / ref.norm()).item()
+        if not err < REL_TOL:
+            return float("inf")
+        it = iter(range(1 << 30))
+
+        def call():
+            j = next(it) % len(sets)
+            x, ids, w = sets[j]
+            moe_kernels.fused_moe(x, w13, w2, w, ids, quant=args.quant, activation=act,
+                                  workspace=ws, out=outs[j], tactic=tactic)
+        return _time_graph(call, args.replays, len(sets))[0] * 1e6
+
+    g1 = {n: timed(Tactic(n, default.gemm2)) for n in names}
+    g2 = {n: timed(Tactic(default.gemm1, n)) for n in names}
+    best = Tactic(min(g1, key=g1.get), min(g2, key=g2.get))
+    return {"default": str(default), "default_us": g1[default.gemm1], "best": str(best),
+            "best_us": timed(best), "gemm1_us": g1, "gemm2_us": g2}
 
 
 def _print_row(row, names):
@@ -246,6 +301,12 @@ def _print_row(row, names):
         else:
             cells.append(f"{r.get('status', '-')[:24]:>22}")
     print("  ".join(cells), flush=True)
+    if "sweep" in row:
+        sw = row["sweep"]
+        print(f"      default {sw['default']} {sw['default_us']:.1f} us; best {sw['best']} {sw['best_us']:.1f} us",
+              flush=True)
+    if "breakdown_us" in row:
+        print("      steps (us): " + ", ".join(f"{k} {v:.1f}" for k, v in row["breakdown_us"].items()), flush=True)
 
 
 def main(args) -> int:

@@ -216,7 +216,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("run", [](int device, py::dict shape, uintptr_t hidden, uintptr_t topk_ids,
                   uintptr_t topk_weights, uintptr_t w13, uintptr_t w2, uintptr_t w13_bias,
                   uintptr_t w2_bias, uintptr_t out, uintptr_t workspace, size_t workspace_bytes,
-                  const std::string& gemm1, const std::string& gemm2, uintptr_t stream) {
+                  const std::string& gemm1, const std::string& gemm2, uintptr_t stream,
+                  int last_step) {
     moek_args a{};
     a.shape = make_shape(shape);
     a.hidden = reinterpret_cast<const void*>(hidden);
@@ -233,6 +234,7 @@ PYBIND11_MODULE(_C, m) {
     a.gemm2 = gemm2.c_str();
     a.device = device;
     a.stream = reinterpret_cast<void*>(stream);
+    a.last_step = last_step;
     char err[512] = {0};
     const ArchLibrary& lib = library_for(device);
     int st;
@@ -241,5 +243,8 @@ PYBIND11_MODULE(_C, m) {
       st = lib.run(&a, err, sizeof(err));
     }
     raise_status(st, err);
-  });
+  }, py::arg("device"), py::arg("shape"), py::arg("hidden"), py::arg("topk_ids"),
+     py::arg("topk_weights"), py::arg("w13"), py::arg("w2"), py::arg("w13_bias"),
+     py::arg("w2_bias"), py::arg("out"), py::arg("workspace"), py::arg("workspace_bytes"),
+     py::arg("gemm1"), py::arg("gemm2"), py::arg("stream"), py::arg("last_step") = 0);
 }
