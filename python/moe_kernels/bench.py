@@ -1,18 +1,21 @@
 """`python -m moe_kernels bench`: the whole fused layer, timed against its floors and peers.
 
 Method (DESIGN.md section 7): CUDA events around CUDA-graph replays, median of many; each
-graph holds several forwards over rotated routing/input sets so the experts hit differ
-from one forward to the next and weights come from HBM, not L2. In the same run: measured
-device-to-device copy bandwidth and dense GEMM rate (the ceilings), the bandwidth floor
-(bytes of the experts actually hit + activations) and the FLOP floor per point, and the
-peers present on the machine, each checked against moe_kernels.reference first.
+graph holds several forwards over rotated routing/input sets, so the experts hit differ
+from one forward to the next and weights come from HBM, not L2. In the same run: the
+measured copy bandwidth and dense GEMM rate (the ceilings), per point the bandwidth floor
+(bytes of the experts actually hit + activations) and the FLOP floor, and every peer
+present on the machine, each checked against moe_kernels.reference before it is timed.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
+import os
 import statistics
+import subprocess
 import sys
 
 PRESETS = {  # DESIGN.md section 8: experts, top_k, hidden, intermediate
@@ -27,6 +30,7 @@ DEFAULT_PRESETS = ["mixtral-8x7b", "qwen3-30b-a3b"]
 DEFAULT_TOKENS = [1, 16, 128, 1024, 4096]
 ROUTING_SETS = 8   # forwards per graph, each on its own routing and input set
 REL_TOL = 2e-2     # bf16/fp16 against the float32 reference
+STEPS = ["routing", "gemm1", "activation", "gemm2", "finalize"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,93 +41,150 @@ class Shape:
     hidden: int
     inter: int
 
-    @classmethod
-    def from_args(cls, args) -> list:
-        if args.experts or args.hidden or args.intermediate:
-            missing = [n for n in ("experts", "top_k", "hidden", "intermediate") if not getattr(args, n)]
-            if missing:
-                raise SystemExit(f"custom shape: also give --{', --'.join(m.replace('_', '-') for m in missing)}")
-            shapes = [cls("custom", args.experts, args.top_k, args.hidden, args.intermediate)]
-        else:
-            names = args.preset or DEFAULT_PRESETS
-            unknown = [n for n in names if n not in PRESETS]
-            if unknown:
-                raise SystemExit(f"--preset {unknown}: expected one of {sorted(PRESETS)}")
-            shapes = [cls(n, *PRESETS[n]) for n in names]
-        out = []
-        for s in shapes:
-            if s.inter % args.tp or s.experts % args.ep:
-                raise SystemExit(f"{s.name}: I={s.inter} must divide by --tp {args.tp} and E={s.experts} by --ep {args.ep}")
-            suffix = "".join(f"-{k}{v}" for k, v in (("tp", args.tp), ("ep", args.ep)) if v > 1)
-            out.append(cls(s.name + suffix, s.experts // args.ep, s.top_k, s.hidden, s.inter // args.tp))
-        return out
+
+def shapes_from_args(args) -> list:
+    """The model shapes to run: presets (default two), or one custom shape; --tp/--ep divide."""
+    custom = (args.experts, args.top_k, args.hidden, args.intermediate)
+    if any(custom):
+        if not all(custom):
+            raise SystemExit("custom shape: give all of --experts, --top-k, --hidden, --intermediate")
+        shapes = [Shape("custom", *custom)]
+    else:
+        names = args.preset or DEFAULT_PRESETS
+        unknown = [n for n in names if n not in PRESETS]
+        if unknown:
+            raise SystemExit(f"--preset {unknown}: expected one of {sorted(PRESETS)}")
+        shapes = [Shape(n, *PRESETS[n]) for n in names]
+    out = []
+    for s in shapes:
+        if args.tp < 1 or args.ep < 1 or s.inter % args.tp or s.experts % args.ep:
+            raise SystemExit(f"{s.name}: I={s.inter} must divide by --tp {args.tp} and "
+                             f"E={s.experts} by --ep {args.ep}")
+        suffix = "".join(f"-{k}{v}" for k, v in (("tp", args.tp), ("ep", args.ep)) if v > 1)
+        out.append(Shape(s.name + suffix, s.experts // args.ep, s.top_k, s.hidden, s.inter // args.tp))
+    return out
+
+
+def parse_tokens(text: str) -> list:
+    try:
+        tokens = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise SystemExit(f"--tokens {text!r}: expected comma-separated integers") from None
+    if not tokens or min(tokens) < 1:
+        raise SystemExit(f"--tokens {text!r}: expected positive integers")
+    return tokens
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--preset", action="append", help=f"model shape; repeatable; one of {sorted(PRESETS)}")
+    p.add_argument("--preset", action="append", help=f"model shape, repeatable: {', '.join(PRESETS)}")
     p.add_argument("--experts", type=int)
     p.add_argument("--top-k", dest="top_k", type=int)
     p.add_argument("--hidden", type=int)
     p.add_argument("--intermediate", type=int)
     p.add_argument("--tp", type=int, default=1, help="tensor parallel size: divides I")
-    p.add_argument("--ep", type=int, default=1, help="expert parallel size: divides E (this rank's share)")
+    p.add_argument("--ep", type=int, default=1, help="expert parallel size: divides E (one rank's share)")
     p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="comma-separated token counts")
-    p.add_argument("--quant", default="bf16")
+    p.add_argument("--quant", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--activation", default="swiglu")
-    p.add_argument("--routing", choices=["uniform", "skewed"], default="uniform")
+    p.add_argument("--routing", choices=["uniform", "skewed", "balanced"], default="uniform")
     p.add_argument("--skew", type=float, default=1.2, help="Zipf exponent for --routing skewed")
+    p.add_argument("--routing-file", help="JSON list of per-expert token counts from a real trace "
+                                          "(or {\"counts\": [...]}); overrides --routing")
     p.add_argument("--replays", type=int, default=30, help="timed graph replays per point")
     p.add_argument("--no-peers", action="store_true", help="time moe_kernels only")
     p.add_argument("--sweep", action="store_true",
-                   help="also time every built kernel for each GEMM (the other GEMM on the default) "
-                        "and report the best pair against the default rule's choice")
+                   help="also time every built kernel in each GEMM slot (the other on the default)")
     p.add_argument("--breakdown", action="store_true",
-                   help="also time each step (routing, GEMM1, activation, GEMM2, finalize) by prefixes")
+                   help="also time each step (routing, GEMM1, activation, GEMM2, finalize)")
     p.add_argument("--json", help="write the results to this file")
+    p.add_argument("--plot", help="write a plot (PNG) to this file; needs matplotlib")
 
 
-# ---- inputs --------------------------------------------------------------------------------
+# ---- routing -------------------------------------------------------------------------------
 
-def routing(T, E, k, kind, skew, gen, device):
+def load_histogram(path: str) -> list:
+    with open(path) as f:
+        data = json.load(f)
+    counts = data["counts"] if isinstance(data, dict) else data
+    if not counts or not all(isinstance(c, int) and c >= 0 for c in counts) or sum(counts) == 0:
+        raise SystemExit(f"--routing-file {path}: expected a non-empty list of non-negative ints")
+    return counts
+
+
+def histogram_ids(counts, T, k):
+    """topk_ids [T, k] whose per-expert counts follow `counts`: exactly, when they add up to
+    T*k; else scaled to T*k (largest remainder). No expert twice in one token: an expert's
+    pairs run down consecutive tokens of one slot column, so at most T each."""
     import torch
-    if kind == "uniform":
-        probs = torch.ones(E, device=device)
-    else:  # Zipf-like popularity over a random permutation of the experts
-        probs = 1.0 / torch.arange(1, E + 1, device=device, dtype=torch.float32) ** skew
-        probs = probs[torch.randperm(E, generator=gen, device="cpu").to(device)]
-    ids = torch.multinomial(probs.expand(T, E), k, replacement=False)
-    logits = torch.randn(T, k, device=device)
-    return ids.to(torch.int32), torch.softmax(logits, dim=-1)
+    E = len(counts)
+    if k > E:
+        raise SystemExit(f"routing file has {E} experts, fewer than top_k={k}")
+    total = sum(counts)
+    want = [c * T * k / total for c in counts]
+    n = [min(T, int(w)) for w in want]
+    for e in sorted(range(E), key=lambda e: want[e] - int(want[e]), reverse=True):
+        if sum(n) >= T * k:
+            break
+        if n[e] < T:
+            n[e] += 1
+    while sum(n) < T * k:  # caps left some pairs over: give them to experts with room
+        e = min((e for e in range(E) if n[e] < T), key=lambda e: n[e])
+        n[e] += 1
+    labels = torch.repeat_interleave(torch.arange(E), torch.tensor(n))
+    ids = torch.empty(T * k, dtype=torch.int64)
+    pos = torch.arange(T * k)
+    ids[(pos % T) * k + pos // T] = labels  # pair i -> token i % T, slot i // T
+    return ids.view(T, k)
 
 
-def measure_ceilings(dtype):
-    """Copy bandwidth (bytes read + written / s) and dense GEMM rate (FLOP/s) on this GPU.
-
-    The copy is an elementwise kernel over 2 GiB: a memcpy node inside a CUDA graph can be
-    served by the copy engines, which are slower than the SMs and would understate the
-    ceiling (seen on an H200: 2.75 against 4.3 TB/s)."""
+def routing(T, E, k, kind, *, skew=1.2, counts=None, gen=None, device="cpu"):
+    """(topk_ids int32 [T, k], topk_weights float32 [T, k]) drawn as a router would."""
     import torch
-    src = torch.randn(1 << 29, device="cuda")
-    dst = torch.empty_like(src)
-    t, _ = _time_graph(lambda: torch.mul(src, 1.0, out=dst), replays=20, per_graph=1)
-    bw = 2 * src.numel() * src.element_size() / t
-    del src, dst
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=dtype)
-    b = torch.randn(n, n, device="cuda", dtype=dtype)
-    t, _ = _time_graph(lambda: torch.matmul(a, b), replays=10, per_graph=1)
-    return bw, 2 * n ** 3 / t
+    gen = gen or torch.Generator().manual_seed(0)
+    if counts is not None:
+        ids = histogram_ids(counts, T, k)
+        ids = ids[torch.randperm(T, generator=gen)]
+    elif kind == "balanced":  # every expert the same load (to within one pair)
+        ids = (torch.arange(T * k) % E).view(T, k)
+    else:
+        if kind == "uniform":
+            probs = torch.ones(E)
+        elif kind == "skewed":  # Zipf-like popularity over a random permutation of the experts
+            probs = (1.0 / torch.arange(1, E + 1, dtype=torch.float64) ** skew)[torch.randperm(E, generator=gen)]
+        else:
+            raise ValueError(f"routing={kind!r}: expected uniform, skewed or balanced")
+        ids = torch.multinomial(probs.float().expand(T, E), k, replacement=False, generator=gen)
+    weights = torch.softmax(torch.randn(T, k, generator=gen), dim=-1)
+    return ids.to(device=device, dtype=torch.int32), weights.to(device)
 
 
-def _time_graph(fn, replays, per_graph):
-    """Median seconds per call of fn, from CUDA events around replays of a graph of
-    `per_graph` calls (fn may rotate inputs between calls)."""
+# ---- floors --------------------------------------------------------------------------------
+
+def floors(*, tokens, top_k, hidden, inter, gated, experts_hit, elem_bytes, copy_bw, gemm_rate):
+    """Bytes, FLOPs and the two floor times (seconds) of one forward.
+
+    Bytes: the weights of the experts hit, the input and output activations, ids and weights.
+    FLOPs: 2 per multiply-add in both GEMMs over the routed (token, slot) pairs."""
+    n1 = 2 * inter if gated else inter
+    weight_bytes = experts_hit * (n1 * hidden + hidden * inter) * elem_bytes
+    act_bytes = 2 * tokens * hidden * elem_bytes + tokens * top_k * 8
+    flops = 2 * tokens * top_k * (hidden * n1 + inter * hidden)
+    total = weight_bytes + act_bytes
+    return {"bytes": total, "flops": flops, "bw_floor_s": total / copy_bw, "flop_floor_s": flops / gemm_rate,
+            "floor_s": max(total / copy_bw, flops / gemm_rate)}
+
+
+# ---- timing --------------------------------------------------------------------------------
+
+def time_graph(fn, replays, per_graph):
+    """Median seconds per call of fn (and min, max), from CUDA events around replays of one
+    graph holding `per_graph` calls; fn may rotate its inputs from call to call."""
     import torch
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(per_graph):
-            fn()  # warm-up outside the capture
+            fn()  # warm-up outside the capture (kernel choice, attribute setup)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -139,14 +200,33 @@ def _time_graph(fn, replays, per_graph):
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3 / per_graph)
-    return statistics.median(times), (min(times), max(times))
+    del g
+    return statistics.median(times), min(times), max(times)
 
 
-# ---- implementations -----------------------------------------------------------------------
+def measure_ceilings(dtype):
+    """Copy bandwidth (bytes read + written per second) and dense GEMM rate (FLOP/s).
+
+    The copy is an elementwise kernel over 2 GiB: a memcpy node inside a CUDA graph can go to
+    the copy engines, slower than the SMs (seen on an H200: 2.75 against 4.2 TB/s)."""
+    import torch
+    src = torch.randn(1 << 29, device="cuda")
+    dst = torch.empty_like(src)
+    t = time_graph(lambda: torch.mul(src, 1.0, out=dst), replays=20, per_graph=1)[0]
+    bw = 2 * src.numel() * src.element_size() / t
+    del src, dst
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    t = time_graph(lambda: torch.matmul(a, b), replays=10, per_graph=1)[0]
+    return bw, 2 * n ** 3 / t
+
+
+# ---- peers ---------------------------------------------------------------------------------
 
 def torch_grouped_mm_moe(x, w13, w2, wts, ids, act):
-    """Peer: plain PyTorch (sort by expert, torch._grouped_mm, activation, torch._grouped_mm,
-    weighted index_add_). No host sync, so it can be graph-captured too."""
+    """Plain PyTorch: sort by expert, torch._grouped_mm, activation, torch._grouped_mm,
+    weighted index_add_. No host sync, so it is graph-captured like ours."""
     import torch
     from .reference import apply_activation
     T, k = ids.shape
@@ -162,151 +242,214 @@ def torch_grouped_mm_moe(x, w13, w2, wts, ids, act):
     return torch.zeros(x.shape, dtype=torch.float32, device=x.device).index_add_(0, token, y).to(x.dtype)
 
 
-def peers():
-    """(name, fn or None, why-not) for each peer this benchmark knows."""
+def _vllm_triton(x, w13, w2, wts, ids, act):
+    from vllm.model_executor.layers.fused_moe import fused_experts
+    return fused_experts(x, w13, w2, wts, ids)
+
+
+def _sglang_triton(x, w13, w2, wts, ids, act):
+    from sglang.srt.layers.moe.fused_moe_triton import fused_experts
+    return fused_experts(x, w13, w2, (wts, ids, None))
+
+
+def _flashinfer_cutlass(x, w13, w2, wts, ids, act):
+    import flashinfer
+    # FlashInfer stacks [up | gate]; ours is [gate | up]
+    I = w2.shape[2]
+    w31 = w13.view(w13.shape[0], 2, I, -1).flip(1).reshape_as(w13)
+    return flashinfer.fused_moe.cutlass_fused_moe(x, ids, wts, w31, w2, x.dtype)[0]
+
+
+def peers(activation):
+    """(name, fn or None, why not) for every peer this benchmark knows."""
+    import importlib.util
     import torch
-    out = []
-    if hasattr(torch, "_grouped_mm"):
-        out.append(("torch._grouped_mm", torch_grouped_mm_moe, None))
-    else:
-        out.append(("torch._grouped_mm", None, f"not in torch {torch.__version__}"))
+    out = [("torch._grouped_mm", torch_grouped_mm_moe if hasattr(torch, "_grouped_mm") else None,
+            f"not in torch {torch.__version__}")]
+    for name, module, fn in (("vllm-triton", "vllm", _vllm_triton),
+                             ("sglang-triton", "sglang", _sglang_triton),
+                             ("flashinfer-cutlass", "flashinfer", _flashinfer_cutlass)):
+        if importlib.util.find_spec(module) is None:
+            out.append((name, None, "not installed"))
+        elif str(activation) != "swiglu":
+            out.append((name, None, f"compared on swiglu only, not {activation}"))
+        else:
+            out.append((name, fn, None))
     return out
 
 
 # ---- the run -------------------------------------------------------------------------------
 
-def bench_shape(shape, tokens, args, ceilings, report):
+def bench_shape(shape, tokens, args, ceilings, report, progress):
     import torch
     import moe_kernels
     from moe_kernels import reference
-    from moe_kernels.modes import Activation, QuantMode
+    from moe_kernels.modes import Activation
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[QuantMode.parse(args.quant).value]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.quant]
     act = Activation.parse(args.activation)
     E, k, H, I = shape.experts, shape.top_k, shape.hidden, shape.inter
     n1 = 2 * I if act.gated else I
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    w13 = (torch.randn(E, n1, H, device="cuda", dtype=dtype) * H ** -0.5)
-    w2 = (torch.randn(E, H, I, device="cuda", dtype=dtype) * I ** -0.5)
-    bytes_per_expert = (w13[0].numel() + w2[0].numel()) * w13.element_size()
+    gen = torch.Generator().manual_seed(0)
+    w13 = torch.randn(E, n1, H, device="cuda", dtype=dtype) * H ** -0.5
+    w2 = torch.randn(E, H, I, device="cuda", dtype=dtype) * I ** -0.5
+    counts = load_histogram(args.routing_file) if args.routing_file else None
+    if counts is not None and len(counts) != E:
+        raise SystemExit(f"--routing-file has {len(counts)} experts, {shape.name} has {E}")
+    peer_list = [] if args.no_peers else peers(act)
     bw, rate = ceilings
-    peer_list = [] if args.no_peers else peers()
     for T in tokens:
-        sets = [(torch.randn(T, H, device="cuda", dtype=dtype),) + routing(T, E, k, args.routing, args.skew, gen, "cuda")
-                for _ in range(ROUTING_SETS)]
+        sets = []
+        for _ in range(ROUTING_SETS):
+            ids, wts = routing(T, E, k, args.routing, skew=args.skew, counts=counts, gen=gen, device="cuda")
+            sets.append((torch.randn(T, H, device="cuda", dtype=dtype), ids, wts))
         hit = statistics.mean(len(torch.unique(ids)) for _, ids, _ in sets)
-        act_bytes = T * H * 2 * w13.element_size() + T * k * 8
-        floor_bytes = hit * bytes_per_expert + act_bytes
-        flops = 2 * T * k * (H * n1 + I * H)
-        floor_s = max(floor_bytes / bw, flops / rate)
+        f = floors(tokens=T, top_k=k, hidden=H, inter=I, gated=act.gated, experts_hit=hit,
+                   elem_bytes=w13.element_size(), copy_bw=bw, gemm_rate=rate)
         ws = torch.empty(moe_kernels.workspace_size(T, k, E, H, I, quant=args.quant, activation=act),
                          dtype=torch.uint8, device="cuda")
         outs = [torch.empty(T, H, device="cuda", dtype=dtype) for _ in sets]
         x0, ids0, w0 = sets[0]
         ref = reference.fused_moe(x0, w13, w2, w0, ids0, activation=act)
-        row = {"preset": shape.name, "E": E, "top_k": k, "H": H, "I": I, "tokens": T,
-               "experts_hit": hit, "floor_us": floor_s * 1e6, "bw_floor_us": floor_bytes / bw * 1e6,
-               "flop_floor_us": flops / rate * 1e6, "results": {}}
-        impls = [("moe_kernels", lambda x, ids, w, o: moe_kernels.fused_moe(
-            x, w13, w2, w, ids, quant=args.quant, activation=act, workspace=ws, out=o), None)]
-        impls += [(name, (lambda f: lambda x, ids, w, o: o.copy_(f(x, w13, w2, w, ids, act)))(fn) if fn else None, why)
-                  for name, fn, why in peer_list]
-        for name, fn, why in impls:
-            if fn is None:
-                row["results"][name] = {"status": f"not installed: {why}"}
-                continue
-            try:
+
+        def ours(x, ids, w, o, tactic=None, last_step=0):
+            moe_kernels.fused_moe(x, w13, w2, w, ids, quant=args.quant, activation=act, workspace=ws,
+                                  out=o, tactic=tactic, _last_step=last_step)
+
+        def timed(fn, check=True):
+            """Check fn against the reference on set 0, then time it over all sets."""
+            if check:
                 outs[0].fill_(float("nan"))
                 fn(x0, ids0, w0, outs[0])
                 err = ((outs[0].float() - ref).norm() / ref.norm()).item()
-                if not math.isfinite(err) or err > REL_TOL:
-                    row["results"][name] = {"status": f"wrong: relative error {err:.2e}"}
-                    continue
-                i = iter(range(1 << 30))
+                if not (math.isfinite(err) and err <= REL_TOL):
+                    return {"status": f"wrong: relative error {err:.2e}"}
+            it = iter(range(1 << 62))
 
-                def call():
-                    j = next(i) % len(sets)
-                    fn(*sets[j], outs[j])
-                t, spread = _time_graph(call, args.replays, len(sets))
-                row["results"][name] = {"status": "ok", "us": t * 1e6, "min_us": spread[0] * 1e6,
-                                        "max_us": spread[1] * 1e6, "rel_err": err,
-                                        "tb_s": floor_bytes / t / 1e12, "tflop_s": flops / t / 1e12,
-                                        "of_floor": floor_s / t}
-            except Exception as e:  # a peer that fails is reported, never silently dropped
+            def call():
+                j = next(it) % len(sets)
+                fn(*sets[j], outs[j])
+            t, lo, hi = time_graph(call, args.replays, len(sets))
+            r = {"status": "ok", "us": t * 1e6, "min_us": lo * 1e6, "max_us": hi * 1e6,
+                 "tb_s": f["bytes"] / t / 1e12, "tflop_s": f["flops"] / t / 1e12, "of_floor": f["floor_s"] / t}
+            if check:
+                r["rel_err"] = err
+            return r
+
+        row = {"preset": shape.name, "E": E, "top_k": k, "H": H, "I": I, "tokens": T,
+               "experts_hit": hit, "bytes": f["bytes"], "flops": f["flops"],
+               "bw_floor_us": f["bw_floor_s"] * 1e6, "flop_floor_us": f["flop_floor_s"] * 1e6,
+               "floor_us": f["floor_s"] * 1e6,
+               "tactic": str(moe_kernels.api.choose_tactic(x0, w13, w2, w0, ids0, quant=args.quant,
+                                                           activation=act)),
+               "results": {"moe_kernels": timed(ours)}}
+        for name, fn, why in peer_list:
+            if fn is None:
+                row["results"][name] = {"status": why}
+                continue
+            try:  # a failing peer is reported, never silently dropped
+                row["results"][name] = timed(lambda x, ids, w, o, fn=fn: o.copy_(fn(x, w13, w2, w, ids, act)))
+            except Exception as e:
                 row["results"][name] = {"status": f"failed: {type(e).__name__}: {e}"[:200]}
-        if args.breakdown and row["results"]["moe_kernels"].get("status") == "ok":
-            prefix = []
-            for last in (1, 2, 3, 4):
-                j = iter(range(1 << 30))
-
-                def partial(last=last, j=j):
-                    n = next(j) % len(sets)
-                    x, ids, w = sets[n]
-                    moe_kernels.fused_moe(x, w13, w2, w, ids, quant=args.quant, activation=act,
-                                          workspace=ws, out=outs[n], _last_step=last)
-                prefix.append(_time_graph(partial, args.replays, len(sets))[0] * 1e6)
-            prefix.append(row["results"]["moe_kernels"]["us"])
-            steps = ["routing", "gemm1", "activation", "gemm2", "finalize"]
-            row["breakdown_us"] = {n: b - a for n, a, b in zip(steps, [0.0] + prefix[:-1], prefix)}
-        if args.sweep and row["results"]["moe_kernels"].get("status") == "ok":
-            row["sweep"] = _sweep(moe_kernels, sets, outs, ws, w13, w2, args, act, ref)
+        if row["results"]["moe_kernels"]["status"] == "ok":
+            if args.breakdown:
+                prefix = [timed(lambda *a, s=s: ours(*a, last_step=s), check=False)["us"] for s in (1, 2, 3, 4)]
+                prefix.append(row["results"]["moe_kernels"]["us"])
+                row["breakdown_us"] = {n: b - a for n, a, b in zip(STEPS, [0.0] + prefix[:-1], prefix)}
+            if args.sweep:
+                row["sweep"] = _sweep(moe_kernels, row["tactic"], args.quant, ours, timed)
         report(row)
+        progress()
         del ws, outs, sets
     del w13, w2
     torch.cuda.empty_cache()
 
 
-def _sweep(moe_kernels, sets, outs, ws, w13, w2, args, act, ref):
-    """Time every kernel in each GEMM slot, keeping the default in the other slot."""
+def _sweep(moe_kernels, default, quant, ours, timed):
+    """Every usable kernel in each GEMM slot, the other slot on the default rule's kernel."""
     from moe_kernels import Tactic
-    x0, ids0, w0 = sets[0]
-    default = moe_kernels.api.choose_tactic(x0, w13, w2, w0, ids0, quant=args.quant, activation=act)
-    names = [k.name for k in moe_kernels.list_kernels(quant=args.quant)]
+    d1, d2 = default.split("+")
+    names = [k.name for k in moe_kernels.list_kernels(quant=quant)]
 
-    def timed(tactic):
-        outs[0].fill_(float("nan"))
-        moe_kernels.fused_moe(x0, w13, w2, w0, ids0, quant=args.quant, activation=act, workspace=ws,
-                              out=outs[0], tactic=tactic)
-        err = ((outs[0].float() - ref).norm() / ref.norm()).item()
-        if not err < REL_TOL:
-            return float("inf")
-        it = iter(range(1 << 30))
-
-        def call():
-            j = next(it) % len(sets)
-            x, ids, w = sets[j]
-            moe_kernels.fused_moe(x, w13, w2, w, ids, quant=args.quant, activation=act,
-                                  workspace=ws, out=outs[j], tactic=tactic)
-        return _time_graph(call, args.replays, len(sets))[0] * 1e6
-
-    g1 = {n: timed(Tactic(n, default.gemm2)) for n in names}
-    g2 = {n: timed(Tactic(default.gemm1, n)) for n in names}
+    def t(tactic):
+        r = timed(lambda *a: ours(*a, tactic=tactic))
+        return r["us"] if r["status"] == "ok" else float("inf")
+    g1 = {n: t(Tactic(n, d2)) for n in names}
+    g2 = {n: t(Tactic(d1, n)) for n in names}
     best = Tactic(min(g1, key=g1.get), min(g2, key=g2.get))
-    return {"default": str(default), "default_us": g1[default.gemm1], "best": str(best),
-            "best_us": timed(best), "gemm1_us": g1, "gemm2_us": g2}
+    return {"default": default, "default_us": g1[d1], "best": str(best), "best_us": t(best),
+            "gemm1_us": g1, "gemm2_us": g2}
 
 
-def _print_row(row, names):
+# ---- output --------------------------------------------------------------------------------
+
+def format_row(row, peer_names) -> str:
     ours = row["results"]["moe_kernels"]
-    cells = [f"{row['preset']:<22}", f"{row['tokens']:>6}", f"{row['experts_hit']:>6.1f}",
+    cells = [f"{row['preset']:<18}", f"{row['tokens']:>6}", f"{row['experts_hit']:>6.1f}",
              f"{row['bw_floor_us']:>9.1f}", f"{row['flop_floor_us']:>9.1f}"]
-    if ours.get("status") == "ok":
+    if ours["status"] == "ok":
         cells += [f"{ours['us']:>9.1f}", f"{ours['tb_s']:>6.2f}", f"{ours['tflop_s']:>7.1f}", f"{ours['of_floor']:>6.0%}"]
     else:
         cells += [f"{ours['status'][:40]:>40}"]
-    for n in names[1:]:
+    for n in peer_names:
         r = row["results"].get(n, {})
-        if r.get("status") == "ok" and ours.get("status") == "ok":
-            cells.append(f"{r['us']:>9.1f} ({r['us'] / ours['us']:.2f}x)")
+        if r.get("status") == "ok" and ours["status"] == "ok":
+            cells.append(f"{r['us']:>9.1f} ({r['us'] / ours['us']:4.2f}x)")
         else:
-            cells.append(f"{r.get('status', '-')[:24]:>22}")
-    print("  ".join(cells), flush=True)
+            cells.append(f"{r.get('status', '-')[:17]:>17}")
+    lines = ["  ".join(cells)]
     if "sweep" in row:
         sw = row["sweep"]
-        print(f"      default {sw['default']} {sw['default_us']:.1f} us; best {sw['best']} {sw['best_us']:.1f} us",
-              flush=True)
+        lines.append(f"    default {sw['default']} {sw['default_us']:.1f} us; best {sw['best']} {sw['best_us']:.1f} us")
     if "breakdown_us" in row:
-        print("      steps (us): " + ", ".join(f"{k} {v:.1f}" for k, v in row["breakdown_us"].items()), flush=True)
+        lines.append("    steps (us): " + ", ".join(f"{k} {v:.1f}" for k, v in row["breakdown_us"].items()))
+    return "\n".join(lines)
+
+
+def header(peer_names) -> str:
+    return "  ".join([f"{'preset':<18}", f"{'tokens':>6}", f"{'hit':>6}", f"{'bw_floor':>9}", f"{'flop_flr':>9}",
+                      f"{'ours_us':>9}", f"{'TB/s':>6}", f"{'TFLOP/s':>7}", f"{'floor%':>6}"] +
+                     [f"{n[:17]:>17}" for n in peer_names])
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    presets = list(dict.fromkeys(r["preset"] for r in rows))
+    fig, axes = plt.subplots(1, len(presets), figsize=(6 * len(presets), 4.5), squeeze=False)
+    for ax, preset in zip(axes[0], presets):
+        rs = [r for r in rows if r["preset"] == preset]
+        xs = [r["tokens"] for r in rs]
+        for name in rs[0]["results"]:
+            pts = [(r["tokens"], r["results"][name]["us"]) for r in rs if r["results"][name].get("status") == "ok"]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=name)
+        ax.plot(xs, [r["bw_floor_us"] for r in rs], "k--", lw=1, label="bandwidth floor")
+        ax.plot(xs, [r["flop_floor_us"] for r in rs], "k:", lw=1, label="FLOP floor")
+        ax.set(xscale="log", yscale="log", xlabel="tokens", ylabel="time per forward (us)", title=preset)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _environment():
+    import torch
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=20).stdout.split("\n")[0].strip()
+    except (OSError, subprocess.SubprocessError):
+        driver = "unknown"
+    commit = os.environ.get("MOE_KERNELS_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                    timeout=20).stdout.strip() or "unknown"
+        except (OSError, subprocess.SubprocessError):
+            commit = "unknown"
+    return {"gpu": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "commit": commit}
 
 
 def main(args) -> int:
@@ -316,41 +459,42 @@ def main(args) -> int:
 
     if not torch.cuda.is_available():
         print("No CUDA GPU is visible, so there is nothing to time. What this build holds:\n")
-        return info.main(type("A", (), {"json": False})())
-    try:
-        tokens = [int(t) for t in args.tokens.split(",") if t]
-    except ValueError:
-        raise SystemExit(f"--tokens {args.tokens!r}: expected comma-separated integers")
-    shapes = Shape.from_args(args)
-    dev = torch.cuda.get_device_properties(0)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(args.quant))
-    if dtype is None:
-        raise SystemExit(f"--quant {args.quant}: this benchmark knows bf16 and fp16")
-    print(f"moe_kernels {moe_kernels.__version__} on {dev.name} ({dev.multi_processor_count} SMs), "
-          f"torch {torch.__version__}, CUDA {torch.version.cuda}")
+        return info.main(argparse.Namespace(json=False))
+    tokens = parse_tokens(args.tokens)
+    shapes = shapes_from_args(args)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.quant]
+    env = _environment()
+    print(f"moe_kernels {moe_kernels.__version__} ({env['commit'][:12]}) on {env['gpu']}, driver {env['driver']}, "
+          f"torch {env['torch']}, CUDA {env['cuda']}")
     bw, rate = measure_ceilings(dtype)
     print(f"ceilings measured now: copy {bw / 1e12:.2f} TB/s, dense {args.quant} GEMM {rate / 1e12:.0f} TFLOP/s "
-          f"(8192^3); routing {args.routing}, activation {args.activation}\n")
-    names = ["moe_kernels"] + ([] if args.no_peers else [n for n, _, _ in peers()])
-    print("  ".join([f"{'preset':<22}", f"{'tokens':>6}", f"{'hit':>6}", f"{'bw_fl_us':>9}", f"{'fl_fl_us':>9}",
-                     f"{'ours_us':>9}", f"{'TB/s':>6}", f"{'TFLOP/s':>7}", f"{'floor%':>6}"] +
-                    [f"{n + ' us (x)':>22}" for n in names[1:]]))
-    rows = []
+          f"(8192^3); routing {args.routing_file or args.routing}, activation {args.activation}")
+    peer_names = [] if args.no_peers else [n for n, _, _ in peers(args.activation)]
+    print("floors and times in us per forward; peers: their time (their time / ours)\n")
+    print(header(peer_names))
+    rows, done, total = [], [0], len(shapes) * len(tokens)
 
     def report(row):
         rows.append(row)
-        _print_row(row, names)
+        sys.stderr.write("\r" + " " * 40 + "\r")
+        print(format_row(row, peer_names), flush=True)
+
+    def progress():
+        done[0] += 1
+        if done[0] < total:
+            filled = 20 * done[0] // total
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (20 - filled)}] {done[0]}/{total} points")
+            sys.stderr.flush()
 
     for s in shapes:
-        bench_shape(s, tokens, args, (bw, rate), report)
+        bench_shape(s, tokens, args, (bw, rate), report, progress)
+    result = {**env, "version": moe_kernels.__version__, "copy_bw_bytes_s": bw, "gemm_flop_s": rate,
+              "routing": args.routing_file or args.routing, "quant": args.quant,
+              "activation": args.activation, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"gpu": dev.name, "torch": torch.__version__, "cuda": torch.version.cuda,
-                       "version": moe_kernels.__version__, "copy_bw_bytes_s": bw, "gemm_flop_s": rate,
-                       "routing": args.routing, "quant": str(args.quant), "activation": args.activation,
-                       "rows": rows}, f, indent=2)
+            json.dump(result, f, indent=2)
+    if args.plot:
+        plot(rows, args.plot)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main(None))

@@ -1,0 +1,121 @@
+"""The benchmark's arithmetic, arguments and routing generators (CPU), and a tiny GPU run."""
+import argparse
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from moe_kernels import bench
+
+
+def parse(*argv):
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_presets_match_design_table():
+    assert bench.PRESETS["deepseek-v3"] == (256, 8, 7168, 2048)
+    assert bench.PRESETS["mixtral-8x7b"] == (8, 2, 4096, 14336)
+    assert set(bench.DEFAULT_PRESETS) <= set(bench.PRESETS)
+
+
+def test_shapes_and_parallel_variants():
+    shapes = bench.shapes_from_args(parse("--preset", "deepseek-v3", "--tp", "4", "--ep", "8"))
+    assert shapes == [bench.Shape("deepseek-v3-tp4-ep8", 32, 8, 7168, 512)]
+    custom = bench.shapes_from_args(parse("--experts", "4", "--top-k", "2", "--hidden", "64", "--intermediate", "32"))
+    assert custom == [bench.Shape("custom", 4, 2, 64, 32)]
+    with pytest.raises(SystemExit, match="give all of"):
+        bench.shapes_from_args(parse("--experts", "4"))
+    with pytest.raises(SystemExit, match="expected one of"):
+        bench.shapes_from_args(parse("--preset", "gpt-5"))
+    with pytest.raises(SystemExit, match="must divide"):
+        bench.shapes_from_args(parse("--preset", "mixtral-8x7b", "--ep", "3"))
+    assert bench.parse_tokens("1,16, 128") == [1, 16, 128]
+    with pytest.raises(SystemExit):
+        bench.parse_tokens("1,x")
+
+
+def test_floor_arithmetic():
+    f = bench.floors(tokens=2, top_k=2, hidden=4, inter=3, gated=True, experts_hit=1.5,
+                     elem_bytes=2, copy_bw=100.0, gemm_rate=10.0)
+    weight_bytes = 1.5 * (6 * 4 + 4 * 3) * 2            # 108
+    act_bytes = 2 * 2 * 4 * 2 + 2 * 2 * 8               # 32 + 32
+    assert f["bytes"] == weight_bytes + act_bytes == 172
+    assert f["flops"] == 2 * 2 * 2 * (4 * 6 + 3 * 4) == 288
+    assert math.isclose(f["bw_floor_s"], 1.72) and math.isclose(f["flop_floor_s"], 28.8)
+    assert f["floor_s"] == f["flop_floor_s"]
+
+
+def test_uniform_and_balanced_routing():
+    ids, w = bench.routing(64, 16, 4, "uniform")
+    assert ids.shape == (64, 4) and ids.dtype == torch.int32
+    assert all(len(set(row.tolist())) == 4 for row in ids)  # distinct experts per token
+    torch.testing.assert_close(w.sum(1), torch.ones(64))
+    ids, _ = bench.routing(64, 16, 4, "balanced")
+    assert torch.bincount(ids.flatten().long(), minlength=16).tolist() == [16] * 16
+    assert all(len(set(row.tolist())) == 4 for row in ids)
+
+
+def test_skewed_routing_is_skewed():
+    ids, _ = bench.routing(4096, 64, 2, "skewed", skew=1.2)
+    counts = torch.bincount(ids.flatten().long(), minlength=64).sort(descending=True).values
+    assert counts[0] > 8 * counts[32], counts[:8]       # head far above the median
+    u, _ = bench.routing(4096, 64, 2, "uniform")
+    cu = torch.bincount(u.flatten().long(), minlength=64)
+    assert cu.max() < 2 * cu.float().mean()
+
+
+def test_histogram_reproduces_counts(tmp_path):
+    counts = [10, 0, 3, 7, 0, 4]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"counts": counts}))
+    assert bench.load_histogram(str(path)) == counts
+    ids, _ = bench.routing(12, 6, 2, "uniform", counts=counts)  # 24 pairs == sum(counts)
+    assert torch.bincount(ids.flatten().long(), minlength=6).tolist() == counts
+    assert all(len(set(row.tolist())) == 2 for row in ids)
+    ids, _ = bench.routing(24, 6, 2, "uniform", counts=counts)  # scaled x2, capped at T
+    got = torch.bincount(ids.flatten().long(), minlength=6).tolist()
+    assert sum(got) == 48 and got[1] == got[4] == 0 and max(got) <= 24
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, -2]")
+    with pytest.raises(SystemExit, match="non-negative"):
+        bench.load_histogram(str(bad))
+
+
+def test_format_row_names_missing_peers():
+    row = {"preset": "p", "tokens": 1, "experts_hit": 2.0, "bw_floor_us": 10.0, "flop_floor_us": 1.0,
+           "results": {"moe_kernels": {"status": "ok", "us": 12.5, "tb_s": 3.0, "tflop_s": 1.0, "of_floor": 0.8},
+                       "torch._grouped_mm": {"status": "ok", "us": 25.0},
+                       "vllm-triton": {"status": "not installed"}}}
+    line = bench.format_row(row, ["torch._grouped_mm", "vllm-triton"])
+    assert "2.00x" in line and "not installed" in line and "80%" in line
+
+
+def test_bench_without_gpu_says_so():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    r = subprocess.run([sys.executable, "-m", "moe_kernels", "bench"], capture_output=True, text=True)
+    assert r.returncode == 0
+    assert "No CUDA GPU is visible" in r.stdout and "sm90a" in r.stdout
+
+
+@pytest.mark.gpu
+def test_tiny_bench_run(tmp_path):
+    out = tmp_path / "b.json"
+    r = subprocess.run([sys.executable, "-m", "moe_kernels", "bench", "--experts", "8", "--top-k", "2",
+                        "--hidden", "256", "--intermediate", "128", "--tokens", "1,64", "--replays", "3",
+                        "--breakdown", "--json", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["copy_bw_bytes_s"] > 0 and data["gemm_flop_s"] > 0
+    for row in data["rows"]:
+        ours = row["results"]["moe_kernels"]
+        assert ours["status"] == "ok" and math.isfinite(ours["us"]) and ours["us"] > 0
+        assert ours["rel_err"] < 2e-2
+        assert set(row["breakdown_us"]) == set(bench.STEPS)
+        if hasattr(torch, "_grouped_mm"):
+            assert row["results"]["torch._grouped_mm"]["status"] == "ok"
