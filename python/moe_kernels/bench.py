@@ -98,6 +98,7 @@ def add_arguments(p) -> None:
                    help="also time each step (routing, GEMM1, activation, GEMM2, finalize)")
     p.add_argument("--json", help="write the results to this file")
     p.add_argument("--plot", help="write a plot (PNG) to this file; needs matplotlib")
+    p.add_argument("--markdown", help="write the results as a Markdown table to this file")
 
 
 # ---- routing -------------------------------------------------------------------------------
@@ -412,6 +413,32 @@ def header(peer_names) -> str:
                      [f"{n[:17]:>17}" for n in peer_names])
 
 
+def markdown(result) -> str:
+    """The results as a Markdown table (what benchmarks/results/*.md hold)."""
+    rows = result["rows"]
+    peers_ = [n for n in rows[0]["results"] if n != "moe_kernels"] if rows else []
+    out = [f"{result['gpu']}, driver {result['driver']}, torch {result['torch']} (CUDA {result['cuda']}), "
+           f"moe_kernels {result['version']} at {result['commit'][:12]}; {result['quant']}, "
+           f"{result['activation']}, routing {result['routing']}. Measured ceilings: copy "
+           f"{result['copy_bw_bytes_s'] / 1e12:.2f} TB/s, dense GEMM {result['gemm_flop_s'] / 1e12:.0f} TFLOP/s.",
+           "",
+           "| preset | tokens | experts hit | bw floor us | FLOP floor us | ours us | TB/s | TFLOP/s | of floor | "
+           + " | ".join(f"{p} us (speedup)" for p in peers_) + " |",
+           "|---" * (9 + len(peers_)) + "|"]
+    for r in rows:
+        o = r["results"]["moe_kernels"]
+        cells = [r["preset"], str(r["tokens"]), f"{r['experts_hit']:.1f}", f"{r['bw_floor_us']:.1f}",
+                 f"{r['flop_floor_us']:.1f}"]
+        cells += ([f"{o['us']:.1f}", f"{o['tb_s']:.2f}", f"{o['tflop_s']:.0f}", f"{o['of_floor']:.0%}"]
+                  if o["status"] == "ok" else [o["status"], "", "", ""])
+        for p in peers_:
+            q = r["results"][p]
+            cells.append(f"{q['us']:.1f} ({q['us'] / o['us']:.2f}x)" if q["status"] == "ok" and o["status"] == "ok"
+                         else q["status"])
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
 def plot(rows, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -494,6 +521,9 @@ def main(args) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(result))
     if args.plot:
         plot(rows, args.plot)
     return 0
