@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
@@ -195,6 +196,16 @@ GroupedGemmArgs gemm_args(const GroupSetup& g, int e, void* ws, int device, int 
 
 bool misaligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a != 0; }
 
+// Test-only hook: MOE_KERNELS_TEST_FAULT_KERNEL=<kernel name> makes forwards that use that
+// kernel fault with an illegal address instead, so tests can show that the isolated tuner
+// survives a kernel that takes down its CUDA context. Read once; unset in normal use.
+__global__ void deliberate_fault_kernel() { *reinterpret_cast<volatile int*>(16) = 1; }
+
+bool is_fault_hook_target(const char* name) {
+  static const char* target = getenv("MOE_KERNELS_TEST_FAULT_KERNEL");
+  return target && *target && strcmp(target, name) == 0;
+}
+
 }  // namespace
 }  // namespace moe_kernels
 
@@ -299,6 +310,10 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   MOEK_CUDA_TRY(launch_routing(a->topk_ids, ids64, rows, top_k, s.expert_offset, e, a->hidden,
                                s.hidden_size, 2, ws + L.x, rb, g1, g2, d.sm_count, stream),
                 "routing");
+  if (is_fault_hook_target(k1->info.name) || is_fault_hook_target(k2->info.name)) {
+    deliberate_fault_kernel<<<1, 1, 0, stream>>>();
+    MOEK_CUDA_TRY(cudaGetLastError(), "deliberate fault (MOE_KERNELS_TEST_FAULT_KERNEL)");
+  }
   const int last = a->last_step > 0 ? a->last_step : 5;
   if (last <= 1) return MOEK_OK;
   if (int st = k1->ops->run(gemm_args(g1, e, ws + L.gemm_ws, a->device, d.sm_count, stream),

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from moe_kernels import bench
+from moe_kernels import bench, profiling
 
 
 def parse(*argv):
@@ -51,20 +51,20 @@ def test_floor_arithmetic():
 
 
 def test_uniform_and_balanced_routing():
-    ids, w = bench.routing(64, 16, 4, "uniform")
+    ids, w = profiling.routing(64, 16, 4, "uniform")
     assert ids.shape == (64, 4) and ids.dtype == torch.int32
     assert all(len(set(row.tolist())) == 4 for row in ids)  # distinct experts per token
     torch.testing.assert_close(w.sum(1), torch.ones(64))
-    ids, _ = bench.routing(64, 16, 4, "balanced")
+    ids, _ = profiling.routing(64, 16, 4, "balanced")
     assert torch.bincount(ids.flatten().long(), minlength=16).tolist() == [16] * 16
     assert all(len(set(row.tolist())) == 4 for row in ids)
 
 
 def test_skewed_routing_is_skewed():
-    ids, _ = bench.routing(4096, 64, 2, "skewed", skew=1.2)
+    ids, _ = profiling.routing(4096, 64, 2, "skewed", skew=1.2)
     counts = torch.bincount(ids.flatten().long(), minlength=64).sort(descending=True).values
     assert counts[0] > 8 * counts[32], counts[:8]       # head far above the median
-    u, _ = bench.routing(4096, 64, 2, "uniform")
+    u, _ = profiling.routing(4096, 64, 2, "uniform")
     cu = torch.bincount(u.flatten().long(), minlength=64)
     assert cu.max() < 2 * cu.float().mean()
 
@@ -73,17 +73,17 @@ def test_histogram_reproduces_counts(tmp_path):
     counts = [10, 0, 3, 7, 0, 4]
     path = tmp_path / "trace.json"
     path.write_text(json.dumps({"counts": counts}))
-    assert bench.load_histogram(str(path)) == counts
-    ids, _ = bench.routing(12, 6, 2, "uniform", counts=counts)  # 24 pairs == sum(counts)
+    assert profiling.load_histogram(str(path)) == counts
+    ids, _ = profiling.routing(12, 6, 2, "uniform", counts=counts)  # 24 pairs == sum(counts)
     assert torch.bincount(ids.flatten().long(), minlength=6).tolist() == counts
     assert all(len(set(row.tolist())) == 2 for row in ids)
-    ids, _ = bench.routing(24, 6, 2, "uniform", counts=counts)  # scaled x2, capped at T
+    ids, _ = profiling.routing(24, 6, 2, "uniform", counts=counts)  # scaled x2, capped at T
     got = torch.bincount(ids.flatten().long(), minlength=6).tolist()
     assert sum(got) == 48 and got[1] == got[4] == 0 and max(got) <= 24
     bad = tmp_path / "bad.json"
     bad.write_text("[1, -2]")
-    with pytest.raises(SystemExit, match="non-negative"):
-        bench.load_histogram(str(bad))
+    with pytest.raises(ValueError, match="non-negative"):
+        profiling.load_histogram(str(bad))
 
 
 def test_format_row_names_missing_peers():

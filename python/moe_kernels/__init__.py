@@ -5,6 +5,7 @@
 from . import prepare, reference
 from ._native import KernelInfo
 from .api import fused_moe, list_kernels, workspace_size
+from .tuning import autotune, list_tactics
 from .layer import FusedMoE
 from .modes import Activation, QuantMode
 from .tactic import Tactic
@@ -17,8 +18,10 @@ __all__ = [
     "KernelInfo",
     "QuantMode",
     "Tactic",
+    "autotune",
     "fused_moe",
     "list_kernels",
+    "list_tactics",
     "prepare",
     "reference",
     "workspace_size",

@@ -1,4 +1,4 @@
-"""Command line: `python -m moe_kernels info` and `python -m moe_kernels bench`."""
+"""Command line: `python -m moe_kernels info | bench | tune`."""
 from __future__ import annotations
 
 import argparse
@@ -10,12 +10,15 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="what this build holds and which GPUs it supports")
     p_info.add_argument("--json", action="store_true", help="machine-readable output")
-    from . import bench
+    from . import bench, tuning
     bench.add_arguments(sub.add_parser("bench", help="time the fused layer against its floors and peers"))
+    tuning.add_arguments(sub.add_parser("tune", help="tune tactics per token bucket in a child process"))
     args = parser.parse_args(argv)
     if args.command == "info":
         from . import info
         return info.main(args)
+    if args.command == "tune":
+        return tuning.main(args)
     return bench.main(args)
 
 

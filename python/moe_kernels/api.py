@@ -6,6 +6,9 @@ nothing and never waits on the device, so it can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import torch
 
 from . import _native
@@ -177,6 +180,17 @@ def list_kernels(device=None, quant=None) -> list:
     return kernels
 
 
+_logged: set = set()
+
+
+def _log_choice(spec, num_tokens, tactic, source):
+    """MOE_KERNELS_LOG_TACTIC=1 prints the chosen tactic once per problem and token count."""
+    if os.environ.get("MOE_KERNELS_LOG_TACTIC") and (spec, num_tokens) not in _logged:
+        _logged.add((spec, num_tokens))
+        print(f"moe_kernels: {spec.signature} T={num_tokens}: {tactic} ({source})", file=sys.stderr)
+    return tactic
+
+
 def _resolve_tactic(p: _Problem, tactic) -> Tactic:
     dev = p.device.index
     usable = {k.name: k for k in list_kernels(dev, p.quant)}
@@ -184,9 +198,14 @@ def _resolve_tactic(p: _Problem, tactic) -> Tactic:
         if not usable:
             raise NotImplementedError(
                 f"no {p.quant.value} kernels can run on {_native.device_info(dev)['name']} in this build")
-        return default_tactic(list(usable.values()), num_tokens=p.T, top_k=p.k, num_experts=p.E,
-                              hidden_size=p.H, gemm1_n=p.n1,
-                              sm_count=_native.device_info(dev)["sm_count"])
+        from .tuning import ProblemSpec, cached_tactic
+        spec = ProblemSpec(p.quant.value, p.activation.value, p.E, p.k, p.H, p.I)
+        tuned = cached_tactic(spec, p.T, dev)
+        if tuned is not None and tuned.gemm1 in usable and tuned.gemm2 in usable:
+            return _log_choice(spec, p.T, tuned, "tuned")
+        return _log_choice(spec, p.T, default_tactic(
+            list(usable.values()), num_tokens=p.T, top_k=p.k, num_experts=p.E, hidden_size=p.H,
+            gemm1_n=p.n1, sm_count=_native.device_info(dev)["sm_count"]), "default rule")
     if not isinstance(tactic, Tactic):
         _fail("tactic", repr(tactic), "a moe_kernels.Tactic", TypeError)
     for which in ("gemm1", "gemm2"):

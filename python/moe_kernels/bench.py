@@ -18,6 +18,8 @@ import statistics
 import subprocess
 import sys
 
+from .profiling import ROUTINGS, load_histogram, routing, time_graph
+
 PRESETS = {  # DESIGN.md section 8: experts, top_k, hidden, intermediate
     "mixtral-8x7b": (8, 2, 4096, 14336),
     "qwen3-30b-a3b": (128, 8, 2048, 768),
@@ -86,7 +88,7 @@ def add_arguments(p) -> None:
     p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="comma-separated token counts")
     p.add_argument("--quant", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--activation", default="swiglu")
-    p.add_argument("--routing", choices=["uniform", "skewed", "balanced"], default="uniform")
+    p.add_argument("--routing", choices=ROUTINGS, default="uniform")
     p.add_argument("--skew", type=float, default=1.2, help="Zipf exponent for --routing skewed")
     p.add_argument("--routing-file", help="JSON list of per-expert token counts from a real trace "
                                           "(or {\"counts\": [...]}); overrides --routing")
@@ -99,64 +101,6 @@ def add_arguments(p) -> None:
     p.add_argument("--json", help="write the results to this file")
     p.add_argument("--plot", help="write a plot (PNG) to this file; needs matplotlib")
     p.add_argument("--markdown", help="write the results as a Markdown table to this file")
-
-
-# ---- routing -------------------------------------------------------------------------------
-
-def load_histogram(path: str) -> list:
-    with open(path) as f:
-        data = json.load(f)
-    counts = data["counts"] if isinstance(data, dict) else data
-    if not counts or not all(isinstance(c, int) and c >= 0 for c in counts) or sum(counts) == 0:
-        raise SystemExit(f"--routing-file {path}: expected a non-empty list of non-negative ints")
-    return counts
-
-
-def histogram_ids(counts, T, k):
-    """topk_ids [T, k] whose per-expert counts follow `counts`: exactly, when they add up to
-    T*k; else scaled to T*k (largest remainder). No expert twice in one token: an expert's
-    pairs run down consecutive tokens of one slot column, so at most T each."""
-    import torch
-    E = len(counts)
-    if k > E:
-        raise SystemExit(f"routing file has {E} experts, fewer than top_k={k}")
-    total = sum(counts)
-    want = [c * T * k / total for c in counts]
-    n = [min(T, int(w)) for w in want]
-    for e in sorted(range(E), key=lambda e: want[e] - int(want[e]), reverse=True):
-        if sum(n) >= T * k:
-            break
-        if n[e] < T:
-            n[e] += 1
-    while sum(n) < T * k:  # caps left some pairs over: give them to experts with room
-        e = min((e for e in range(E) if n[e] < T), key=lambda e: n[e])
-        n[e] += 1
-    labels = torch.repeat_interleave(torch.arange(E), torch.tensor(n))
-    ids = torch.empty(T * k, dtype=torch.int64)
-    pos = torch.arange(T * k)
-    ids[(pos % T) * k + pos // T] = labels  # pair i -> token i % T, slot i // T
-    return ids.view(T, k)
-
-
-def routing(T, E, k, kind, *, skew=1.2, counts=None, gen=None, device="cpu"):
-    """(topk_ids int32 [T, k], topk_weights float32 [T, k]) drawn as a router would."""
-    import torch
-    gen = gen or torch.Generator().manual_seed(0)
-    if counts is not None:
-        ids = histogram_ids(counts, T, k)
-        ids = ids[torch.randperm(T, generator=gen)]
-    elif kind == "balanced":  # every expert the same load (to within one pair)
-        ids = (torch.arange(T * k) % E).view(T, k)
-    else:
-        if kind == "uniform":
-            probs = torch.ones(E)
-        elif kind == "skewed":  # Zipf-like popularity over a random permutation of the experts
-            probs = (1.0 / torch.arange(1, E + 1, dtype=torch.float64) ** skew)[torch.randperm(E, generator=gen)]
-        else:
-            raise ValueError(f"routing={kind!r}: expected uniform, skewed or balanced")
-        ids = torch.multinomial(probs.float().expand(T, E), k, replacement=False, generator=gen)
-    weights = torch.softmax(torch.randn(T, k, generator=gen), dim=-1)
-    return ids.to(device=device, dtype=torch.int32), weights.to(device)
 
 
 # ---- floors --------------------------------------------------------------------------------
@@ -176,34 +120,6 @@ def floors(*, tokens, top_k, hidden, inter, gated, experts_hit, elem_bytes, copy
 
 
 # ---- timing --------------------------------------------------------------------------------
-
-def time_graph(fn, replays, per_graph):
-    """Median seconds per call of fn (and min, max), from CUDA events around replays of one
-    graph holding `per_graph` calls; fn may rotate its inputs from call to call."""
-    import torch
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(per_graph):
-            fn()  # warm-up outside the capture (kernel choice, attribute setup)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(per_graph):
-            fn()
-    for _ in range(3):
-        g.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / per_graph)
-    del g
-    return statistics.median(times), min(times), max(times)
-
 
 def measure_ceilings(dtype):
     """Copy bandwidth (bytes read + written per second) and dense GEMM rate (FLOP/s).
@@ -294,7 +210,10 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
     gen = torch.Generator().manual_seed(0)
     w13 = torch.randn(E, n1, H, device="cuda", dtype=dtype) * H ** -0.5
     w2 = torch.randn(E, H, I, device="cuda", dtype=dtype) * I ** -0.5
-    counts = load_histogram(args.routing_file) if args.routing_file else None
+    try:
+        counts = load_histogram(args.routing_file) if args.routing_file else None
+    except ValueError as e:
+        raise SystemExit(f"--routing-file: {e}") from None
     if counts is not None and len(counts) != E:
         raise SystemExit(f"--routing-file has {len(counts)} experts, {shape.name} has {E}")
     peer_list = [] if args.no_peers else peers(act)

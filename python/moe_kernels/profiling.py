@@ -1,0 +1,113 @@
+"""Profiling inputs and timing, shared by the benchmark and the autotuner.
+
+Inputs are built the way the real path builds them: weights go through
+`moe_kernels.prepare` (one function per quant mode, so every buffer a mode needs exists
+and holds neutral, finite values), routing is drawn as a router would draw it.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+
+ROUTINGS = ("uniform", "skewed", "balanced")
+
+
+def load_histogram(path: str) -> list:
+    with open(path) as f:
+        data = json.load(f)
+    counts = data["counts"] if isinstance(data, dict) else data
+    if not counts or not all(isinstance(c, int) and c >= 0 for c in counts) or sum(counts) == 0:
+        raise ValueError(f"routing histogram {path}: expected a non-empty list of non-negative ints")
+    return counts
+
+
+def histogram_ids(counts, T, k):
+    """topk_ids [T, k] whose per-expert counts follow `counts`: exactly, when they add up to
+    T*k; else scaled to T*k (largest remainder). No expert twice in one token: an expert's
+    pairs run down consecutive tokens of one slot column, so at most T each."""
+    import torch
+    E = len(counts)
+    if k > E:
+        raise ValueError(f"routing histogram has {E} experts, fewer than top_k={k}")
+    total = sum(counts)
+    want = [c * T * k / total for c in counts]
+    n = [min(T, int(w)) for w in want]
+    for e in sorted(range(E), key=lambda e: want[e] - int(want[e]), reverse=True):
+        if sum(n) >= T * k:
+            break
+        if n[e] < T:
+            n[e] += 1
+    while sum(n) < T * k:  # caps left some pairs over: give them to experts with room
+        e = min((e for e in range(E) if n[e] < T), key=lambda e: n[e])
+        n[e] += 1
+    labels = torch.repeat_interleave(torch.arange(E), torch.tensor(n))
+    ids = torch.empty(T * k, dtype=torch.int64)
+    pos = torch.arange(T * k)
+    ids[(pos % T) * k + pos // T] = labels  # pair i -> token i % T, slot i // T
+    return ids.view(T, k)
+
+
+def routing(T, E, k, kind, *, skew=1.2, counts=None, gen=None, device="cpu"):
+    """(topk_ids int32 [T, k], topk_weights float32 [T, k]) drawn as a router would."""
+    import torch
+    gen = gen or torch.Generator().manual_seed(0)
+    if counts is not None:
+        ids = histogram_ids(counts, T, k)
+        ids = ids[torch.randperm(T, generator=gen)]
+    elif kind == "balanced":  # every expert the same load (to within one pair)
+        ids = (torch.arange(T * k) % E).view(T, k)
+    else:
+        if kind == "uniform":
+            probs = torch.ones(E)
+        elif kind == "skewed":  # Zipf-like popularity over a random permutation of the experts
+            probs = (1.0 / torch.arange(1, E + 1, dtype=torch.float64) ** skew)[torch.randperm(E, generator=gen)]
+        else:
+            raise ValueError(f"routing={kind!r}: expected uniform, skewed or balanced")
+        ids = torch.multinomial(probs.float().expand(T, E), k, replacement=False, generator=gen)
+    weights = torch.softmax(torch.randn(T, k, generator=gen), dim=-1)
+    return ids.to(device=device, dtype=torch.int32), weights.to(device)
+
+
+def time_graph(fn, replays, per_graph):
+    """Median seconds per call of fn (and min, max), from CUDA events around replays of one
+    graph holding `per_graph` calls; fn may rotate its inputs from call to call."""
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(per_graph):
+            fn()  # warm-up outside the capture (kernel choice, attribute setup)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(per_graph):
+            fn()
+    for _ in range(3):
+        g.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / per_graph)
+    del g
+    return statistics.median(times), min(times), max(times)
+
+
+
+def make_weights(quant, activation, experts, hidden, inter, *, device="cuda", seed=0):
+    """Random expert weights of a problem, prepared exactly as FusedMoE.load_weights would."""
+    import torch
+    from .modes import Activation, QuantMode
+    from .prepare import prepare_weights
+    mode = QuantMode.parse(quant)
+    dtype = {QuantMode.BF16: torch.bfloat16, QuantMode.FP16: torch.float16}.get(mode)
+    if dtype is None:
+        raise NotImplementedError(f"profiling inputs for quant={mode.value!r} are not written yet")
+    n1 = 2 * inter if Activation.parse(activation).gated else inter
+    gen = torch.Generator(device=device).manual_seed(seed)
+    w13 = torch.randn(experts, n1, hidden, device=device, dtype=dtype, generator=gen) * hidden ** -0.5
+    w2 = torch.randn(experts, hidden, inter, device=device, dtype=dtype, generator=gen) * inter ** -0.5
+    return prepare_weights(w13, w2, quant=mode, activation=activation, device=device)

@@ -1,0 +1,481 @@
+"""The autotuner: validated tactics, realistic routing, never a crash of the caller.
+
+- `list_tactics(...)`: every (GEMM1, GEMM2) kernel pair for a problem on this GPU, and the
+  kernels filtered out with their reason (shared memory, arch, mode). Filtered kernels are
+  never launched.
+- Tuning runs in a child process (`python -m moe_kernels.tuning --worker ...`): a kernel
+  that faults takes down the child, the parent records it against the candidate being
+  tried, excludes it and goes on in a fresh child.
+- Each candidate's output on the profiling inputs is compared with
+  `moe_kernels.reference` before its time counts; wrong candidates are excluded.
+- Choices are kept per token bucket in memory and in a JSON file keyed by GPU name and SM
+  count, CUDA version and library version; a file with another key is ignored (warning).
+- `with moe_kernels.autotune(cache="file.json", routing="skewed"):` tunes each problem
+  the first time a token bucket is seen; outside it, cached choices (including the tables
+  shipped in moe_kernels/tuned/) or the default rule apply; inside a CUDA graph capture
+  only cached choices are used.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+
+from . import _native
+from .modes import Activation, QuantMode
+from .tactic import Tactic
+
+# Token buckets: powers of two to 256, then x4 steps. A forward of T tokens uses the
+# smallest bucket >= T (the largest for more tokens).
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, 16384)
+CACHE_FORMAT = 1
+ROUTING_SETS = 4       # rotated routing/input sets per timing (experts hit differ per forward)
+REL_TOL = 2e-2         # candidate output against the float32 reference
+TEST_CORRUPT_ENV = "MOE_KERNELS_TEST_CORRUPT_KERNEL"  # test-only: treat this kernel's output as wrong
+MAX_RESTARTS = 8
+
+
+def bucket_for(num_tokens: int) -> int:
+    if not isinstance(num_tokens, int) or num_tokens < 1:
+        raise ValueError(f"num_tokens: got {num_tokens!r}, expected a positive int")
+    return next((b for b in BUCKETS if b >= num_tokens), BUCKETS[-1])
+
+
+@dataclasses.dataclass(frozen=True)
+class ProblemSpec:
+    """What a tuned choice depends on besides the token count (E is the local expert count)."""
+
+    quant: str
+    activation: str
+    experts: int
+    top_k: int
+    hidden: int
+    inter: int
+
+    @property
+    def signature(self) -> str:
+        return (f"{self.quant}/{self.activation}/E{self.experts}/k{self.top_k}/"
+                f"H{self.hidden}/I{self.inter}")
+
+    @classmethod
+    def parse(cls, signature: str) -> "ProblemSpec":
+        try:
+            quant, act, e, k, h, i = signature.split("/")
+            return cls(QuantMode.parse(quant).value, Activation.parse(act).value, int(e[1:]),
+                       int(k[1:]), int(h[1:]), int(i[1:]))
+        except (ValueError, IndexError):
+            raise ValueError(f"problem signature {signature!r}: expected "
+                             "quant/activation/E<n>/k<n>/H<n>/I<n>") from None
+
+
+@dataclasses.dataclass
+class TacticSet:
+    """Tactics that can run for a problem on a device, and kernels filtered out, with why."""
+
+    tactics: list
+    kernels: list
+    filtered: dict
+
+
+def list_tactics(quant="bf16", device=None) -> TacticSet:
+    """All (GEMM1, GEMM2) pairs of kernels usable for `quant` on `device`."""
+    from .api import _device_index
+    dev = _device_index(device)
+    mode = QuantMode.parse(quant)
+    usable, filtered = [], {}
+    for k in _native.library_for(dev)["kernels"]:
+        why = _native.kernel_problem(dev, k.name)
+        if k.act_dtype != mode.value:
+            continue  # another mode's kernel: not a candidate, nothing to report
+        if why:
+            filtered[k.name] = why
+        else:
+            usable.append(k.name)
+    return TacticSet([Tactic(a, b) for a in usable for b in usable], usable, filtered)
+
+
+# ---- the cache ------------------------------------------------------------------------------
+
+def cache_key(device: int) -> dict:
+    from . import __version__
+    info = _native.device_info(device)
+    lib = _native.library_for(device)
+    return {"gpu": info["name"], "sm_count": info["sm_count"],
+            "cuda": lib["cuda_version"], "version": __version__}
+
+
+class TuningCache:
+    """Tuned tactics per problem signature and token bucket, for one GPU/CUDA/library key."""
+
+    def __init__(self, key: dict, path: str | None = None):
+        self.key = key
+        self.path = path
+        self.entries: dict = {}
+        if path and os.path.exists(path):
+            self.merge_file(path)
+
+    def merge_file(self, path: str) -> bool:
+        """Add a file's entries if its key matches ours; warn and ignore it otherwise."""
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            warnings.warn(f"moe_kernels: ignoring tuning cache {path}: {e}")
+            return False
+        if data.get("format") != CACHE_FORMAT or data.get("key") != self.key:
+            warnings.warn(f"moe_kernels: ignoring tuning cache {path}: it was made for "
+                          f"{data.get('key')} (format {data.get('format')}), this process is "
+                          f"{self.key} (format {CACHE_FORMAT})")
+            return False
+        for sig, buckets in data.get("entries", {}).items():
+            self.entries.setdefault(sig, {}).update(buckets)
+        return True
+
+    def get(self, spec: ProblemSpec, bucket: int):
+        rec = self.entries.get(spec.signature, {}).get(str(bucket))
+        return Tactic(rec["gemm1"], rec["gemm2"]) if rec else None
+
+    def put(self, spec: ProblemSpec, bucket: int, record: dict) -> None:
+        self.entries.setdefault(spec.signature, {})[str(bucket)] = record
+
+    def save(self, path: str | None = None) -> None:
+        path = path or self.path
+        if not path:
+            return
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump({"format": CACHE_FORMAT, "key": self.key, "entries": self.entries}, f, indent=1)
+        os.replace(tmp, path)
+
+
+_caches: dict = {}       # device -> TuningCache holding every choice this process knows
+_active: list = []       # the innermost autotune() context's settings
+
+
+def _cache_for(device: int) -> TuningCache:
+    """The in-memory cache of a device, seeded once with the shipped tables that match it."""
+    if device not in _caches:
+        cache = TuningCache(cache_key(device))
+        tuned_dir = os.path.join(os.path.dirname(__file__), "tuned")
+        if os.path.isdir(tuned_dir):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # tables for other GPUs are expected not to match
+                for name in sorted(os.listdir(tuned_dir)):
+                    if name.endswith(".json"):
+                        cache.merge_file(os.path.join(tuned_dir, name))
+        _caches[device] = cache
+    return _caches[device]
+
+
+def cached_tactic(spec: ProblemSpec, num_tokens: int, device: int):
+    """The tuned tactic for this problem's bucket, tuning it first inside autotune() (never
+    during a CUDA graph capture); None when nothing is known (the default rule applies)."""
+    import torch
+    cache = _cache_for(device)
+    bucket = bucket_for(num_tokens)
+    tactic = cache.get(spec, bucket)
+    if tactic is not None or not _active or torch.cuda.is_current_stream_capturing():
+        return tactic
+    settings = _active[-1]
+    results = tune([spec], [bucket], device=device, progress=False, **settings["options"])
+    rec = results.get(spec.signature, {}).get(str(bucket))
+    if rec is None:
+        return None
+    cache.put(spec, bucket, rec)
+    if settings["file"] is not None:
+        settings["file"].put(spec, bucket, rec)
+        settings["file"].save()
+    return Tactic(rec["gemm1"], rec["gemm2"])
+
+
+@contextlib.contextmanager
+def autotune(cache: str | None = None, *, routing: str = "uniform", skew: float = 1.2,
+             histogram: str | None = None, replays: int = 10):
+    """Tune problems as they are first seen (per token bucket), in an isolated child process.
+
+    cache: a JSON file to read choices from (if its key matches this GPU/CUDA/library) and
+    to write new ones to. routing: "uniform", "skewed" (Zipf, exponent `skew`) or
+    "balanced"; histogram: a JSON file of per-expert token counts from a real trace.
+    """
+    import torch
+    device = torch.cuda.current_device()
+    mem = _cache_for(device)
+    file_cache = None
+    if cache is not None:
+        file_cache = TuningCache(mem.key, cache)
+        for sig, buckets in file_cache.entries.items():
+            mem.entries.setdefault(sig, {}).update(buckets)
+    _active.append({"file": file_cache, "options": {"routing": routing, "skew": skew,
+                                                    "histogram": histogram, "replays": replays}})
+    try:
+        yield mem
+    finally:
+        _active.pop()
+
+
+# ---- the parent: child processes, faults, progress ------------------------------------------
+
+def tune(specs, buckets, *, device=None, routing="uniform", skew=1.2, histogram=None, replays=10,
+         progress=True, exhaustive=False, log=None, env=None) -> dict:
+    """Tune each problem at each bucket in child processes; returns {signature: {bucket: record}}.
+
+    A child that dies (a kernel fault) is replaced; the candidate it was trying is excluded
+    and reported under "faulted" in that bucket's record. `env`: extra environment variables
+    for the children (the tests use it for the test-only fault and corruption hooks)."""
+    from .api import _device_index
+    dev = _device_index(device)
+    results: dict = {}
+    for spec in specs:
+        todo = list(buckets)
+        excluded: dict = {}  # kernel name -> why: it faulted in an earlier child
+        restarts = 0
+        while todo:
+            cmd = [sys.executable, "-m", "moe_kernels.tuning", "--worker", spec.signature,
+                   "--buckets", ",".join(map(str, todo)), "--routing", routing, "--skew", str(skew),
+                   "--replays", str(replays), "--device", str(dev),
+                   "--exclude", json.dumps(excluded)]
+            if histogram:
+                cmd += ["--histogram", histogram]
+            if exhaustive:
+                cmd.append("--exhaustive")
+            trying, finished = None, False
+            errfile = tempfile.TemporaryFile(mode="w+")  # a file, so a chatty child cannot block
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errfile, text=True,
+                                    env={**os.environ, **(env or {})})
+            for line in proc.stdout:
+                if not line.startswith("{"):
+                    continue
+                ev = json.loads(line)
+                if log is not None:
+                    log(ev)
+                if ev["event"] == "try":
+                    trying = ev["suspect"]
+                    if progress:
+                        sys.stderr.write(f"\r{spec.signature} bucket {ev['bucket']}: "
+                                         f"{ev['index'] + 1}/{ev['count']} {ev['tactic'][:60]:<60}")
+                        sys.stderr.flush()
+                elif ev["event"] == "bucket":
+                    results.setdefault(spec.signature, {})[str(ev["bucket"])] = ev["record"]
+                    todo.remove(ev["bucket"])
+                    trying = None
+                elif ev["event"] == "done":
+                    finished = True
+            proc.wait()
+            errfile.seek(0)
+            stderr = errfile.read()
+            errfile.close()
+            if progress:
+                sys.stderr.write("\r" + " " * 100 + "\r")
+            if finished and not todo:
+                break
+            if trying is None or restarts >= MAX_RESTARTS:
+                raise RuntimeError(f"tuning {spec.signature} failed (exit {proc.returncode}) "
+                                   f"outside any candidate:\n{stderr[-2000:]}")
+            excluded[trying] = f"faulted (exit {proc.returncode}): {_last_error(stderr)}"
+            restarts += 1
+    return results
+
+
+def _last_error(stderr: str) -> str:
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else "no message"
+
+
+# ---- the child: validate, then time ---------------------------------------------------------
+
+def _emit(**event):
+    print(json.dumps(event), flush=True)
+
+
+def _worker(args) -> int:
+    import torch
+    from . import api, profiling, reference
+    from .tactic import default_tactic
+
+    spec = ProblemSpec.parse(args.worker)
+    torch.cuda.set_device(args.device)
+    torch.cuda.reset_peak_memory_stats()
+    excluded = json.loads(args.exclude)  # kernel name -> why (it faulted in an earlier child)
+    buckets = [int(b) for b in args.buckets.split(",")]
+    counts = profiling.load_histogram(args.histogram) if args.histogram else None
+    act = Activation.parse(spec.activation)
+    weights = profiling.make_weights(spec.quant, act, spec.experts, spec.hidden, spec.inter)
+    w13, w2 = weights["w13"], weights["w2"]
+    # One workspace for the largest bucket: tuning memory is bounded by it plus the inputs.
+    ws = torch.empty(api.workspace_size(max(buckets), spec.top_k, spec.experts, spec.hidden, spec.inter,
+                                        quant=spec.quant, activation=act), dtype=torch.uint8, device="cuda")
+    ts = list_tactics(spec.quant)
+    infos = {k.name: k for k in _native.library_for(args.device)["kernels"]}
+    sm_count = _native.device_info(args.device)["sm_count"]
+    gen = torch.Generator().manual_seed(1234)
+    corrupt = os.environ.get(TEST_CORRUPT_ENV, "")
+    for T in buckets:
+        sets = []
+        for _ in range(ROUTING_SETS):
+            ids, wts = profiling.routing(T, spec.experts, spec.top_k, args.routing, skew=args.skew,
+                                         counts=counts, gen=gen, device="cuda")
+            sets.append((torch.randn(T, spec.hidden, device="cuda", dtype=w13.dtype), ids, wts))
+        outs = [torch.empty(T, spec.hidden, device="cuda", dtype=w13.dtype) for _ in sets]
+        x0, ids0, w0 = sets[0]
+        ref = reference.fused_moe(x0, w13, w2, w0, ids0, activation=act)
+        rejected: dict = {}
+        timings: dict = {}
+
+        def run(tactic, x, ids, w, out):
+            api.fused_moe(x, w13, w2, w, ids, quant=spec.quant, activation=act, workspace=ws,
+                          out=out, tactic=tactic)
+
+        def valid(tactic) -> bool:
+            """Run once on poisoned output and compare with the reference."""
+            outs[0].fill_(float("nan"))
+            run(tactic, x0, ids0, w0, outs[0])
+            if corrupt and corrupt in (tactic.gemm1, tactic.gemm2):
+                outs[0].add_(1.0)  # test-only hook: this candidate computes a wrong result
+            err = ((outs[0].float() - ref).norm() / ref.norm()).item()
+            if not err <= REL_TOL:  # NaN fails too
+                rejected[str(tactic)] = f"wrong result: relative error {err:.3e} against the reference"
+                return False
+            return True
+
+        # Probe: each kernel alone in both slots. A fault here is blamed on that kernel.
+        good = []
+        for i, k in enumerate(kk for kk in ts.kernels if kk not in excluded):
+            _emit(event="try", bucket=T, tactic=f"{k}+{k}", suspect=k, index=i, count=len(ts.kernels))
+            if valid(Tactic(k, k)):
+                good.append(k)
+
+        def measure(tactic, suspect, index, count):
+            key = str(tactic)
+            if key not in timings and key not in rejected:
+                _emit(event="try", bucket=T, tactic=key, suspect=suspect, index=index, count=count)
+                if valid(tactic):
+                    it = iter(range(1 << 62))
+
+                    def call():
+                        j = next(it) % len(sets)
+                        run(tactic, *sets[j], outs[j])
+                    timings[key] = profiling.time_graph(call, args.replays, len(sets))[0] * 1e6
+            return timings.get(key, float("inf"))
+
+        if not good:
+            _emit(event="bucket", bucket=T, record=None)
+            continue
+        default = default_tactic([infos[k] for k in good], num_tokens=T, top_k=spec.top_k,
+                                 num_experts=spec.experts, hidden_size=spec.hidden,
+                                 gemm1_n=(2 if act.gated else 1) * spec.inter, sm_count=sm_count)
+        default_us = measure(default, default.gemm1, 0, 1)
+        if args.exhaustive:
+            pairs = [Tactic(a, b) for a in good for b in good]
+            for i, t in enumerate(pairs):
+                measure(t, t.gemm1, i, len(pairs))
+        else:  # coordinate search: GEMM1 with GEMM2 on the default, then GEMM2 with the best GEMM1
+            for i, k in enumerate(good):
+                measure(Tactic(k, default.gemm2), k, i, 2 * len(good))
+            best1 = min(good, key=lambda k: timings.get(str(Tactic(k, default.gemm2)), float("inf")))
+            for i, k in enumerate(good):
+                measure(Tactic(best1, k), k, len(good) + i, 2 * len(good))
+        ranked = sorted(timings.items(), key=lambda kv: kv[1])
+        if not ranked:
+            _emit(event="bucket", bucket=T, record=None)
+            continue
+        best = Tactic(*ranked[0][0].split("+"))
+        rec = {"gemm1": best.gemm1, "gemm2": best.gemm2, "us": ranked[0][1],
+               "runner_up": ranked[1][0] if len(ranked) > 1 else None,
+               "runner_up_us": ranked[1][1] if len(ranked) > 1 else None,
+               "default": str(default), "default_us": default_us,
+               "routing": args.histogram or args.routing, "candidates": len(timings),
+               "rejected": rejected, "filtered": ts.filtered, "faulted": excluded}
+        _emit(event="bucket", bucket=T, record=rec)
+        del sets, outs, ref
+    _emit(event="done", peak_bytes=torch.cuda.max_memory_allocated(),
+          weight_bytes=sum(t.numel() * t.element_size() for t in weights.values() if t is not None),
+          workspace_bytes=ws.numel())
+    return 0
+
+
+# ---- command line: python -m moe_kernels tune ------------------------------------------------
+
+def add_arguments(p) -> None:
+    p.add_argument("--preset", action="append", help="model shape from the benchmark presets; repeatable")
+    p.add_argument("--experts", type=int)
+    p.add_argument("--top-k", dest="top_k", type=int)
+    p.add_argument("--hidden", type=int)
+    p.add_argument("--intermediate", type=int)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--quant", default="bf16")
+    p.add_argument("--activation", default="swiglu")
+    p.add_argument("--routing", choices=("uniform", "skewed", "balanced"), default="skewed")
+    p.add_argument("--skew", type=float, default=1.2)
+    p.add_argument("--histogram", help="JSON per-expert token counts from a real trace")
+    p.add_argument("--buckets", default=",".join(map(str, BUCKETS)))
+    p.add_argument("--replays", type=int, default=10)
+    p.add_argument("--exhaustive", action="store_true", help="time every (GEMM1, GEMM2) pair")
+    p.add_argument("--out", required=True, help="JSON cache file to write (merged if it exists)")
+
+
+def main(args) -> int:
+    import torch
+    from . import bench
+    if not torch.cuda.is_available():
+        print("No CUDA GPU is visible: nothing to tune.")
+        return 1
+    bench_args = argparse.Namespace(experts=args.experts, top_k=args.top_k, hidden=args.hidden,
+                                    intermediate=args.intermediate, preset=args.preset or None,
+                                    tp=args.tp, ep=args.ep)
+    if not (args.preset or args.experts):
+        raise SystemExit("give --preset NAME or a custom shape (--experts/--top-k/--hidden/--intermediate)")
+    shapes = bench.shapes_from_args(bench_args)
+    specs = [ProblemSpec(QuantMode.parse(args.quant).value, Activation.parse(args.activation).value,
+                         s.experts, s.top_k, s.hidden, s.inter) for s in shapes]
+    buckets = [int(b) for b in args.buckets.split(",")]
+    if any(b not in BUCKETS for b in buckets):
+        raise SystemExit(f"--buckets: each must be one of {BUCKETS}")
+    dev = torch.cuda.current_device()
+    memory = []
+    results = tune(specs, buckets, device=dev, routing=args.routing, skew=args.skew,
+                   histogram=args.histogram, replays=args.replays, exhaustive=args.exhaustive,
+                   log=lambda ev: memory.append(ev) if ev["event"] == "done" else None)
+    cache = TuningCache(cache_key(dev), args.out)
+    for spec in specs:
+        for b, rec in results.get(spec.signature, {}).items():
+            if rec is not None:
+                cache.put(spec, int(b), rec)
+    cache.save()
+    for spec in specs:
+        print(f"\n{spec.signature} ({args.routing} routing)")
+        print(f"{'bucket':>6}  {'tuned us':>9}  {'default us':>10}  {'runner-up us':>12}  tactic")
+        for b, rec in sorted(results.get(spec.signature, {}).items(), key=lambda kv: int(kv[0])):
+            if rec is None:
+                print(f"{b:>6}  no valid tactic")
+                continue
+            ru = f"{rec['runner_up_us']:.1f}" if rec["runner_up_us"] else "-"
+            print(f"{b:>6}  {rec['us']:>9.1f}  {rec['default_us']:>10.1f}  {ru:>12}  {rec['gemm1']}+{rec['gemm2']}")
+            for name, why in {**rec["rejected"], **rec["faulted"]}.items():
+                print(f"        rejected {name}: {why}")
+    for ev in memory:
+        print(f"\ntuning process peak device memory {ev['peak_bytes'] / 2**30:.2f} GiB: weights "
+              f"{ev['weight_bytes'] / 2**30:.2f} GiB, workspace of the largest bucket "
+              f"{ev['workspace_bytes'] / 2**30:.2f} GiB, the rest inputs, outputs and the reference")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(prog="python -m moe_kernels.tuning")
+    p.add_argument("--worker", required=True, help="problem signature (internal: the child process)")
+    p.add_argument("--buckets", required=True)
+    p.add_argument("--routing", default="uniform")
+    p.add_argument("--skew", type=float, default=1.2)
+    p.add_argument("--histogram")
+    p.add_argument("--replays", type=int, default=10)
+    p.add_argument("--device", type=int, default=0)
+    p.add_argument("--exclude", default="{}")
+    p.add_argument("--exhaustive", action="store_true")
+    sys.exit(_worker(p.parse_args()))

@@ -1,0 +1,150 @@
+"""The autotuner: buckets, cache keys and files (CPU); isolation, validation, graphs (GPU)."""
+import json
+import warnings
+
+import pytest
+import torch
+
+import moe_kernels
+from moe_kernels import Tactic, fused_moe, tuning
+from moe_kernels.tuning import BUCKETS, ProblemSpec, TuningCache, bucket_for
+from helpers import TOLERANCE, make_problem, reference_out, rel_error
+
+KEY = {"gpu": "NVIDIA H200", "sm_count": 132, "cuda": 13000, "version": "0.1.0"}
+SPEC = ProblemSpec("bf16", "swiglu", 8, 2, 256, 128)
+
+
+def test_bucket_mapping():
+    assert [bucket_for(t) for t in (1, 2, 3, 5, 129, 256, 257, 1024, 5000, 16384, 99999)] == \
+        [1, 2, 4, 8, 256, 256, 1024, 1024, 16384, 16384, 16384]
+    assert list(BUCKETS[:9]) == [2 ** i for i in range(9)]
+    with pytest.raises(ValueError, match="num_tokens: got 0"):
+        bucket_for(0)
+
+
+def test_signature_round_trip():
+    assert ProblemSpec.parse(SPEC.signature) == SPEC
+    with pytest.raises(ValueError, match="problem signature"):
+        ProblemSpec.parse("bf16/swiglu/8")
+
+
+def test_cache_round_trip(tmp_path):
+    path = str(tmp_path / "tuned.json")
+    c = TuningCache(KEY, path)
+    rec = {"gemm1": "a", "gemm2": "b", "us": 1.0}
+    c.put(SPEC, 16, rec)
+    c.save()
+    again = TuningCache(KEY, path)
+    assert again.get(SPEC, 16) == Tactic("a", "b")
+    assert again.get(SPEC, 32) is None
+    data = json.loads(open(path).read())
+    assert data["key"] == KEY and data["entries"][SPEC.signature]["16"] == rec
+
+
+@pytest.mark.parametrize("field,value", [("gpu", "NVIDIA H100 80GB HBM3"), ("sm_count", 114),
+                                         ("cuda", 12080), ("version", "0.0.9")])
+def test_mismatched_key_is_ignored_with_a_warning(tmp_path, field, value):
+    path = str(tmp_path / "tuned.json")
+    c = TuningCache({**KEY, field: value}, path)
+    c.put(SPEC, 16, {"gemm1": "a", "gemm2": "b"})
+    c.save()
+    with pytest.warns(UserWarning, match="ignoring tuning cache"):
+        mine = TuningCache(KEY, path)
+    assert mine.get(SPEC, 16) is None
+
+
+def test_corrupt_file_is_ignored(tmp_path):
+    path = tmp_path / "tuned.json"
+    path.write_text("{not json")
+    with pytest.warns(UserWarning, match="ignoring tuning cache"):
+        assert TuningCache(KEY, str(path)).entries == {}
+
+
+def test_shipped_tables_are_well_formed():
+    import os
+    d = os.path.join(os.path.dirname(moe_kernels.__file__), "tuned")
+    for name in (os.listdir(d) if os.path.isdir(d) else []):
+        data = json.load(open(os.path.join(d, name)))
+        assert data["format"] == tuning.CACHE_FORMAT and set(data["key"]) == set(KEY)
+        for sig, buckets in data["entries"].items():
+            ProblemSpec.parse(sig)
+            for b, rec in buckets.items():
+                assert int(b) in BUCKETS and rec["gemm1"] and rec["gemm2"]
+
+
+# ---- GPU --------------------------------------------------------------------------------------
+
+def _check_tactic(tactic, T=16):
+    p = make_problem(T=T, E=SPEC.experts, k=SPEC.top_k, H=SPEC.hidden, I=SPEC.inter)
+    out = fused_moe(p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"], tactic=tactic)
+    assert rel_error(out, reference_out(p)) < TOLERANCE["bf16"]
+
+
+@pytest.mark.gpu
+def test_list_tactics_reports_filtered():
+    ts = moe_kernels.list_tactics("bf16")
+    assert ts.kernels and len(ts.tactics) == len(ts.kernels) ** 2
+    assert all(isinstance(t, Tactic) for t in ts.tactics)
+    assert all(isinstance(why, str) and why for why in ts.filtered.values())
+
+
+@pytest.mark.gpu
+def test_tuning_picks_a_tactic_that_passes_the_reference():
+    res = tuning.tune([SPEC], [16], replays=3, progress=False)
+    rec = res[SPEC.signature]["16"]
+    assert rec["us"] > 0 and rec["default_us"] >= rec["us"] * 0.5
+    assert rec["candidates"] >= 1 and not rec["rejected"] and not rec["faulted"]
+    _check_tactic(Tactic(rec["gemm1"], rec["gemm2"]))
+
+
+@pytest.mark.gpu
+def test_corrupted_candidate_is_rejected_not_chosen():
+    bad = moe_kernels.list_tactics("bf16").kernels[0]
+    res = tuning.tune([SPEC], [16], replays=3, progress=False,
+                      env={tuning.TEST_CORRUPT_ENV: bad})
+    rec = res[SPEC.signature]["16"]
+    assert bad not in (rec["gemm1"], rec["gemm2"])
+    assert any(bad in k and "wrong result" in why for k, why in rec["rejected"].items())
+    _check_tactic(Tactic(rec["gemm1"], rec["gemm2"]))  # and this process keeps working
+
+
+@pytest.mark.gpu
+def test_isolated_tuner_survives_a_faulting_kernel():
+    kernels = moe_kernels.list_tactics("bf16").kernels
+    if len(kernels) < 2:
+        pytest.skip("needs two kernels: one to fault, one to choose")
+    bad = kernels[-1]
+    res = tuning.tune([SPEC], [16, 64], replays=3, progress=False,
+                      env={"MOE_KERNELS_TEST_FAULT_KERNEL": bad})
+    for b in ("16", "64"):
+        rec = res[SPEC.signature][b]
+        assert bad in rec["faulted"], rec["faulted"]
+        assert bad not in (rec["gemm1"], rec["gemm2"])
+    _check_tactic(Tactic(rec["gemm1"], rec["gemm2"]))
+
+
+@pytest.mark.gpu
+def test_tuned_choice_is_used_inside_a_cuda_graph(tmp_path):
+    path = str(tmp_path / "tuned.json")
+    T = 40
+    p = make_problem(T=T, E=SPEC.experts, k=SPEC.top_k, H=SPEC.hidden, I=SPEC.inter)
+    args = (p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"])
+    ws = torch.empty(moe_kernels.workspace_size(T, SPEC.top_k, SPEC.experts, SPEC.hidden, SPEC.inter),
+                     dtype=torch.uint8, device="cuda")
+    out = torch.empty_like(p["hidden_states"])
+    with moe_kernels.autotune(cache=path, routing="skewed"):
+        fused_moe(*args, workspace=ws, out=out)  # first sight of this bucket: tuned now
+        rec = json.load(open(path))["entries"][SPEC.signature][str(bucket_for(T))]
+        tuned = Tactic(rec["gemm1"], rec["gemm2"])
+        assert moe_kernels.api.choose_tactic(*args) == tuned
+        eager = out.clone()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            assert moe_kernels.api.choose_tactic(*args) == tuned  # cached only, no tuning
+            fused_moe(*args, workspace=ws, out=out)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+    # outside the context the in-memory choice still applies
+    assert moe_kernels.api.choose_tactic(*args) == tuned
