@@ -438,16 +438,16 @@ def main(args) -> int:
     if any(b not in BUCKETS for b in buckets):
         raise SystemExit(f"--buckets: each must be one of {BUCKETS}")
     dev = torch.cuda.current_device()
-    memory = []
-    results = tune(specs, buckets, device=dev, routing=args.routing, skew=args.skew,
-                   histogram=args.histogram, replays=args.replays, exhaustive=args.exhaustive,
-                   log=lambda ev: memory.append(ev) if ev["event"] == "done" else None)
+    memory, results = [], {}
     cache = TuningCache(cache_key(dev), args.out)
-    for spec in specs:
+    for spec in specs:  # saved after each problem, so a long run keeps what it finished
+        results.update(tune([spec], buckets, device=dev, routing=args.routing, skew=args.skew,
+                            histogram=args.histogram, replays=args.replays, exhaustive=args.exhaustive,
+                            log=lambda ev: memory.append(ev) if ev["event"] == "done" else None))
         for b, rec in results.get(spec.signature, {}).items():
             if rec is not None:
                 cache.put(spec, int(b), rec)
-    cache.save()
+        cache.save()
     for spec in specs:
         print(f"\n{spec.signature} ({args.routing} routing)")
         print(f"{'bucket':>6}  {'tuned us':>9}  {'default us':>10}  {'runner-up us':>12}  tactic")
