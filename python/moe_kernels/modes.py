@@ -4,6 +4,17 @@ from __future__ import annotations
 import enum
 
 
+def _parse(cls, value, argument: str, noun: str):
+    """A member of the str-valued enum `cls` from a member or its (case-insensitive) value."""
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(str(value).lower())
+    except ValueError:
+        raise ValueError(f"{argument}={value!r} is not {noun}; expected one of "
+                         f"{[m.value for m in cls]}") from None
+
+
 class QuantMode(str, enum.Enum):
     """What the GEMMs compute in (DESIGN.md section 3). Pass a member or its string value."""
 
@@ -23,13 +34,7 @@ class QuantMode(str, enum.Enum):
 
     @classmethod
     def parse(cls, value, argument: str = "quant") -> "QuantMode":
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            raise ValueError(f"{argument}={value!r} is not a quantization mode; expected one of "
-                             f"{[m.value for m in cls]}") from None
+        return _parse(cls, value, argument, "a quantization mode")
 
 
 class Activation(str, enum.Enum):
@@ -56,10 +61,4 @@ class Activation(str, enum.Enum):
 
     @classmethod
     def parse(cls, value, argument: str = "activation") -> "Activation":
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            raise ValueError(f"{argument}={value!r} is not an activation; expected one of "
-                             f"{[a.value for a in cls]}") from None
+        return _parse(cls, value, argument, "an activation")
