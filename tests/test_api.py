@@ -200,7 +200,9 @@ def test_prepare_weights_validation():
     assert out["w13"].is_contiguous() and out["w13_bias"] is None
     with pytest.raises(ValueError, match=r"w13: got shape \(2, 32, 16\), expected \(2, 16, 16\)"):
         prepare_weights(w13, w2, activation="relu2")
-    with pytest.raises(NotImplementedError, match="fp8"):
+    with pytest.raises(NotImplementedError, match="nvfp4"):
+        prepare_weights(w13, w2, quant="nvfp4")
+    with pytest.raises(TypeError, match="w13: got dtype torch.bfloat16, expected torch.float8_e4m3fn"):
         prepare_weights(w13, w2, quant="fp8")
 
 

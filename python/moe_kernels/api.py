@@ -26,10 +26,6 @@ def _fail(argument: str, got, expected: str, exc=ValueError):
     raise exc(f"{argument}: got {got}, expected {expected}")
 
 
-def _describe(t: torch.Tensor) -> str:
-    return f"tensor(shape={tuple(t.shape)}, dtype={t.dtype}, device={t.device})"
-
-
 def _tensor(name, t, *, dtype=None, ndim=None, shape=None, device=None, align=16):
     if not isinstance(t, torch.Tensor):
         _fail(name, type(t).__name__, "a torch.Tensor", TypeError)
@@ -224,7 +220,13 @@ def choose_tactic(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
     p = _Problem(hidden_states, w13, w2, topk_weights, topk_ids, quant=quant, activation=activation,
                  w13_bias=None, w2_bias=None, expert_offset=None, ep_rank=None, ep_size=None,
                  num_experts=None, swiglu_alpha=1.702, swiglu_limit=7.0)
+    _require_cuda(p)
     return _resolve_tactic(p, None)
+
+
+def _require_cuda(p: _Problem) -> None:
+    if p.device.type != "cuda":
+        _fail("hidden_states", f"device {p.device}", "a CUDA tensor")
 
 
 def fused_moe(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
@@ -250,8 +252,7 @@ def fused_moe(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         out = torch.empty_like(x)
     else:
         _tensor("out", out, dtype=x.dtype, ndim=2, shape=(p.T, p.H), device=p.device)
-    if p.device.type != "cuda":
-        _fail("hidden_states", f"device {p.device}", "a CUDA tensor")
+    _require_cuda(p)
     if p.T == 0:
         return out
     dev = p.device.index

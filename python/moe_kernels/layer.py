@@ -44,22 +44,24 @@ class FusedMoE(torch.nn.Module):
                 f"hidden={self.hidden_size}, intermediate={self.intermediate_size}, "
                 f"quant={self.quant.value}, activation={self.activation.value}")
 
-    def load_weights(self, w13, w2, w13_bias=None, w2_bias=None) -> None:
+    def load_weights(self, w13, w2, w13_bias=None, w2_bias=None, w13_scale=None,
+                     w2_scale=None) -> None:
         """Prepare and keep the expert weights: this rank's [E_local, ...] slice, or all
-        [num_experts, ...] experts, from which this rank's slice is taken."""
+        [num_experts, ...] experts, from which this rank's slice is taken. FP8 modes also
+        take the checkpoint's weight scales (see moe_kernels.prepare.prepare_weights)."""
         if isinstance(w13, torch.Tensor) and w13.dim() == 3 and self.ep_size > 1 and \
                 w13.shape[0] == self.num_experts:
             lo, hi = self.ep_rank * self.local_experts, (self.ep_rank + 1) * self.local_experts
-            w13, w2 = w13[lo:hi], w2[lo:hi]
-            w13_bias = None if w13_bias is None else w13_bias[lo:hi]
-            w2_bias = None if w2_bias is None else w2_bias[lo:hi]
+            w13, w2, w13_bias, w2_bias, w13_scale, w2_scale = (
+                None if t is None else t[lo:hi] for t in (w13, w2, w13_bias, w2_bias, w13_scale, w2_scale))
         n1 = self.intermediate_size * (2 if self.activation.gated else 1)
         expect = (self.local_experts, n1, self.hidden_size)
         if not isinstance(w13, torch.Tensor) or tuple(w13.shape) != expect:
             raise ValueError(f"w13: got shape {tuple(getattr(w13, 'shape', ()))}, expected {expect} "
                              f"(or {(self.num_experts,) + expect[1:]} for all experts)")
         self.weights = prepare_weights(w13, w2, quant=self.quant, activation=self.activation,
-                                       w13_bias=w13_bias, w2_bias=w2_bias, device=self.device)
+                                       w13_bias=w13_bias, w2_bias=w2_bias, w13_scale=w13_scale,
+                                       w2_scale=w2_scale, device=self.device)
 
     def workspace_size(self, max_num_tokens: int, top_k: int) -> int:
         """Bytes of `workspace=` that serve every forward of up to max_num_tokens tokens."""

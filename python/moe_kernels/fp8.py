@@ -1,0 +1,77 @@
+"""FP8 (E4M3) quantization: the one definition that the kernels, `prepare` and `reference`
+follow, so tests compare like with like.
+
+- Values are divided by their scale, saturated to +-448 (never inf/NaN), and rounded to
+  nearest-even E4M3. Dequantization multiplies back: x ~= q * scale.
+- A dynamic scale is amax / 448 over its group (a token row, a 128-wide slice of one, a
+  weight tensor, channel or 128x128 block); a group of zeros gets scale 1.0, so it
+  quantizes to zeros and never divides by zero.
+"""
+from __future__ import annotations
+
+import torch
+
+E4M3_MAX = 448.0
+BLOCK = 128  # fp8_block: activations 1x128, weights 128x128 (DeepSeek-V3 checkpoints)
+
+
+def scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    amax = amax.float()
+    return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """E4M3 of x / scale, saturating; `scale` broadcasts against x."""
+    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale
+
+
+def quantize_per_token(x: torch.Tensor):
+    """Dynamic per-row quantization of [T, K]: (q [T, K], scale [T, 1])."""
+    scale = scale_from_amax(x.float().abs().amax(dim=-1, keepdim=True))
+    return quantize(x, scale), scale
+
+
+def quantize_per_token_group(x: torch.Tensor, group: int = BLOCK):
+    """Dynamic per-row, per-`group`-columns quantization of [T, K]: (q, scale [T, ceil(K/group)])."""
+    T, K = x.shape
+    g = -(-K // group)
+    padded = torch.nn.functional.pad(x.float(), (0, g * group - K)).view(T, g, group)
+    scale = scale_from_amax(padded.abs().amax(dim=-1))
+    return quantize(x, expand_groups(scale, K, group)), scale
+
+
+def expand_groups(scale: torch.Tensor, size: int, group: int = BLOCK, dim: int = -1) -> torch.Tensor:
+    """Repeat per-group scales along `dim` to cover `size` elements."""
+    return scale.repeat_interleave(group, dim=dim).narrow(dim, 0, size)
+
+
+def quantize_weight(w: torch.Tensor, granularity: str):
+    """Quantize expert weights [E, N, K]. granularity: "tensor" (scale [E]), "channel"
+    (scale [E, N]) or "block" (scale [E, ceil(N/128), ceil(K/128)], DeepSeek's weight_scale_inv)."""
+    w = w.float()
+    E, N, K = w.shape
+    if granularity == "tensor":
+        scale = scale_from_amax(w.abs().amax(dim=(1, 2)))
+        return quantize(w, scale[:, None, None]), scale
+    if granularity == "channel":
+        scale = scale_from_amax(w.abs().amax(dim=2))
+        return quantize(w, scale[:, :, None]), scale
+    if granularity == "block":
+        gn, gk = -(-N // BLOCK), -(-K // BLOCK)
+        padded = torch.nn.functional.pad(w, (0, gk * BLOCK - K, 0, gn * BLOCK - N))
+        scale = scale_from_amax(padded.view(E, gn, BLOCK, gk, BLOCK).abs().amax(dim=(2, 4)))
+        return quantize(w, weight_scale_full(scale, N, K)), scale
+    raise ValueError(f"granularity={granularity!r}: expected 'tensor', 'channel' or 'block'")
+
+
+def weight_scale_full(scale: torch.Tensor, N: int, K: int) -> torch.Tensor:
+    """Any weight scale ([E], [E, N] or [E, N/128, K/128] blocks) as a broadcastable [E, N|1, K|1]."""
+    if scale.dim() == 1:
+        return scale[:, None, None]
+    if scale.dim() == 2:
+        return scale[:, :, None]
+    return expand_groups(expand_groups(scale, N, dim=1), K, dim=2)

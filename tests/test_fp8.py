@@ -1,0 +1,105 @@
+"""FP8 numerics, weight preparation and the FP8 reference (CPU; the kernels come later)."""
+import pytest
+import torch
+
+from moe_kernels import fp8, reference
+from moe_kernels.prepare import prepare_weights, quantize_weights
+
+
+def test_saturates_instead_of_overflowing():
+    q = fp8.quantize(torch.tensor([1000.0, -1000.0, 1.0, 0.0, 448.0]), torch.tensor(1.0))
+    assert q.float().tolist() == [448.0, -448.0, 1.0, 0.0, 448.0]
+    assert torch.isfinite(q.float()).all()
+
+
+def test_per_token_round_trip_and_zero_rows():
+    x = torch.randn(6, 200) * torch.logspace(-3, 3, 6)[:, None]
+    x[2] = 0
+    q, s = fp8.quantize_per_token(x)
+    assert q.dtype == torch.float8_e4m3fn and s.shape == (6, 1)
+    assert s[2].item() == 1.0 and torch.all(q[2].float() == 0)
+    back = fp8.dequantize(q, s)
+    amax = x.abs().amax(dim=1, keepdim=True)
+    assert torch.all((back - x).abs() <= amax / 16 + 1e-30)   # 3 mantissa bits
+    torch.testing.assert_close(back.abs().amax(dim=1), x.abs().amax(dim=1))  # amax maps to 448 exactly
+
+
+def test_per_token_group_covers_a_ragged_tail():
+    x = torch.randn(3, 300)
+    q, s = fp8.quantize_per_token_group(x)
+    assert s.shape == (3, 3)
+    back = fp8.dequantize(q, fp8.expand_groups(s, 300))
+    assert (back - x).abs().max() <= x.abs().max() / 16
+
+
+@pytest.mark.parametrize("gran,shape", [("tensor", (2,)), ("channel", (2, 300)), ("block", (2, 3, 2))])
+def test_weight_quantization(gran, shape):
+    w = torch.randn(2, 300, 200)
+    q, s = fp8.quantize_weight(w, gran)
+    assert s.shape == shape and q.shape == w.shape
+    back = q.float() * fp8.weight_scale_full(s, 300, 200)
+    assert (back - w).abs().max() <= w.abs().max() / 16
+    with pytest.raises(ValueError, match="granularity"):
+        fp8.quantize_weight(w, "row")
+
+
+def fp8_problem(E=3, H=256, I=128, granularity=None, quant="fp8"):
+    w13 = torch.randn(E, 2 * I, H) * H ** -0.5
+    w2 = torch.randn(E, H, I) * I ** -0.5
+    return w13, w2, quantize_weights(w13, w2, quant=quant, granularity=granularity)
+
+
+def test_prepare_fp8_checkpoint_validation():
+    _, _, p = fp8_problem()
+    q13, q2, s13, s2 = p["w13"], p["w2"], p["w13_scale"], p["w2_scale"]
+    ok = prepare_weights(q13, q2, quant="fp8", w13_scale=s13[:, :, None], w2_scale=s2)
+    assert ok["w13_scale"].shape == (3, 256)  # [E, N, 1] accepted as [E, N]
+    assert prepare_weights(q13, q2, quant="fp8", w13_scale=s13[:, 0].contiguous(),
+                           w2_scale=s2[:, 0].contiguous())["w13_scale"].shape == (3,)
+    with pytest.raises(TypeError, match=r"w13: got dtype torch.bfloat16, expected torch.float8_e4m3fn"):
+        prepare_weights(q13.bfloat16(), q2, quant="fp8", w13_scale=s13, w2_scale=s2)
+    with pytest.raises(TypeError, match=r"w2_scale: got NoneType, expected a float32"):
+        prepare_weights(q13, q2, quant="fp8", w13_scale=s13)
+    with pytest.raises(ValueError, match=r"w13_scale: got shape \(3, 255\), expected one of"):
+        prepare_weights(q13, q2, quant="fp8", w13_scale=s13[:, :255], w2_scale=s2)
+    with pytest.raises(TypeError, match="w2_scale: got dtype torch.float16"):
+        prepare_weights(q13, q2, quant="fp8", w13_scale=s13, w2_scale=s2.half())
+    bad = s2.clone()
+    bad[0, 0] = -1
+    with pytest.raises(ValueError, match="w2_scale: got non-positive"):
+        prepare_weights(q13, q2, quant="fp8", w13_scale=s13, w2_scale=bad)
+    with pytest.raises(ValueError, match="expected none for quant='bf16'"):
+        prepare_weights(q13.bfloat16(), q2.bfloat16(), w13_scale=s13)
+
+
+def test_prepare_fp8_block_validation():
+    _, _, p = fp8_problem(H=200, I=136, quant="fp8_block")
+    assert p["w13_scale"].shape == (3, 3, 2) and p["w2_scale"].shape == (3, 2, 2)
+    with pytest.raises(ValueError, match=r"w13_scale: got shape \(3, 272\), expected one of \[\(3, 3, 2\)\]"):
+        prepare_weights(p["w13"], p["w2"], quant="fp8_block", w13_scale=torch.ones(3, 272),
+                        w2_scale=p["w2_scale"])
+    with pytest.raises(ValueError, match="fp8_block is always 'block'"):
+        quantize_weights(torch.randn(1, 16, 8), torch.randn(1, 8, 8), quant="fp8_block", granularity="tensor")
+    with pytest.raises(ValueError, match="makes fp8 or fp8_block"):
+        quantize_weights(torch.randn(1, 16, 8), torch.randn(1, 8, 8), quant="bf16")
+
+
+@pytest.mark.parametrize("quant,gran", [("fp8", "tensor"), ("fp8", "channel"), ("fp8_block", None)])
+def test_fp8_reference_tracks_the_full_precision_one(quant, gran):
+    torch.manual_seed(0)
+    w13, w2, p = fp8_problem(E=4, H=256, I=128, granularity=gran, quant=quant)
+    T, k = 33, 2
+    x = torch.randn(T, 256)
+    ids = torch.rand(T, 4).argsort(1)[:, :k]
+    wts = torch.rand(T, k)
+    exact = reference.fused_moe(x, w13, w2, wts, ids)
+    q = reference.fused_moe(x, p["w13"], p["w2"], wts, ids, quant=quant,
+                            w13_scale=p["w13_scale"], w2_scale=p["w2_scale"])
+    err = ((q - exact).norm() / exact.norm()).item()
+    assert 1e-3 < err < 8e-2, err  # quantization noise: present, and small
+    static = reference.fused_moe(x, p["w13"], p["w2"], wts, ids, quant=quant, w13_scale=p["w13_scale"],
+                                 w2_scale=p["w2_scale"], a13_scale=x.abs().max() / 448,
+                                 a2_scale=torch.tensor(0.05))
+    assert ((static - exact).norm() / exact.norm()).item() < 0.15
+    with pytest.raises(ValueError, match="w13_scale and w2_scale are required"):
+        reference.fused_moe(x, p["w13"], p["w2"], wts, ids, quant=quant)
