@@ -19,7 +19,7 @@ ARCHS = {
 }
 
 # Element types by the name used in kernel names, with their CUTLASS spelling.
-DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}
+DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cutlass::float_e4m3_t"}
 
 SCHEDULES = ("pingpong", "coop")
 
@@ -35,10 +35,16 @@ class GemmConfig:
     cluster_m: int
     cluster_n: int
     schedule: str      # "pingpong" | "coop"
+    out_dtype: str = ""  # D element type; "" means the activation type
+
+    @property
+    def out(self) -> str:
+        return self.out_dtype or self.act_dtype
 
     @property
     def name(self) -> str:
-        return (f"{ARCHS[self.arch]['family']}_{self.act_dtype}x{self.weight_dtype}_"
+        out = f"_{self.out_dtype}" if self.out_dtype and self.out_dtype != self.act_dtype else ""
+        return (f"{ARCHS[self.arch]['family']}_{self.act_dtype}x{self.weight_dtype}{out}_"
                 f"{self.tile_m}x{self.tile_n}x{self.tile_k}_"
                 f"{self.cluster_m}x{self.cluster_n}_{self.schedule}")
 
@@ -46,6 +52,10 @@ class GemmConfig:
         """Legality rules, each with its reason; a row that breaks one is a catalog bug."""
         assert self.arch in ARCHS, self
         assert self.act_dtype in DTYPES and self.weight_dtype in DTYPES, self
+        # Outputs are 16-bit: the runner's activation and finalize kernels read them.
+        assert self.out in ("bf16", "fp16"), f"{self.name}: output must be bf16 or fp16"
+        # wgmma reads 32 bytes of K per instruction: K tiles of 64 (16-bit) or 128 (8-bit).
+        assert self.tile_k * (1 if self.act_dtype == "e4m3" else 2) == 128, f"{self.name}: tile_k"
         assert self.schedule in SCHEDULES, self
         # Cooperative splits the M tile across two consumer warpgroups of 64 rows each.
         assert self.schedule != "coop" or self.tile_m % 128 == 0, f"{self.name}: coop needs tile_m % 128"
@@ -56,8 +66,8 @@ class GemmConfig:
         assert self.cluster_m * self.cluster_n <= 2, f"{self.name}: cluster too large"
 
 
-def _sm90_16bit(dtype: str, tiles) -> list[GemmConfig]:
-    return [GemmConfig("90a", dtype, dtype, m, n, k, cm, cn, s) for (m, n, k, cm, cn, s) in tiles]
+def _sm90(dtype: str, tiles, out: str = "") -> list[GemmConfig]:
+    return [GemmConfig("90a", dtype, dtype, m, n, k, cm, cn, s, out) for (m, n, k, cm, cn, s) in tiles]
 
 
 # (tile_m, tile_n, tile_k, cluster_m, cluster_n, schedule)
@@ -82,10 +92,25 @@ _SM90_16BIT_MINIMAL = [
     (64, 128, 64, 1, 1, "pingpong"),
     (128, 256, 64, 1, 1, "coop"),
 ]
+# FP8 (E4M3 x E4M3, bf16 out): K tiles of 128 bytes; the non-fast-accumulation mainloop
+# (CUTLASS promotes partial sums to fp32 every few k-blocks), so K=7168 keeps fp32 accuracy.
+_SM90_FP8_FULL = [
+    (64, 128, 128, 1, 1, "pingpong"),
+    (64, 256, 128, 1, 1, "pingpong"),
+    (128, 128, 128, 1, 1, "coop"),
+    (128, 256, 128, 1, 1, "coop"),
+    (128, 256, 128, 2, 1, "coop"),
+]
+_SM90_FP8_MINIMAL = [
+    (64, 128, 128, 1, 1, "pingpong"),
+    (128, 256, 128, 1, 1, "coop"),
+]
 
 CATALOG = {
-    "full": list(itertools.chain.from_iterable(_sm90_16bit(d, _SM90_16BIT_FULL) for d in DTYPES)),
-    "minimal": list(itertools.chain.from_iterable(_sm90_16bit(d, _SM90_16BIT_MINIMAL) for d in DTYPES)),
+    "full": list(itertools.chain.from_iterable(_sm90(d, _SM90_16BIT_FULL) for d in ("bf16", "fp16")))
+            + _sm90("e4m3", _SM90_FP8_FULL, out="bf16"),
+    "minimal": list(itertools.chain.from_iterable(_sm90(d, _SM90_16BIT_MINIMAL) for d in ("bf16", "fp16")))
+               + _sm90("e4m3", _SM90_FP8_MINIMAL, out="bf16"),
 }
 
 

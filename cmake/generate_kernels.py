@@ -35,6 +35,7 @@ def _write(path: str, text: str) -> None:
 
 def _type_alias(c: catalog.GemmConfig) -> str:
     return (f"GroupedGemm<{catalog.DTYPES[c.act_dtype]}, {catalog.DTYPES[c.weight_dtype]}, "
+            f"{catalog.DTYPES[c.out]}, "
             f"{c.tile_m}, {c.tile_n}, {c.tile_k}, {c.cluster_m}, {c.cluster_n}, "
             f"{SCHEDULE_TYPES[c.schedule]}>")
 
@@ -52,7 +53,7 @@ def registry_source(arch: str, configs: list[catalog.GemmConfig]) -> str:
     ns = catalog.ARCHS[arch]["family"]
     decls = "".join(f"extern const GemmKernelOps kOps_{c.name};\n" for c in configs)
     rows = "".join(
-        f'    {{{{"{c.name}", "{c.act_dtype}", "{c.weight_dtype}", {c.tile_m}, {c.tile_n}, '
+        f'    {{{{"{c.name}", "{c.act_dtype}", "{c.weight_dtype}", "{c.out}", {c.tile_m}, {c.tile_n}, '
         f'{c.tile_k}, {c.cluster_m}, {c.cluster_n}, "{c.schedule}", '
         f'{ns}::kOps_{c.name}.smem_bytes}}, &{ns}::kOps_{c.name}}},\n'
         for c in configs)

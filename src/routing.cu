@@ -38,13 +38,13 @@ __global__ void histogram_kernel(const IdT* ids, int64_t num_pairs, int64_t expe
 }
 
 __device__ __forceinline__ void fill_group(const GroupSetup& g, int e, int32_t rows,
-                                           int32_t row_offset, int elem_bytes) {
+                                           int32_t row_offset) {
   g.problem_shapes[3 * e + 0] = rows;
   g.problem_shapes[3 * e + 1] = static_cast<int32_t>(g.n);
   g.problem_shapes[3 * e + 2] = static_cast<int32_t>(g.k);
-  g.ptr_a[e] = g.a_base + int64_t(row_offset) * g.k * elem_bytes;
-  g.ptr_b[e] = g.b_base + int64_t(e) * g.n * g.k * elem_bytes;
-  g.ptr_d[e] = g.d_base + int64_t(row_offset) * g.n * elem_bytes;
+  g.ptr_a[e] = g.a_base + int64_t(row_offset) * g.k * g.a_bytes;
+  g.ptr_b[e] = g.b_base + int64_t(e) * g.n * g.k * g.b_bytes;
+  g.ptr_d[e] = g.d_base + int64_t(row_offset) * g.n * g.d_bytes;
   g.stride_a[e] = g.k;
   g.stride_b[e] = g.k;
   g.stride_d[e] = g.n;
@@ -54,8 +54,7 @@ __device__ __forceinline__ void fill_group(const GroupSetup& g, int e, int32_t r
 // running sum (so any number of experts). Writes offsets[0..E] and both GEMMs' group
 // arguments; when `starts` is given, also each expert's first row (scatter cursors).
 __device__ void scan_experts(const int32_t* counts, int num_experts, int32_t* offsets,
-                             const GroupSetup& g1, const GroupSetup& g2, int elem_bytes,
-                             int32_t* starts) {
+                             const GroupSetup& g1, const GroupSetup& g2, int32_t* starts) {
   __shared__ int32_t warp_sums[kScanThreads / 32];
   __shared__ int32_t carry_s;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -88,8 +87,8 @@ __device__ void scan_experts(const int32_t* counts, int num_experts, int32_t* of
       const int32_t start = inclusive - c;
       offsets[e] = start;
       if (starts) starts[e] = start;
-      fill_group(g1, e, c, start, elem_bytes);
-      fill_group(g2, e, c, start, elem_bytes);
+      fill_group(g1, e, c, start);
+      fill_group(g2, e, c, start);
     }
     __syncthreads();
     if (threadIdx.x == kScanThreads - 1) carry_s = inclusive;
@@ -100,8 +99,8 @@ __device__ void scan_experts(const int32_t* counts, int num_experts, int32_t* of
 
 __global__ void __launch_bounds__(kScanThreads)
 build_groups_kernel(const int32_t* counts, int num_experts, int32_t* offsets, GroupSetup g1,
-                    GroupSetup g2, int elem_bytes) {
-  scan_experts(counts, num_experts, offsets, g1, g2, elem_bytes, nullptr);
+                    GroupSetup g2) {
+  scan_experts(counts, num_experts, offsets, g1, g2, nullptr);
 }
 
 // Small batches (decode): one block counts, scans and assigns rows in shared memory, so
@@ -111,7 +110,7 @@ template <typename IdT>
 __global__ void __launch_bounds__(kScanThreads)
 route_small_kernel(const IdT* ids, int64_t num_pairs, int64_t expert_offset, int num_experts,
                    int32_t* offsets, int32_t* row_src, int32_t* pair_dst, GroupSetup g1,
-                   GroupSetup g2, int elem_bytes) {
+                   GroupSetup g2) {
   extern __shared__ int32_t s_counts[];  // counts, then the next free row per expert
   for (int i = threadIdx.x; i < num_experts; i += blockDim.x) s_counts[i] = 0;
   __syncthreads();
@@ -120,7 +119,7 @@ route_small_kernel(const IdT* ids, int64_t num_pairs, int64_t expert_offset, int
     if (e >= 0 && e < num_experts) atomicAdd(&s_counts[e], 1);
   }
   __syncthreads();
-  scan_experts(s_counts, num_experts, offsets, g1, g2, elem_bytes, s_counts);
+  scan_experts(s_counts, num_experts, offsets, g1, g2, s_counts);
   for (int64_t p = threadIdx.x; p < num_pairs; p += blockDim.x) {
     const int64_t e = local_expert(ids, p, expert_offset);
     int32_t row = -1;
@@ -132,25 +131,58 @@ route_small_kernel(const IdT* ids, int64_t num_pairs, int64_t expert_offset, int
   }
 }
 
-// One block per pair: copy the token's hidden row to the pair's row (or nothing).
+// The block copies one hidden row (H % 8 == 0) to row `row` of x: as is, or quantized to
+// E4M3 (fp8: H % 16 == 0) with the static scale or a dynamic one over the row.
+template <typename T, bool kFp8>
+__device__ __forceinline__ void copy_row(const T* src, void* x, int32_t row, int64_t hidden,
+                                         const Fp8Scales& q) {
+  if constexpr (!kFp8) {
+    const uint4* s4 = reinterpret_cast<const uint4*>(src);
+    uint4* d4 = reinterpret_cast<uint4*>(x) + int64_t(row) * (hidden / 8);
+    for (int64_t i = threadIdx.x; i < hidden / 8; i += blockDim.x) d4[i] = s4[i];
+  } else {
+    float scale;
+    if (q.static_out) {
+      scale = *q.static_out;
+    } else {
+      float amax = 0.f;
+      for (int64_t j = threadIdx.x * 8; j < hidden; j += int64_t(blockDim.x) * 8) {
+        Vec8<T> v;
+        v.load(src + j);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v.v[i]));
+      }
+      scale = fp8_scale(block_amax(amax));
+    }
+    if (threadIdx.x == 0) q.row_out[row] = scale;
+    uint8_t* dst = static_cast<uint8_t*>(x) + int64_t(row) * hidden;
+    for (int64_t j = threadIdx.x * 8; j < hidden; j += int64_t(blockDim.x) * 8) {
+      Vec8<T> v;
+      v.load(src + j);
+      store_fp8x8(dst + j, v.v, scale);
+    }
+  }
+}
+
+// One block per pair: copy (or quantize) the token's hidden row to the pair's row.
+template <typename T, bool kFp8>
 __global__ void __launch_bounds__(kCopyThreads)
-expand_kernel(const int32_t* pair_dst, int top_k, const uint4* hidden, uint4* x,
-              int64_t row_vecs) {
+expand_kernel(const int32_t* pair_dst, int top_k, const T* hidden, void* x, int64_t hidden_size,
+              Fp8Scales q) {
   const int64_t p = blockIdx.x;
   const int32_t row = pair_dst[p];
   if (row < 0) return;
-  const uint4* src = hidden + (p / top_k) * row_vecs;
-  uint4* dst = x + int64_t(row) * row_vecs;
-  for (int64_t i = threadIdx.x; i < row_vecs; i += kCopyThreads) dst[i] = src[i];
+  copy_row<T, kFp8>(hidden + (p / top_k) * hidden_size, x, row, hidden_size, q);
 }
 
 // One block per pair: thread 0 claims the pair's row in its expert's block, then the block
-// copies the token's hidden row there in 16-byte vectors (H % 8 == 0 is validated).
-template <typename IdT>
+// copies (or quantizes) the token's hidden row there.
+template <typename IdT, typename T, bool kFp8>
 __global__ void __launch_bounds__(kCopyThreads)
 scatter_expand_kernel(const IdT* ids, int top_k, int64_t expert_offset, int num_experts,
                       const int32_t* offsets, int32_t* cursors, int32_t* row_src,
-                      int32_t* pair_dst, const uint4* hidden, uint4* x, int64_t row_vecs) {
+                      int32_t* pair_dst, const T* hidden, void* x, int64_t hidden_size,
+                      Fp8Scales q) {
   __shared__ int32_t s_row;
   const int64_t p = blockIdx.x;
   if (threadIdx.x == 0) {
@@ -166,25 +198,21 @@ scatter_expand_kernel(const IdT* ids, int top_k, int64_t expert_offset, int num_
   __syncthreads();
   const int32_t row = s_row;
   if (row < 0) return;
-  const uint4* src = hidden + (p / top_k) * row_vecs;
-  uint4* dst = x + int64_t(row) * row_vecs;
-  for (int64_t i = threadIdx.x; i < row_vecs; i += kCopyThreads) dst[i] = src[i];
+  copy_row<T, kFp8>(hidden + (p / top_k) * hidden_size, x, row, hidden_size, q);
 }
 
-template <typename IdT>
+template <typename IdT, typename T, bool kFp8>
 cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert_offset,
-                    int num_experts, const void* hidden, int64_t hidden_size, int elem_bytes,
-                    void* x, RoutingBuffers rb, GroupSetup g1, GroupSetup g2, int sm_count,
-                    cudaStream_t stream) {
-  const int64_t row_vecs = hidden_size * elem_bytes / 16;
+                    int num_experts, const T* hidden, int64_t hidden_size, void* x,
+                    const Fp8Scales& q, RoutingBuffers rb, GroupSetup g1, GroupSetup g2,
+                    int sm_count, cudaStream_t stream) {
   cudaError_t err;
   if (num_pairs <= kSmallRoutingPairs && num_experts <= kSmemHistogramExperts) {
     route_small_kernel<IdT><<<1, kScanThreads, num_experts * sizeof(int32_t), stream>>>(
-        ids, num_pairs, expert_offset, num_experts, rb.offsets, rb.row_src, rb.pair_dst, g1, g2,
-        elem_bytes);
+        ids, num_pairs, expert_offset, num_experts, rb.offsets, rb.row_src, rb.pair_dst, g1, g2);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
-    expand_kernel<<<static_cast<unsigned>(num_pairs), kCopyThreads, 0, stream>>>(
-        rb.pair_dst, top_k, static_cast<const uint4*>(hidden), static_cast<uint4*>(x), row_vecs);
+    expand_kernel<T, kFp8><<<static_cast<unsigned>(num_pairs), kCopyThreads, 0, stream>>>(
+        rb.pair_dst, top_k, hidden, x, hidden_size, q);
     return cudaGetLastError();
   }
   err = cudaMemsetAsync(rb.counts, 0, sizeof(int32_t) * 2 * num_experts, stream);
@@ -200,12 +228,11 @@ cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert
                                                                  num_experts, rb.counts);
   }
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  build_groups_kernel<<<1, kScanThreads, 0, stream>>>(rb.counts, num_experts, rb.offsets, g1, g2,
-                                                      elem_bytes);
+  build_groups_kernel<<<1, kScanThreads, 0, stream>>>(rb.counts, num_experts, rb.offsets, g1, g2);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  scatter_expand_kernel<IdT><<<static_cast<unsigned>(num_pairs), kCopyThreads, 0, stream>>>(
+  scatter_expand_kernel<IdT, T, kFp8><<<static_cast<unsigned>(num_pairs), kCopyThreads, 0, stream>>>(
       ids, top_k, expert_offset, num_experts, rb.offsets, rb.cursors, rb.row_src, rb.pair_dst,
-      static_cast<const uint4*>(hidden), static_cast<uint4*>(x), row_vecs);
+      hidden, x, hidden_size, q);
   return cudaGetLastError();
 }
 
@@ -213,15 +240,21 @@ cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert
 
 cudaError_t launch_routing(const void* topk_ids, bool ids_int64, int64_t num_pairs, int top_k,
                            int64_t expert_offset, int num_experts, const void* hidden,
-                           int64_t hidden_size, int elem_bytes, void* x, RoutingBuffers rb,
-                           GroupSetup gemm1, GroupSetup gemm2, int sm_count, cudaStream_t stream) {
-  if (ids_int64)
-    return routing(static_cast<const int64_t*>(topk_ids), num_pairs, top_k, expert_offset,
-                   num_experts, hidden, hidden_size, elem_bytes, x, rb, gemm1, gemm2, sm_count,
-                   stream);
-  return routing(static_cast<const int32_t*>(topk_ids), num_pairs, top_k, expert_offset,
-                 num_experts, hidden, hidden_size, elem_bytes, x, rb, gemm1, gemm2, sm_count,
-                 stream);
+                           bool hidden_fp16, int64_t hidden_size, void* x, bool fp8,
+                           const Fp8Scales& q, RoutingBuffers rb, GroupSetup gemm1,
+                           GroupSetup gemm2, int sm_count, cudaStream_t stream) {
+  auto go = [&](auto id, auto t, auto quantize) {
+    using IdT = decltype(id);
+    using T = decltype(t);
+    return routing<IdT, T, decltype(quantize)::value>(
+        static_cast<const IdT*>(topk_ids), num_pairs, top_k, expert_offset, num_experts,
+        static_cast<const T*>(hidden), hidden_size, x, q, rb, gemm1, gemm2, sm_count, stream);
+  };
+  auto by_type = [&](auto id) {
+    if (fp8) return hidden_fp16 ? go(id, __half{}, std::true_type{}) : go(id, __nv_bfloat16{}, std::true_type{});
+    return hidden_fp16 ? go(id, __half{}, std::false_type{}) : go(id, __nv_bfloat16{}, std::false_type{});
+  };
+  return ids_int64 ? by_type(int64_t{}) : by_type(int32_t{});
 }
 
 }  // namespace moe_kernels

@@ -68,6 +68,13 @@ int device_limits(int device, DeviceLimits* out, char* err, size_t errlen) {
 }
 
 const char* dtype_name(int dtype) { return dtype == MOEK_DTYPE_FP16 ? "fp16" : "bf16"; }
+bool is_fp8(const moek_shape& s) { return s.quant == MOEK_QUANT_FP8; }
+// The registry's act_dtype of the kernels a problem can use.
+const char* gemm_input_name(const moek_shape& s) { return is_fp8(s) ? "e4m3" : dtype_name(s.dtype); }
+bool kernel_fits(const KernelEntry& k, const moek_shape& s) {
+  return strcmp(k.info.act_dtype, gemm_input_name(s)) == 0 &&
+         strcmp(k.info.out_dtype, dtype_name(s.dtype)) == 0;
+}
 bool is_gated(int act) {
   return act == MOEK_ACT_SWIGLU || act == MOEK_ACT_GEGLU || act == MOEK_ACT_SWIGLU_OAI;
 }
@@ -98,9 +105,11 @@ struct Layout {
   size_t pair_dst;      // int32 [T*k]
   size_t groups[2];     // per GEMM: shapes, then A/B/D pointers and strides
   size_t gemm_ws;       // CUTLASS workspace, shared by the two GEMMs (same stream)
-  size_t x;             // [T*k, H] permuted input; reused for GEMM2's output
+  size_t x;             // [T*k, H] permuted input (16-bit or E4M3); then GEMM2's 16-bit output
   size_t g;             // [T*k, N1] GEMM1 output
-  size_t a;             // [T*k, I] activation output
+  size_t a;             // [T*k, I] activation output (GEMM2's input)
+  size_t x_scale;       // fp8: float [T*k] per-row scales of x
+  size_t a_scale;       // fp8: float [T*k] per-row scales of a
   size_t total;
 };
 
@@ -128,15 +137,22 @@ int validate_shape(const moek_shape& s, char* err, size_t errlen) {
     return fail(err, errlen, MOEK_INVALID_ARGUMENT, "unknown activation %d", s.activation);
   if (s.index_dtype != MOEK_INDEX_INT32 && s.index_dtype != MOEK_INDEX_INT64)
     return fail(err, errlen, MOEK_INVALID_ARGUMENT, "unknown index dtype %d", s.index_dtype);
+  if (s.quant != MOEK_QUANT_NONE && s.quant != MOEK_QUANT_FP8)
+    return fail(err, errlen, MOEK_UNSUPPORTED, "unknown quant mode %d", s.quant);
+  if (is_fp8(s) && (s.hidden_size % 16 || s.inter_size % 16))
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT,
+                "fp8: hidden_size=%lld and inter_size=%lld must be multiples of 16",
+                (long long)s.hidden_size, (long long)s.inter_size);
   return MOEK_OK;
 }
 
 Layout plan(const moek_shape& s, int sm_count) {
   const int64_t rows = s.num_tokens * s.top_k, e = s.num_experts, eb = 2;
+  const int64_t in_bytes = is_fp8(s) ? 1 : 2;  // GEMM inputs
   const int64_t n1 = is_gated(s.activation) ? 2 * s.inter_size : s.inter_size;
   size_t gemm_ws = 0;
   for (int i = 0; i < kNumKernels; ++i)
-    if (strcmp(kKernels[i].info.act_dtype, dtype_name(s.dtype)) == 0)
+    if (kernel_fits(kKernels[i], s))
       gemm_ws = std::max(gemm_ws, kKernels[i].ops->workspace_size(static_cast<int>(e), sm_count));
   Layout L{};
   size_t at = 0;
@@ -150,13 +166,15 @@ Layout plan(const moek_shape& s, int sm_count) {
   L.gemm_ws = take(gemm_ws);
   L.x = take(rows * s.hidden_size * eb);
   L.g = take(rows * n1 * eb);
-  L.a = take(rows * s.inter_size * eb);
+  L.a = take(rows * s.inter_size * in_bytes);
+  L.x_scale = is_fp8(s) ? take(sizeof(float) * rows) : 0;
+  L.a_scale = is_fp8(s) ? take(sizeof(float) * rows) : 0;
   L.total = at;
   return L;
 }
 
 GroupSetup group_setup(char* ws, size_t at, int64_t e, const void* a, const void* b, void* d,
-                       int64_t n, int64_t k) {
+                       int64_t n, int64_t k, int in_bytes) {
   char* p = ws + at;
   GroupSetup g{};
   g.problem_shapes = reinterpret_cast<int32_t*>(p);
@@ -173,6 +191,9 @@ GroupSetup group_setup(char* ws, size_t at, int64_t e, const void* a, const void
   g.d_base = static_cast<char*>(d);
   g.n = n;
   g.k = k;
+  g.a_bytes = in_bytes;
+  g.b_bytes = in_bytes;
+  g.d_bytes = 2;
   return g;
 }
 
@@ -251,6 +272,8 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
       {a->topk_weights, 4, "topk_weights", true}, {a->w13, 16, "w13", true},
       {a->w2, 16, "w2", true}, {a->w13_bias, 16, "w13_bias", false},
       {a->w2_bias, 16, "w2_bias", false}, {a->out, 16, "out", true},
+      {a->w13_scale, 4, "w13_scale", is_fp8(s)}, {a->w2_scale, 4, "w2_scale", is_fp8(s)},
+      {a->a13_scale, 4, "a13_scale", false}, {a->a2_scale, 4, "a2_scale", false},
       {a->workspace, kAlign, "workspace", true}};
   for (const auto& p : ptrs) {
     if (!p.p && p.required)
@@ -266,9 +289,10 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
                 !k1 ? (a->gemm1 ? a->gemm1 : "(null)") : (a->gemm2 ? a->gemm2 : "(null)"),
                 kArchName);
   for (const KernelEntry* k : {k1, k2})
-    if (strcmp(k->info.act_dtype, dtype_name(s.dtype)) != 0)
-      return fail(err, errlen, MOEK_INVALID_ARGUMENT, "kernel %s is for %s, the problem is %s",
-                  k->info.name, k->info.act_dtype, dtype_name(s.dtype));
+    if (!kernel_fits(*k, s))
+      return fail(err, errlen, MOEK_INVALID_ARGUMENT,
+                  "kernel %s is %s in, %s out; the problem is %s in, %s out", k->info.name,
+                  k->info.act_dtype, k->info.out_dtype, gemm_input_name(s), dtype_name(s.dtype));
 
   // Run on the tensors' device and leave the caller's current device as it was.
   int prev_device = -1;
@@ -294,6 +318,8 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   const int64_t rows = s.num_tokens * s.top_k;
   const bool ids64 = s.index_dtype == MOEK_INDEX_INT64;
   const bool fp16 = s.dtype == MOEK_DTYPE_FP16;
+  const bool fp8 = is_fp8(s);
+  const int in_bytes = fp8 ? 1 : 2;
   const int64_t n1 = is_gated(s.activation) ? 2 * s.inter_size : s.inter_size;
 
   RoutingBuffers rb{};
@@ -303,12 +329,31 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   rb.row_src = reinterpret_cast<int32_t*>(ws + L.row_src);
   rb.pair_dst = reinterpret_cast<int32_t*>(ws + L.pair_dst);
   // GEMM1: x[rows, H] x w13^T -> g[rows, N1];  GEMM2: a[rows, I] x w2^T -> y (in x's space).
-  GroupSetup g1 = group_setup(ws, L.groups[0], e, ws + L.x, a->w13, ws + L.g, n1, s.hidden_size);
+  GroupSetup g1 = group_setup(ws, L.groups[0], e, ws + L.x, a->w13, ws + L.g, n1, s.hidden_size,
+                              in_bytes);
   GroupSetup g2 = group_setup(ws, L.groups[1], e, ws + L.a, a->w2, ws + L.x, s.hidden_size,
-                              s.inter_size);
+                              s.inter_size, in_bytes);
+  // fp8 scales: x quantized by routing (x_scale), dequantized with w13_scale by the
+  // activation, which quantizes a (a_scale), dequantized with w2_scale by finalize.
+  float* x_scale = fp8 ? reinterpret_cast<float*>(ws + L.x_scale) : nullptr;
+  float* a_scale = fp8 ? reinterpret_cast<float*>(ws + L.a_scale) : nullptr;
+  Fp8Scales q_in;
+  q_in.static_out = a->a13_scale;
+  q_in.row_out = x_scale;
+  Fp8Scales q_mid;
+  q_mid.weight = a->w13_scale;
+  q_mid.per_channel = s.w13_scale_per_channel != 0;
+  q_mid.row = x_scale;
+  q_mid.static_out = a->a2_scale;
+  q_mid.row_out = a_scale;
+  Fp8Scales q_out;
+  q_out.weight = a->w2_scale;
+  q_out.per_channel = s.w2_scale_per_channel != 0;
+  q_out.row = a_scale;
 
   MOEK_CUDA_TRY(launch_routing(a->topk_ids, ids64, rows, top_k, s.expert_offset, e, a->hidden,
-                               s.hidden_size, 2, ws + L.x, rb, g1, g2, d.sm_count, stream),
+                               fp16, s.hidden_size, ws + L.x, fp8, q_in, rb, g1, g2, d.sm_count,
+                               stream),
                 "routing");
   if (is_fault_hook_target(k1->info.name) || is_fault_hook_target(k2->info.name)) {
     deliberate_fault_kernel<<<1, 1, 0, stream>>>();
@@ -322,7 +367,7 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   if (last <= 2) return MOEK_OK;
   MOEK_CUDA_TRY(launch_activation(s.activation, fp16, ws + L.g, a->w13_bias, ws + L.a, rows,
                                   s.inter_size, a->topk_ids, ids64, s.expert_offset, rb, e,
-                                  s.act_alpha, s.act_limit, stream),
+                                  s.act_alpha, s.act_limit, fp8, q_mid, stream),
                 "activation");
   if (last <= 3) return MOEK_OK;
   if (int st = k2->ops->run(gemm_args(g2, e, ws + L.gemm_ws, a->device, d.sm_count, stream),
@@ -331,7 +376,7 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   if (last <= 4) return MOEK_OK;
   MOEK_CUDA_TRY(launch_finalize(fp16, ws + L.x, a->w2_bias, a->topk_weights, a->topk_ids, ids64,
                                 s.expert_offset, rb, a->out, s.num_tokens, top_k, s.hidden_size,
-                                stream),
+                                fp8, q_out, stream),
                 "finalize");
   return MOEK_OK;
 }

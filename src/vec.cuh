@@ -3,7 +3,10 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 namespace moe_kernels {
 
@@ -31,6 +34,35 @@ struct Vec8 {
     else return __float2bfloat16_rn(x);
   }
 };
+
+// Eight floats to E4M3, each x / scale rounded to nearest even and saturated to +-448
+// (moe_kernels/fp8.py defines the same for the reference).
+__device__ __forceinline__ void store_fp8x8(uint8_t* p, const float* v, float scale) {
+  uint2 raw;
+  uint16_t* h = reinterpret_cast<uint16_t*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    h[i] = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i] / scale, v[2 * i + 1] / scale),
+                                    __NV_SATFINITE, __NV_E4M3);
+  *reinterpret_cast<uint2*>(p) = raw;
+}
+
+// Largest |v| over the block (every thread gets it). blockDim.x must be a multiple of 32.
+__device__ __forceinline__ float block_amax(float v) {
+  __shared__ float warp_max[32];
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, d));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // warp_max may still be read by a previous call
+  if (lane == 0) warp_max[warp] = v;
+  __syncthreads();
+  float m = 0.f;
+  for (int i = 0; i < (blockDim.x >> 5); ++i) m = fmaxf(m, warp_max[i]);
+  return m;
+}
+
+// The E4M3 scale of a group whose largest magnitude is amax; 1 for a group of zeros.
+__device__ __forceinline__ float fp8_scale(float amax) { return amax > 0.f ? amax / 448.f : 1.f; }
 
 // topk_ids come as int32 or int64; the expert index relative to this rank's first expert.
 template <typename IdT>

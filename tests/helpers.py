@@ -3,14 +3,16 @@ import torch
 
 from moe_kernels import reference
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 # ||out - ref|| / ||ref|| against the float32 reference; the kernels round GEMM1's output,
-# the activation and GEMM2's output to 16 bits, the reference rounds nothing.
-TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3}
+# the activation and GEMM2's output to 16 bits, the reference rounds nothing. For fp8 the
+# reference quantizes where the kernels do; rounding GEMM1's output first moves some of
+# the activation's E4M3 roundings by one step.
+TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3, "fp8": 5e-2}
 
 
 def make_problem(T, E, k, H, I, *, dtype="bf16", gated=True, bias=False, ids_dtype=torch.int32,
-                 device="cuda", seed=None, ids=None, global_experts=None):
+                 device="cuda", seed=None, ids=None, global_experts=None, granularity="channel"):
     """Fresh random inputs; weights scaled so every stage stays O(1)."""
     g = torch.Generator(device="cpu")
     g.manual_seed(seed if seed is not None else torch.randint(0, 2**31 - 1, ()).item())
@@ -35,7 +37,19 @@ def make_problem(T, E, k, H, I, *, dtype="bf16", gated=True, bias=False, ids_dty
     if bias:
         p["w13_bias"] = randn(E, n1, scale=0.5)
         p["w2_bias"] = randn(E, H, scale=0.5)
+    if dtype == "fp8":
+        from moe_kernels.prepare import quantize_weights
+        q = quantize_weights(p["w13"], p["w2"], quant="fp8", granularity=granularity,
+                             activation="swiglu" if gated else "silu")
+        p.update(w13=q["w13"], w2=q["w2"], w13_scale=q["w13_scale"], w2_scale=q["w2_scale"])
     return p
+
+
+SCALES = ("w13_scale", "w2_scale", "a13_scale", "a2_scale")
+
+
+def scale_kwargs(p):
+    return {n: p[n] for n in SCALES if p.get(n) is not None}
 
 
 def rel_error(out, ref):
@@ -52,6 +66,7 @@ def poisoned_out(p):
 
 
 def reference_out(p, **kw):
+    quant = "fp8" if p["w13"].dtype == torch.float8_e4m3fn else None
     return reference.fused_moe(p["hidden_states"], p["w13"], p["w2"], p["topk_weights"],
                                p["topk_ids"], w13_bias=p.get("w13_bias"),
-                               w2_bias=p.get("w2_bias"), **kw)
+                               w2_bias=p.get("w2_bias"), quant=quant, **scale_kwargs(p), **kw)

@@ -103,8 +103,30 @@ def test_quant_and_activation_names():
 
 
 def test_unsupported_mode_names_what_the_build_has():
-    with pytest.raises(NotImplementedError, match=r"quant='fp8' has no kernels .* supports \['bf16', 'fp16'\]"):
-        call(problem(), quant="fp8")
+    with pytest.raises(NotImplementedError, match=r"quant='fp8_block' has no kernels .* supports \['bf16', 'fp16', 'fp8'\]"):
+        call(problem(), quant="fp8_block")
+
+
+def test_fp8_validation():
+    from moe_kernels.prepare import quantize_weights
+    p = problem(H=64, I=32)
+    q = quantize_weights(p["w13"].float(), p["w2"].float())
+    p.update(w13=q["w13"], w2=q["w2"])
+    with pytest.raises(TypeError, match="w13_scale: got NoneType, expected a torch.Tensor"):
+        call(p)  # quant inferred from the float8 weights
+    with pytest.raises(ValueError, match=r"w2_scale: got shape \(4, 63\), expected \[E\] = \(4,\)"):
+        call(p, w13_scale=q["w13_scale"], w2_scale=q["w2_scale"][:, :63].contiguous())
+    with pytest.raises(ValueError, match="a13_scale: got shape \\(2,\\), expected one element"):
+        call(p, w13_scale=q["w13_scale"], w2_scale=q["w2_scale"], a13_scale=torch.ones(2))
+    with pytest.raises(ValueError, match="cpu, expected a CUDA tensor"):
+        call(p, w13_scale=q["w13_scale"], w2_scale=q["w2_scale"], a2_scale=torch.ones(1))
+    with pytest.raises(ValueError, match="expected none for quant='bf16'"):
+        call(problem(), w13_scale=q["w13_scale"])
+    r = problem(H=72, I=32)
+    qr = quantize_weights(r["w13"].float(), r["w2"].float())
+    r.update(w13=qr["w13"], w2=qr["w2"])
+    with pytest.raises(ValueError, match="multiples of 16"):
+        call(r, w13_scale=qr["w13_scale"], w2_scale=qr["w2_scale"])
 
 
 def test_tactic_is_typed_by_name():
@@ -127,7 +149,7 @@ def test_no_integer_tactic_in_public_signatures():
 
 
 def _k(name, tm, tn, sched="pingpong", cluster=(1, 1)):
-    return KernelInfo(name, "sm90a", "bf16", "bf16", (tm, tn, 64), cluster, sched, 1000)
+    return KernelInfo(name, "sm90a", "bf16", "bf16", "bf16", (tm, tn, 64), cluster, sched, 1000)
 
 
 def test_default_rule():

@@ -6,7 +6,7 @@ import torch
 
 import moe_kernels
 from moe_kernels import Activation, FusedMoE, Tactic, fused_moe
-from helpers import TOLERANCE, make_problem, poisoned_out, reference_out, rel_error
+from helpers import TOLERANCE, make_problem, poisoned_out, reference_out, rel_error, scale_kwargs
 
 pytestmark = pytest.mark.gpu
 
@@ -14,7 +14,8 @@ pytestmark = pytest.mark.gpu
 def run(p, **kw):
     out = poisoned_out(p)
     res = fused_moe(p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"],
-                    w13_bias=p.get("w13_bias"), w2_bias=p.get("w2_bias"), out=out, **kw)
+                    w13_bias=p.get("w13_bias"), w2_bias=p.get("w2_bias"), out=out,
+                    **scale_kwargs(p), **kw)
     assert res.data_ptr() == out.data_ptr()
     return res
 
@@ -186,4 +187,84 @@ def test_zero_tokens_returns_empty():
 def test_quant_mode_without_kernels_names_what_exists():
     p = make_problem(T=4, E=4, k=2, H=64, I=64)
     with pytest.raises(NotImplementedError, match="bf16"):
-        run(p, quant="fp8")
+        run(p, quant="fp8_block")
+
+
+# ---- fp8 (E4M3 x E4M3, bf16 in and out) ------------------------------------------------------
+
+FP8_SHAPES = [(T, E, k) for T, E, k in itertools.product([1, 7, 128, 1000, 4096], [8, 128], [2, 8])
+              if k <= E]
+
+
+@pytest.mark.parametrize("T,E,k", FP8_SHAPES)
+def test_fp8_shapes(T, E, k, error_log):
+    p = make_problem(T=T, E=E, k=k, H=512, I=256, dtype="fp8")
+    check(p, error_log, "fp8/shapes", "fp8")
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "channel"])
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+@pytest.mark.parametrize("act", ["swiglu", "relu2"])
+def test_fp8_scales(granularity, static, act, error_log):
+    gated = Activation(act).gated
+    p = make_problem(T=300, E=16, k=4, H=272, I=208, dtype="fp8", granularity=granularity,
+                     gated=gated, bias=True)
+    if static:
+        p["a13_scale"] = (p["hidden_states"].float().abs().max() / 448).reshape(1)
+        p["a2_scale"] = torch.full((1,), 0.02, device="cuda")
+    check(p, error_log, f"fp8/{granularity}/{'static' if static else 'dynamic'}/{act}", "fp8",
+          activation=act, ref_kw=dict(activation=act))
+
+
+def test_fp8_every_built_kernel(error_log):
+    kernels = moe_kernels.list_kernels(quant="fp8")
+    assert kernels, "no fp8 kernels usable on this GPU"
+    p = make_problem(T=333, E=8, k=2, H=528, I=272, dtype="fp8")
+    ref = reference_out(p)
+    for kern in kernels:
+        err = rel_error(run(p, tactic=Tactic(kern.name, kern.name)), ref)
+        error_log.add(f"fp8/kernel/{kern.name}", err)
+        assert err < TOLERANCE["fp8"], f"{kern.name}: relative error {err:.3e}"
+
+
+def test_fp8_extreme_rows(error_log):
+    p = make_problem(T=64, E=8, k=2, H=256, I=128, dtype="fp8")
+    p["hidden_states"][0] = 3e4     # far beyond E4M3 with a static scale: saturates, no inf
+    p["hidden_states"][1] = 0       # a zero row: safe scale, zero output
+    p["hidden_states"][2, ::2] = 1e-30
+    p["a13_scale"] = torch.full((1,), 0.01, device="cuda")
+    out = check(p, error_log, "fp8/extreme_rows", "fp8")
+    assert torch.all(out[1] == 0)
+    q = dict(p)
+    del q["a13_scale"]  # dynamic: the huge row gets its own scale
+    check(q, error_log, "fp8/extreme_rows_dynamic", "fp8")
+
+
+def test_fp8_graph_replay_and_expert_parallel(error_log):
+    E, ep = 16, 2
+    p = make_problem(T=96, E=E, k=4, H=256, I=128, dtype="fp8")
+    full = run(p).float()
+    total = torch.zeros_like(full)
+    for r in range(ep):
+        q = dict(p)
+        for name in ("w13", "w2", "w13_scale", "w2_scale"):
+            q[name] = p[name][r * E // ep:(r + 1) * E // ep].contiguous()
+        total += run(q, ep_rank=r, ep_size=ep).float()
+    assert rel_error(total, full) < TOLERANCE["fp8"]
+    ws = torch.empty(moe_kernels.workspace_size(96, 4, E, 256, 128, quant="fp8"), dtype=torch.uint8,
+                     device="cuda")
+    out = torch.empty_like(p["hidden_states"])
+    args = (p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"])
+    kw = dict(w13_scale=p["w13_scale"], w2_scale=p["w2_scale"], workspace=ws, out=out)
+    fused_moe(*args, **kw)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fused_moe(*args, **kw)
+    fresh = make_problem(T=96, E=E, k=4, H=256, I=128)
+    p["hidden_states"].copy_(fresh["hidden_states"])
+    p["topk_ids"].copy_(fresh["topk_ids"])
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, run(p))
+    error_log.add("fp8/graph", rel_error(out, reference_out(p)))

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MOEK_ABI_VERSION 1
+#define MOEK_ABI_VERSION 2
 
 #if defined(__GNUC__)
 #define MOEK_EXPORT __attribute__((visibility("default")))
@@ -19,8 +19,13 @@
 extern "C" {
 #endif
 
-// Element type of activations and 16-bit weights. Values are part of the ABI.
+// Element type of hidden states and output (and of 16-bit weights). Part of the ABI.
 enum moek_dtype { MOEK_DTYPE_BF16 = 0, MOEK_DTYPE_FP16 = 1 };
+
+// What the GEMMs compute in. NONE: 16-bit activations and weights (moek_dtype).
+// FP8: E4M3 activations (quantized on the device: dynamic per token, or a static per-tensor
+// scale) and E4M3 weights with per-tensor or per-output-channel float32 scales.
+enum moek_quant { MOEK_QUANT_NONE = 0, MOEK_QUANT_FP8 = 1 };
 
 // Activation between the two GEMMs. Gated ones read [gate | up] halves of GEMM1's output.
 enum moek_activation {
@@ -48,6 +53,9 @@ typedef struct {
   int32_t index_dtype;    // moek_index_dtype of topk_ids
   float act_alpha;        // swiglu_oai only
   float act_limit;        // swiglu_oai only
+  int32_t quant;          // moek_quant
+  int32_t w13_scale_per_channel;  // FP8: w13_scale is [E, N1] (1) or [E] (0)
+  int32_t w2_scale_per_channel;   // FP8: w2_scale is [E, H] (1) or [E] (0)
 } moek_shape;
 
 // One fused forward. All pointers are device pointers on `device`; biases may be NULL.
@@ -60,6 +68,10 @@ typedef struct {
   const void* w2;              // [E, H, I]
   const void* w13_bias;        // [E, N1] or NULL
   const void* w2_bias;         // [E, H] or NULL
+  const float* w13_scale;      // FP8: dequantized weight = q * scale
+  const float* w2_scale;
+  const float* a13_scale;      // FP8: static per-tensor input scale, or NULL for per-token
+  const float* a2_scale;
   void* out;                   // [T, H]
   void* workspace;
   size_t workspace_bytes;
@@ -76,6 +88,7 @@ typedef struct {
   const char* name;
   const char* act_dtype;
   const char* weight_dtype;
+  const char* out_dtype;
   int32_t tile_m, tile_n, tile_k;
   int32_t cluster_m, cluster_n;
   const char* schedule;

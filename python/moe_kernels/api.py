@@ -15,10 +15,33 @@ from . import _native
 from .modes import Activation, QuantMode
 from .tactic import Tactic, default_tactic
 
-# Modes this release has kernels for, with the torch dtype of activations and weights.
-_SUPPORTED = {QuantMode.BF16: torch.bfloat16, QuantMode.FP16: torch.float16}
-_DTYPE_CODE = {QuantMode.BF16: 0, QuantMode.FP16: 1}
+
+
+class _ModeSpec:
+    """How a supported mode maps to tensors and to the C ABI."""
+
+    def __init__(self, hidden, weight, kernel, dtype_code, quant_code, align):
+        self.hidden = hidden          # torch dtype of hidden_states, out and biases
+        self.weight = weight          # torch dtype of w13/w2
+        self.kernel = kernel          # registry act_dtype of its GEMM kernels
+        self.dtype_code = dtype_code  # moek_dtype
+        self.quant_code = quant_code  # moek_quant
+        self.align = align            # H and I multiple: 16-byte rows of the GEMM inputs
+
+
+# Modes this release has kernels for.
+_SUPPORTED = {
+    QuantMode.BF16: _ModeSpec(torch.bfloat16, torch.bfloat16, "bf16", 0, 0, 8),
+    QuantMode.FP16: _ModeSpec(torch.float16, torch.float16, "fp16", 1, 0, 8),
+    QuantMode.FP8: _ModeSpec(torch.bfloat16, torch.float8_e4m3fn, "e4m3", 0, 1, 16),
+}
 _INDEX_CODE = {torch.int32: 0, torch.int64: 1}
+
+
+def kernel_dtype(quant) -> str:
+    """The registry act_dtype of the kernels that serve a mode (e.g. "e4m3" for fp8)."""
+    mode = QuantMode.parse(quant)
+    return _SUPPORTED[mode].kernel if mode in _SUPPORTED else mode.value
 WORKSPACE_ALIGNMENT = 256
 
 
@@ -50,9 +73,11 @@ def _tensor(name, t, *, dtype=None, ndim=None, shape=None, device=None, align=16
     return t
 
 
-def _quant(quant, hidden_states) -> QuantMode:
+def _quant(quant, hidden_states, w13=None) -> QuantMode:
     if quant is None:
-        by_dtype = {v: k for k, v in _SUPPORTED.items()}
+        if isinstance(w13, torch.Tensor) and w13.dtype == torch.float8_e4m3fn:
+            return QuantMode.FP8
+        by_dtype = {torch.bfloat16: QuantMode.BF16, torch.float16: QuantMode.FP16}
         if not isinstance(hidden_states, torch.Tensor) or hidden_states.dtype not in by_dtype:
             got = hidden_states.dtype if isinstance(hidden_states, torch.Tensor) else type(hidden_states).__name__
             _fail("hidden_states", f"dtype {got}", "torch.bfloat16 or torch.float16 (or pass quant=)",
@@ -72,15 +97,17 @@ class _Problem:
 
     def __init__(self, hidden_states, w13, w2, topk_weights, topk_ids, *, quant, activation,
                  w13_bias, w2_bias, expert_offset, ep_rank, ep_size, num_experts,
-                 swiglu_alpha, swiglu_limit):
-        self.quant = _quant(quant, hidden_states)
+                 swiglu_alpha, swiglu_limit, w13_scale=None, w2_scale=None, a13_scale=None,
+                 a2_scale=None):
+        self.quant = _quant(quant, hidden_states, w13)
         self.activation = Activation.parse(activation)
-        dtype = _SUPPORTED[self.quant]
+        mode = self.mode = _SUPPORTED[self.quant]
+        dtype = mode.hidden
         x = _tensor("hidden_states", hidden_states, dtype=dtype, ndim=2)
         self.device = x.device
         T, H = x.shape
-        w13 = _tensor("w13", w13, dtype=dtype, ndim=3, device=self.device)
-        w2 = _tensor("w2", w2, dtype=dtype, ndim=3, device=self.device)
+        w13 = _tensor("w13", w13, dtype=mode.weight, ndim=3, device=self.device)
+        w2 = _tensor("w2", w2, dtype=mode.weight, ndim=3, device=self.device)
         E = w13.shape[0]
         if E == 0:
             _fail("w13", f"shape {tuple(w13.shape)}", "at least one expert")
@@ -88,9 +115,21 @@ class _Problem:
         n1 = 2 * I if self.activation.gated else I
         _tensor("w13", w13, shape=(E, n1, H))
         _tensor("w2", w2, shape=(E, H, I))
-        if H % 8 or I % 8:
+        if H % mode.align or I % mode.align:
             _fail("hidden_states/w2", f"hidden_size={H}, intermediate_size={I}",
-                  "both multiples of 8 (16-byte rows for TMA)")
+                  f"both multiples of {mode.align} (16-byte rows for TMA)")
+        self.scales = (None, None, None, None)
+        self.per_channel = (0, 0)
+        if mode.quant_code:
+            s13 = _weight_scale("w13_scale", w13_scale, E, n1, self.device)
+            s2 = _weight_scale("w2_scale", w2_scale, E, H, self.device)
+            a13 = _act_scale("a13_scale", a13_scale, self.device)
+            a2 = _act_scale("a2_scale", a2_scale, self.device)
+            self.scales = (s13, s2, a13, a2)
+            self.per_channel = (int(s13.dim() == 2), int(s2.dim() == 2))
+        elif any(t is not None for t in (w13_scale, w2_scale, a13_scale, a2_scale)):
+            _fail("w13_scale/w2_scale/a13_scale/a2_scale", "scales",
+                  f"none for quant={self.quant.value!r} (scales are for fp8)")
         ids = _tensor("topk_ids", topk_ids, dtype=(torch.int32, torch.int64), ndim=2,
                       device=self.device, align=topk_ids.element_size() if isinstance(topk_ids, torch.Tensor) else 4)
         k = ids.shape[1]
@@ -112,10 +151,33 @@ class _Problem:
         self.T, self.H, self.I, self.E, self.k, self.n1 = T, H, I, E, k, n1
         self.shape = {
             "num_tokens": T, "hidden_size": H, "inter_size": I, "num_experts": E, "top_k": k,
-            "expert_offset": self.expert_offset, "dtype": _DTYPE_CODE[self.quant],
+            "expert_offset": self.expert_offset,
             "activation": self.activation.code, "index_dtype": _INDEX_CODE[ids.dtype],
             "act_alpha": float(swiglu_alpha), "act_limit": float(swiglu_limit),
+            "dtype": mode.dtype_code, "quant": mode.quant_code,
+            "w13_scale_per_channel": self.per_channel[0], "w2_scale_per_channel": self.per_channel[1],
         }
+
+
+def _weight_scale(name, scale, E, N, device):
+    """fp8 weight scales: per tensor [E] or per output channel [E, N] float32 (trailing
+    singleton dimensions, as checkpoints store them, are accepted)."""
+    t = _tensor(name, scale, dtype=torch.float32, device=device, align=4)
+    if tuple(t.shape) in ((E,), (E, 1), (E, 1, 1)):
+        return t.reshape(E)
+    if tuple(t.shape) in ((E, N), (E, N, 1)):
+        return t.reshape(E, N)
+    _fail(name, f"shape {tuple(t.shape)}", f"[E] = ({E},) per tensor or [E, N] = ({E}, {N}) per channel")
+
+
+def _act_scale(name, scale, device):
+    """A static per-tensor activation scale (a one-element float32 tensor), or None: dynamic."""
+    if scale is None:
+        return None
+    t = _tensor(name, scale, dtype=torch.float32, device=device, align=4)
+    if t.numel() != 1:
+        _fail(name, f"shape {tuple(t.shape)}", "one element (a per-tensor scale), or None for per-token")
+    return t
 
 
 def _expert_offset(expert_offset, ep_rank, ep_size, num_experts, e_local) -> int:
@@ -154,6 +216,7 @@ def workspace_size(num_tokens: int, top_k: int, num_experts: int, hidden_size: i
     mode = QuantMode.parse(quant)
     if mode not in _SUPPORTED:
         _quant(mode, None)
+    spec = _SUPPORTED[mode]
     act = Activation.parse(activation)
     for name, v in (("num_tokens", num_tokens), ("top_k", top_k), ("num_experts", num_experts),
                     ("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
@@ -161,8 +224,9 @@ def workspace_size(num_tokens: int, top_k: int, num_experts: int, hidden_size: i
             _fail(name, v, "a positive int")
     shape = {"num_tokens": num_tokens, "hidden_size": hidden_size, "inter_size": intermediate_size,
              "num_experts": num_experts, "top_k": top_k, "expert_offset": 0,
-             "dtype": _DTYPE_CODE[mode], "activation": act.code, "index_dtype": 0,
-             "act_alpha": 1.0, "act_limit": 1.0}
+             "dtype": spec.dtype_code, "quant": spec.quant_code, "activation": act.code,
+             "index_dtype": 0, "act_alpha": 1.0, "act_limit": 1.0, "w13_scale_per_channel": 0,
+             "w2_scale_per_channel": 0}
     return int(_native.C().workspace_size(_device_index(device), shape))
 
 
@@ -171,8 +235,7 @@ def list_kernels(device=None, quant=None) -> list:
     dev = _device_index(device)
     kernels = [k for k in _native.library_for(dev)["kernels"] if not _native.kernel_problem(dev, k.name)]
     if quant is not None:
-        mode = QuantMode.parse(quant)
-        kernels = [k for k in kernels if k.act_dtype == mode.value]
+        kernels = [k for k in kernels if k.act_dtype == kernel_dtype(quant)]
     return kernels
 
 
@@ -215,11 +278,12 @@ def _resolve_tactic(p: _Problem, tactic) -> Tactic:
 
 
 def choose_tactic(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
-                  activation="swiglu") -> Tactic:
+                  activation="swiglu", w13_scale=None, w2_scale=None) -> Tactic:
     """The tactic a fused_moe call with these arguments would use by default."""
     p = _Problem(hidden_states, w13, w2, topk_weights, topk_ids, quant=quant, activation=activation,
                  w13_bias=None, w2_bias=None, expert_offset=None, ep_rank=None, ep_size=None,
-                 num_experts=None, swiglu_alpha=1.702, swiglu_limit=7.0)
+                 num_experts=None, swiglu_alpha=1.702, swiglu_limit=7.0, w13_scale=w13_scale,
+                 w2_scale=w2_scale)
     _require_cuda(p)
     return _resolve_tactic(p, None)
 
@@ -233,20 +297,27 @@ def fused_moe(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, quant=None,
               activation="swiglu", w13_bias=None, w2_bias=None, expert_offset=None,
               ep_rank=None, ep_size=None, num_experts=None, swiglu_alpha: float = 1.702,
-              swiglu_limit: float = 7.0, workspace=None, out=None, tactic=None,
+              swiglu_limit: float = 7.0, w13_scale=None, w2_scale=None, a13_scale=None,
+              a2_scale=None, workspace=None, out=None, tactic=None,
               _last_step: int = 0) -> torch.Tensor:
     """Fused MoE forward: out[t] = sum_slot topk_weights[t, slot] * expert(topk_ids[t, slot])(x[t]).
 
     hidden_states [T, H]; w13 [E_local, 2I, H] (gate rows, then up rows; [E_local, I, H] for
     non-gated activations); w2 [E_local, H, I]; topk_weights [T, k] float32; topk_ids [T, k]
     int32/int64 global expert ids. Ids outside [expert_offset, expert_offset + E_local)
-    (including -1) contribute nothing. quant defaults to the dtype of hidden_states.
+    (including -1) contribute nothing. quant defaults to the dtype of hidden_states (fp8
+    when the weights are torch.float8_e4m3fn).
+
+    fp8: bf16 hidden_states and output, float8_e4m3fn weights with float32 w13_scale /
+    w2_scale per tensor [E] or per output channel [E, N]; the GEMM inputs are quantized on
+    the device, per token unless a static per-tensor a13_scale / a2_scale is given.
     `_last_step` is for the benchmark's step breakdown only (out is then not written).
     """
     p = _Problem(hidden_states, w13, w2, topk_weights, topk_ids, quant=quant,
                  activation=activation, w13_bias=w13_bias, w2_bias=w2_bias,
                  expert_offset=expert_offset, ep_rank=ep_rank, ep_size=ep_size,
-                 num_experts=num_experts, swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit)
+                 num_experts=num_experts, swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit,
+                 w13_scale=w13_scale, w2_scale=w2_scale, a13_scale=a13_scale, a2_scale=a2_scale)
     x, ids, wts, w13, w2, b13, b2 = p.tensors
     if out is None:
         out = torch.empty_like(x)
@@ -267,8 +338,11 @@ def fused_moe(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
             _fail("workspace", f"{workspace.numel()} bytes",
                   f"at least {need} bytes (moe_kernels.workspace_size(...))")
     stream = torch.cuda.current_stream(p.device).cuda_stream
+    def ptr(t):
+        return t.data_ptr() if t is not None else 0
+    s13, s2, a13, a2 = p.scales
     _native.C().run(dev, p.shape, x.data_ptr(), ids.data_ptr(), wts.data_ptr(), w13.data_ptr(),
-                    w2.data_ptr(), b13.data_ptr() if b13 is not None else 0,
-                    b2.data_ptr() if b2 is not None else 0, out.data_ptr(), workspace.data_ptr(),
-                    workspace.numel(), tactic.gemm1, tactic.gemm2, stream, _last_step)
+                    w2.data_ptr(), ptr(b13), ptr(b2), ptr(s13), ptr(s2), ptr(a13), ptr(a2),
+                    out.data_ptr(), workspace.data_ptr(), workspace.numel(), tactic.gemm1,
+                    tactic.gemm2, stream, _last_step)
     return out

@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 
-from .profiling import ROUTINGS, load_histogram, routing, time_graph
+from .profiling import ROUTINGS, load_histogram, make_weights, routing, time_graph
 
 PRESETS = {  # DESIGN.md section 8: experts, top_k, hidden, intermediate
     "mixtral-8x7b": (8, 2, 4096, 14336),
@@ -31,7 +31,7 @@ PRESETS = {  # DESIGN.md section 8: experts, top_k, hidden, intermediate
 DEFAULT_PRESETS = ["mixtral-8x7b", "qwen3-30b-a3b"]
 DEFAULT_TOKENS = [1, 16, 128, 1024, 4096]
 ROUTING_SETS = 8   # forwards per graph, each on its own routing and input set
-REL_TOL = 2e-2     # bf16/fp16 against the float32 reference
+REL_TOL = {"bf16": 2e-2, "fp16": 2e-2, "fp8": 5e-2}  # against the float32 reference
 STEPS = ["routing", "gemm1", "activation", "gemm2", "finalize"]
 
 
@@ -86,7 +86,7 @@ def add_arguments(p) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor parallel size: divides I")
     p.add_argument("--ep", type=int, default=1, help="expert parallel size: divides E (one rank's share)")
     p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="comma-separated token counts")
-    p.add_argument("--quant", default="bf16", choices=["bf16", "fp16"])
+    p.add_argument("--quant", default="bf16", choices=["bf16", "fp16", "fp8"])
     p.add_argument("--activation", default="swiglu")
     p.add_argument("--routing", choices=ROUTINGS, default="uniform")
     p.add_argument("--skew", type=float, default=1.2, help="Zipf exponent for --routing skewed")
@@ -105,13 +105,16 @@ def add_arguments(p) -> None:
 
 # ---- floors --------------------------------------------------------------------------------
 
-def floors(*, tokens, top_k, hidden, inter, gated, experts_hit, elem_bytes, copy_bw, gemm_rate):
+def floors(*, tokens, top_k, hidden, inter, gated, experts_hit, elem_bytes, copy_bw, gemm_rate,
+           weight_elem_bytes=None):
     """Bytes, FLOPs and the two floor times (seconds) of one forward.
 
-    Bytes: the weights of the experts hit, the input and output activations, ids and weights.
+    Bytes: the weights of the experts hit (weight_elem_bytes each, default elem_bytes), the
+    input and output activations (elem_bytes), ids and routing weights.
     FLOPs: 2 per multiply-add in both GEMMs over the routed (token, slot) pairs."""
     n1 = 2 * inter if gated else inter
-    weight_bytes = experts_hit * (n1 * hidden + hidden * inter) * elem_bytes
+    wb = elem_bytes if weight_elem_bytes is None else weight_elem_bytes
+    weight_bytes = experts_hit * (n1 * hidden + hidden * inter) * wb
     act_bytes = 2 * tokens * hidden * elem_bytes + tokens * top_k * 8
     flops = 2 * tokens * top_k * (hidden * n1 + inter * hidden)
     total = weight_bytes + act_bytes
@@ -121,8 +124,9 @@ def floors(*, tokens, top_k, hidden, inter, gated, experts_hit, elem_bytes, copy
 
 # ---- timing --------------------------------------------------------------------------------
 
-def measure_ceilings(dtype):
-    """Copy bandwidth (bytes read + written per second) and dense GEMM rate (FLOP/s).
+def measure_ceilings(quant):
+    """Copy bandwidth (bytes read + written per second) and dense GEMM rate (FLOP/s) in the
+    mode's arithmetic (fp8: torch._scaled_mm, E4M3 x E4M3 -> bf16).
 
     The copy is an elementwise kernel over 2 GiB: a memcpy node inside a CUDA graph can go to
     the copy engines, slower than the SMs (seen on an H200: 2.75 against 4.2 TB/s)."""
@@ -133,9 +137,17 @@ def measure_ceilings(dtype):
     bw = 2 * src.numel() * src.element_size() / t
     del src, dst
     n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=dtype)
-    b = torch.randn(n, n, device="cuda", dtype=dtype)
-    t = time_graph(lambda: torch.matmul(a, b), replays=10, per_graph=1)[0]
+    if quant == "fp8":
+        a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t()  # column-major
+        one = torch.ones((), device="cuda")
+        t = time_graph(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16),
+                       replays=10, per_graph=1)[0]
+    else:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[quant]
+        a = torch.randn(n, n, device="cuda", dtype=dtype)
+        b = torch.randn(n, n, device="cuda", dtype=dtype)
+        t = time_graph(lambda: torch.matmul(a, b), replays=10, per_graph=1)[0]
     return bw, 2 * n ** 3 / t
 
 
@@ -177,10 +189,13 @@ def _flashinfer_cutlass(x, w13, w2, wts, ids, act):
     return flashinfer.fused_moe.cutlass_fused_moe(x, ids, wts, w31, w2, x.dtype)[0]
 
 
-def peers(activation):
-    """(name, fn or None, why not) for every peer this benchmark knows."""
+def peers(activation, quant="bf16"):
+    """(name, fn or None, why not) for every peer this benchmark knows (16-bit modes only)."""
     import importlib.util
     import torch
+    if quant not in ("bf16", "fp16"):
+        return [(n, None, f"not compared for {quant}") for n in
+                ("torch._grouped_mm", "vllm-triton", "sglang-triton", "flashinfer-cutlass")]
     out = [("torch._grouped_mm", torch_grouped_mm_moe if hasattr(torch, "_grouped_mm") else None,
             f"not in torch {torch.__version__}")]
     for name, module, fn in (("vllm-triton", "vllm", _vllm_triton),
@@ -203,20 +218,20 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
     from moe_kernels import reference
     from moe_kernels.modes import Activation
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.quant]
+    dtype = torch.float16 if args.quant == "fp16" else torch.bfloat16  # hidden states and output
     act = Activation.parse(args.activation)
     E, k, H, I = shape.experts, shape.top_k, shape.hidden, shape.inter
-    n1 = 2 * I if act.gated else I
     gen = torch.Generator().manual_seed(0)
-    w13 = torch.randn(E, n1, H, device="cuda", dtype=dtype) * H ** -0.5
-    w2 = torch.randn(E, H, I, device="cuda", dtype=dtype) * I ** -0.5
+    weights = make_weights(args.quant, act, E, H, I)
+    w13, w2 = weights["w13"], weights["w2"]
+    scales = {n: weights[n] for n in ("w13_scale", "w2_scale") if weights.get(n) is not None}
     try:
         counts = load_histogram(args.routing_file) if args.routing_file else None
     except ValueError as e:
         raise SystemExit(f"--routing-file: {e}") from None
     if counts is not None and len(counts) != E:
         raise SystemExit(f"--routing-file has {len(counts)} experts, {shape.name} has {E}")
-    peer_list = [] if args.no_peers else peers(act)
+    peer_list = [] if args.no_peers else peers(act, args.quant)
     bw, rate = ceilings
     for T in tokens:
         sets = []
@@ -225,16 +240,16 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
             sets.append((torch.randn(T, H, device="cuda", dtype=dtype), ids, wts))
         hit = statistics.mean(len(torch.unique(ids)) for _, ids, _ in sets)
         f = floors(tokens=T, top_k=k, hidden=H, inter=I, gated=act.gated, experts_hit=hit,
-                   elem_bytes=w13.element_size(), copy_bw=bw, gemm_rate=rate)
+                   elem_bytes=2, weight_elem_bytes=w13.element_size(), copy_bw=bw, gemm_rate=rate)
         ws = torch.empty(moe_kernels.workspace_size(T, k, E, H, I, quant=args.quant, activation=act),
                          dtype=torch.uint8, device="cuda")
         outs = [torch.empty(T, H, device="cuda", dtype=dtype) for _ in sets]
         x0, ids0, w0 = sets[0]
-        ref = reference.fused_moe(x0, w13, w2, w0, ids0, activation=act)
+        ref = reference.fused_moe(x0, w13, w2, w0, ids0, activation=act, quant=args.quant, **scales)
 
         def ours(x, ids, w, o, tactic=None, last_step=0):
             moe_kernels.fused_moe(x, w13, w2, w, ids, quant=args.quant, activation=act, workspace=ws,
-                                  out=o, tactic=tactic, _last_step=last_step)
+                                  out=o, tactic=tactic, _last_step=last_step, **scales)
 
         def timed(fn, check=True):
             """Check fn against the reference on set 0, then time it over all sets."""
@@ -242,7 +257,7 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
                 outs[0].fill_(float("nan"))
                 fn(x0, ids0, w0, outs[0])
                 err = ((outs[0].float() - ref).norm() / ref.norm()).item()
-                if not (math.isfinite(err) and err <= REL_TOL):
+                if not (math.isfinite(err) and err <= REL_TOL[args.quant]):
                     return {"status": f"wrong: relative error {err:.2e}"}
             it = iter(range(1 << 62))
 
@@ -261,7 +276,7 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
                "bw_floor_us": f["bw_floor_s"] * 1e6, "flop_floor_us": f["flop_floor_s"] * 1e6,
                "floor_us": f["floor_s"] * 1e6,
                "tactic": str(moe_kernels.api.choose_tactic(x0, w13, w2, w0, ids0, quant=args.quant,
-                                                           activation=act)),
+                                                           activation=act, **scales)),
                "results": {"moe_kernels": timed(ours)}}
         for name, fn, why in peer_list:
             if fn is None:
@@ -408,14 +423,13 @@ def main(args) -> int:
         return info.main(argparse.Namespace(json=False))
     tokens = parse_tokens(args.tokens)
     shapes = shapes_from_args(args)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.quant]
     env = _environment()
     print(f"moe_kernels {moe_kernels.__version__} ({env['commit'][:12]}) on {env['gpu']}, driver {env['driver']}, "
           f"torch {env['torch']}, CUDA {env['cuda']}")
-    bw, rate = measure_ceilings(dtype)
+    bw, rate = measure_ceilings(args.quant)
     print(f"ceilings measured now: copy {bw / 1e12:.2f} TB/s, dense {args.quant} GEMM {rate / 1e12:.0f} TFLOP/s "
           f"(8192^3); routing {args.routing_file or args.routing}, activation {args.activation}")
-    peer_names = [] if args.no_peers else [n for n, _, _ in peers(args.activation)]
+    peer_names = [] if args.no_peers else [n for n, _, _ in peers(args.activation, args.quant)]
     print("floors and times in us per forward; peers: their time (their time / ours)\n")
     print(header(peer_names))
     rows, done, total = [], [0], len(shapes) * len(tokens)

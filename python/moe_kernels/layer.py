@@ -78,7 +78,8 @@ class FusedMoE(torch.nn.Module):
                              quant=self.quant, activation=self.activation, w13_bias=w["w13_bias"],
                              w2_bias=w["w2_bias"], ep_rank=self.ep_rank, ep_size=self.ep_size,
                              num_experts=self.num_experts, swiglu_alpha=self.swiglu_alpha,
-                             swiglu_limit=self.swiglu_limit, workspace=workspace, out=out,
+                             swiglu_limit=self.swiglu_limit, w13_scale=w.get("w13_scale"),
+                             w2_scale=w.get("w2_scale"), workspace=workspace, out=out,
                              tactic=tactic)
 
     def _require_weights(self):

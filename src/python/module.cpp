@@ -158,6 +158,9 @@ moek_shape make_shape(py::dict s) {
   r.index_dtype = s["index_dtype"].cast<int32_t>();
   r.act_alpha = s["act_alpha"].cast<float>();
   r.act_limit = s["act_limit"].cast<float>();
+  r.quant = s["quant"].cast<int32_t>();
+  r.w13_scale_per_channel = s["w13_scale_per_channel"].cast<int32_t>();
+  r.w2_scale_per_channel = s["w2_scale_per_channel"].cast<int32_t>();
   return r;
 }
 
@@ -173,6 +176,7 @@ py::dict library_info(const ArchLibrary& lib) {
     kd["name"] = std::string(k->name);
     kd["act_dtype"] = std::string(k->act_dtype);
     kd["weight_dtype"] = std::string(k->weight_dtype);
+    kd["out_dtype"] = std::string(k->out_dtype);
     kd["tile"] = py::make_tuple(k->tile_m, k->tile_n, k->tile_k);
     kd["cluster"] = py::make_tuple(k->cluster_m, k->cluster_n);
     kd["schedule"] = std::string(k->schedule);
@@ -215,7 +219,9 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("device"), py::arg("shape"));
   m.def("run", [](int device, py::dict shape, uintptr_t hidden, uintptr_t topk_ids,
                   uintptr_t topk_weights, uintptr_t w13, uintptr_t w2, uintptr_t w13_bias,
-                  uintptr_t w2_bias, uintptr_t out, uintptr_t workspace, size_t workspace_bytes,
+                  uintptr_t w2_bias, uintptr_t w13_scale, uintptr_t w2_scale,
+                  uintptr_t a13_scale, uintptr_t a2_scale, uintptr_t out, uintptr_t workspace,
+                  size_t workspace_bytes,
                   const std::string& gemm1, const std::string& gemm2, uintptr_t stream,
                   int last_step) {
     moek_args a{};
@@ -227,6 +233,10 @@ PYBIND11_MODULE(_C, m) {
     a.w2 = reinterpret_cast<const void*>(w2);
     a.w13_bias = reinterpret_cast<const void*>(w13_bias);
     a.w2_bias = reinterpret_cast<const void*>(w2_bias);
+    a.w13_scale = reinterpret_cast<const float*>(w13_scale);
+    a.w2_scale = reinterpret_cast<const float*>(w2_scale);
+    a.a13_scale = reinterpret_cast<const float*>(a13_scale);
+    a.a2_scale = reinterpret_cast<const float*>(a2_scale);
     a.out = reinterpret_cast<void*>(out);
     a.workspace = reinterpret_cast<void*>(workspace);
     a.workspace_bytes = workspace_bytes;
@@ -245,6 +255,7 @@ PYBIND11_MODULE(_C, m) {
     raise_status(st, err);
   }, py::arg("device"), py::arg("shape"), py::arg("hidden"), py::arg("topk_ids"),
      py::arg("topk_weights"), py::arg("w13"), py::arg("w2"), py::arg("w13_bias"),
-     py::arg("w2_bias"), py::arg("out"), py::arg("workspace"), py::arg("workspace_bytes"),
+     py::arg("w2_bias"), py::arg("w13_scale"), py::arg("w2_scale"), py::arg("a13_scale"),
+     py::arg("a2_scale"), py::arg("out"), py::arg("workspace"), py::arg("workspace_bytes"),
      py::arg("gemm1"), py::arg("gemm2"), py::arg("stream"), py::arg("last_step") = 0);
 }

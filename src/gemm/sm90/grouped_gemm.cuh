@@ -27,10 +27,10 @@ struct Cooperative {
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 };
 
-template <class ElementA, class ElementB, int TileM, int TileN, int TileK, int ClusterM,
-          int ClusterN, class Schedule>
+template <class ElementA, class ElementB, class ElementD_, int TileM, int TileN, int TileK,
+          int ClusterM, int ClusterN, class Schedule>
 struct GroupedGemm {
-  using ElementD = ElementA;  // 16-bit in, same 16-bit type out; fp32 accumulation
+  using ElementD = ElementD_;  // 16-bit out; fp32 accumulation
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>;
   using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>;
