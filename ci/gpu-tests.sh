@@ -43,7 +43,8 @@ fi
 pkg=$($PY -c "import moe_kernels, os; print(os.path.dirname(moe_kernels.__file__))")
 ls -l "$pkg"/libmoe_kernels_*.so
 for lib in "$pkg"/libmoe_kernels_*.so; do
-  echo "$(basename "$lib"): $(cuobjdump --dump-sass "$lib" | grep -c HGMMA) HGMMA instructions" | tee -a "$LOG_DIR/sass.txt"
+  sass=$(cuobjdump --dump-sass "$lib")
+  echo "$(basename "$lib"): $(grep -c HGMMA <<< "$sass") HGMMA (16-bit), $(grep -c QGMMA <<< "$sass") QGMMA (fp8) instructions" | tee -a "$LOG_DIR/sass.txt"
 done
 $PY -m moe_kernels info
 
