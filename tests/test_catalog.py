@@ -1,7 +1,6 @@
 """The catalog, the generator and the built registry agree (CPU only)."""
 import importlib.util
 import json
-import os
 import pathlib
 
 import pytest

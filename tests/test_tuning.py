@@ -1,6 +1,5 @@
 """The autotuner: buckets, cache keys and files (CPU); isolation, validation, graphs (GPU)."""
 import json
-import warnings
 
 import pytest
 import torch
