@@ -85,10 +85,14 @@ def _quant(quant, hidden_states, w13=None) -> QuantMode:
         return by_dtype[hidden_states.dtype]
     mode = QuantMode.parse(quant)
     if mode not in _SUPPORTED:
-        built = sorted({k.act_dtype for lib in _native.libraries() for k in lib["kernels"]})
+        where = ""
+        if isinstance(hidden_states, torch.Tensor) and hidden_states.is_cuda:
+            info = _native.device_info(hidden_states.device.index)
+            where = f" for {info['name']} (compute capability {info['major']}.{info['minor']})"
+        built = sorted({(lib["arch"], k.act_dtype) for lib in _native.libraries() for k in lib["kernels"]})
         raise NotImplementedError(
-            f"quant={mode.value!r} has no kernels in this build of moe_kernels; it supports "
-            f"{[m.value for m in _SUPPORTED]} (built kernels: {built})")
+            f"quant={mode.value!r} has no kernels{where} in this build of moe_kernels; it supports "
+            f"{[m.value for m in _SUPPORTED]} (built (arch, GEMM input type): {built})")
     return mode
 
 
