@@ -20,6 +20,7 @@ if [ -z "${MOE_KERNELS_ARCHS:-}" ]; then
   cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d '. ')
   case "$cc" in
     90) MOE_KERNELS_ARCHS=90a ;;
+    100) MOE_KERNELS_ARCHS=100a ;;
     *) echo "ci/gpu-tests.sh: no catalog arch for compute capability $cc (cmake/catalog.py ARCHS)" >&2; exit 2 ;;
   esac
 fi

@@ -9,19 +9,21 @@ Stdlib only: CMake runs this with whatever Python it finds.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 # Archs a build can target (CMake CUDA_ARCHITECTURES spelling).
 ARCHS = {
     # lib: the per-arch library suffix; cc: the compute capability it runs on;
     # family: the source folder src/gemm/<family> and C++ namespace of its GEMM template.
     "90a": {"lib": "sm90a", "cc": (9, 0), "family": "sm90"},
+    # B200/GB200. Compiled and disassembled in this project, not yet run on such a GPU.
+    "100a": {"lib": "sm100a", "cc": (10, 0), "family": "sm100"},
 }
 
 # Element types by the name used in kernel names, with their CUTLASS spelling.
 DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cutlass::float_e4m3_t"}
 
-SCHEDULES = ("pingpong", "coop")
+# Schedules by arch family: the names used in kernel names and the catalog.
+SCHEDULES = {"sm90": ("pingpong", "coop"), "sm100": ("1sm", "2sm")}
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -56,18 +58,30 @@ class GemmConfig:
         assert self.out in ("bf16", "fp16"), f"{self.name}: output must be bf16 or fp16"
         # wgmma reads 32 bytes of K per instruction: K tiles of 64 (16-bit) or 128 (8-bit).
         assert self.tile_k * (1 if self.act_dtype == "e4m3" else 2) == 128, f"{self.name}: tile_k"
-        assert self.schedule in SCHEDULES, self
-        # Cooperative splits the M tile across two consumer warpgroups of 64 rows each.
-        assert self.schedule != "coop" or self.tile_m % 128 == 0, f"{self.name}: coop needs tile_m % 128"
-        # Ping-pong gives each consumer warpgroup a whole tile; 64 rows is one wgmma M.
-        assert self.tile_m % 64 == 0, f"{self.name}: wgmma M is 64"
+        family = ARCHS[self.arch]["family"]
+        assert self.schedule in SCHEDULES[family], f"{self.name}: not a {family} schedule"
+        if family == "sm90":
+            # Cooperative splits the M tile across two consumer warpgroups of 64 rows each.
+            assert self.schedule != "coop" or self.tile_m % 128 == 0, f"{self.name}: coop needs tile_m % 128"
+            # Ping-pong gives each consumer warpgroup a whole tile; 64 rows is one wgmma M.
+            assert self.tile_m % 64 == 0, f"{self.name}: wgmma M is 64"
+        else:
+            # tcgen05 MMA M is 64 or 128 per CTA; a 2-CTA MMA spans a CTA pair along M.
+            per_cta = self.tile_m // (2 if self.schedule == "2sm" else 1)
+            assert per_cta in (64, 128), f"{self.name}: MMA M per CTA must be 64 or 128"
+            assert self.schedule != "2sm" or self.cluster_m % 2 == 0, f"{self.name}: 2sm needs cluster_m % 2"
         # TMA multicast inside a cluster: at most 2 CTAs per mode keeps the smem budget and
         # leaves enough clusters for skewed per-expert M.
         assert self.cluster_m * self.cluster_n <= 2, f"{self.name}: cluster too large"
 
 
-def _sm90(dtype: str, tiles, out: str = "") -> list[GemmConfig]:
-    return [GemmConfig("90a", dtype, dtype, m, n, k, cm, cn, s, out) for (m, n, k, cm, cn, s) in tiles]
+def _rows(arch: str, dtype: str, tiles, out: str = "") -> list[GemmConfig]:
+    return [GemmConfig(arch, dtype, dtype, m, n, k, cm, cn, s, out) for (m, n, k, cm, cn, s) in tiles]
+
+
+def _k(tiles, k):
+    """The same tiles with K set for the element size (64 for 16-bit, 128 for 8-bit)."""
+    return [(m, n, k, cm, cn, s) for (m, n, _, cm, cn, s) in tiles]
 
 
 # (tile_m, tile_n, tile_k, cluster_m, cluster_n, schedule)
@@ -106,11 +120,31 @@ _SM90_FP8_MINIMAL = [
     (128, 256, 128, 1, 1, "coop"),
 ]
 
+# SM100: 1-CTA tiles for decode and moderate M, 2-CTA (256-row) tiles for prefill. A first,
+# untuned set (no B200 to measure on yet), for bf16/fp16 (K=64) and fp8 (K=128).
+_SM100_FULL = [
+    (64, 128, 0, 1, 1, "1sm"),
+    (128, 128, 0, 1, 1, "1sm"),
+    (128, 256, 0, 1, 1, "1sm"),
+    (256, 128, 0, 2, 1, "2sm"),
+    (256, 256, 0, 2, 1, "2sm"),
+]
+_SM100_MINIMAL = [
+    (128, 256, 0, 1, 1, "1sm"),
+    (256, 256, 0, 2, 1, "2sm"),
+]
+
+
+def _subset(sm90_16bit, sm90_fp8, sm100):
+    rows = []
+    for d in ("bf16", "fp16"):
+        rows += _rows("90a", d, sm90_16bit) + _rows("100a", d, _k(sm100, 64))
+    return rows + _rows("90a", "e4m3", sm90_fp8, out="bf16") + _rows("100a", "e4m3", _k(sm100, 128), out="bf16")
+
+
 CATALOG = {
-    "full": list(itertools.chain.from_iterable(_sm90(d, _SM90_16BIT_FULL) for d in ("bf16", "fp16")))
-            + _sm90("e4m3", _SM90_FP8_FULL, out="bf16"),
-    "minimal": list(itertools.chain.from_iterable(_sm90(d, _SM90_16BIT_MINIMAL) for d in ("bf16", "fp16")))
-               + _sm90("e4m3", _SM90_FP8_MINIMAL, out="bf16"),
+    "full": _subset(_SM90_16BIT_FULL, _SM90_FP8_FULL, _SM100_FULL),
+    "minimal": _subset(_SM90_16BIT_MINIMAL, _SM90_FP8_MINIMAL, _SM100_MINIMAL),
 }
 
 

@@ -61,6 +61,28 @@ def test_illegal_rows_are_rejected(bad):
         catalog.GemmConfig(**row).check()
 
 
+@pytest.mark.parametrize("bad", [
+    dict(schedule="coop"),                                  # an SM90 schedule
+    dict(schedule="2sm", tile_m=256, cluster_m=1),          # a CTA pair needs cluster M of 2
+    dict(schedule="2sm", tile_m=64, cluster_m=2),           # 32 rows per CTA
+    dict(schedule="1sm", tile_m=256),                       # one CTA does at most 128 rows
+    dict(act_dtype="e4m3", weight_dtype="e4m3", out_dtype="bf16", tile_k=64),  # 64 bytes of K
+])
+def test_illegal_sm100_rows_are_rejected(bad):
+    row = dict(arch="100a", act_dtype="bf16", weight_dtype="bf16", tile_m=128, tile_n=256,
+               tile_k=64, cluster_m=1, cluster_n=1, schedule="1sm")
+    row.update(bad)
+    with pytest.raises(AssertionError):
+        catalog.GemmConfig(**row).check()
+
+
+def test_every_arch_has_its_own_library_name_and_family():
+    assert len({a["lib"] for a in catalog.ARCHS.values()}) == len(catalog.ARCHS)
+    for a in catalog.ARCHS.values():
+        assert a["family"] in catalog.SCHEDULES
+        assert (ROOT / "src" / "gemm" / a["family"] / "grouped_gemm.cuh").exists()
+
+
 def test_unknown_subset_or_arch():
     with pytest.raises(ValueError, match="subset"):
         catalog.select("huge", ["90a"])

@@ -1,20 +1,8 @@
-// SM90 grouped GEMM for MoE: CUTLASS 3.x ptr-array TMA warp-specialized kernels.
-// Included by the generated per-instantiation files (one config each); nothing here is
-// instantiated on its own.
+// SM90 (H100/H200) grouped GEMM schedules: TMA warp-specialized wgmma kernels, ping-pong
+// (two consumer warpgroups on alternate tiles) or cooperative (both on one tile).
 #pragma once
 
-#include <cstdio>
-
-#include "cute/tensor.hpp"
-#include "cutlass/cutlass.h"
-#include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cutlass/gemm/dispatch_policy.hpp"
-#include "cutlass/gemm/group_array_problem_shape.hpp"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
-
-#include "gemm/grouped_gemm.h"
+#include "gemm/cutlass_grouped.cuh"
 
 namespace moe_kernels::sm90 {
 
@@ -27,97 +15,7 @@ struct Cooperative {
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 };
 
-template <class ElementA, class ElementB, class ElementD_, int TileM, int TileN, int TileK,
-          int ClusterM, int ClusterN, class Schedule>
-struct GroupedGemm {
-  using ElementD = ElementD_;  // 16-bit out; fp32 accumulation
-  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
-  using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>;
-  using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>;
-  using LayoutA = cutlass::layout::RowMajor;     // activations [M, K]
-  using LayoutB = cutlass::layout::ColumnMajor;  // weights [N, K], K contiguous
-  using LayoutD = cutlass::layout::RowMajor;     // [M, N]
-  static constexpr int kAlignA = 128 / cutlass::sizeof_bits<ElementA>::value;
-  static constexpr int kAlignB = 128 / cutlass::sizeof_bits<ElementB>::value;
-  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
-
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
-      void, LayoutD*, kAlignD,  // no C operand: biases are applied by our own kernels
-      ElementD, LayoutD*, kAlignD, typename Schedule::Epilogue,
-      cutlass::epilogue::fusion::LinearCombination<ElementD, float>>::CollectiveOp;
-
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA*, kAlignA,
-      ElementB, LayoutB*, kAlignB, float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      typename Schedule::Mainloop>::CollectiveOp;
-
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop,
-                                                      CollectiveEpilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-
-  using StrideA = typename Kernel::InternalStrideA;
-  using StrideB = typename Kernel::InternalStrideB;
-  using StrideD = typename Kernel::InternalStrideD;
-  // The routing kernels write one int64 leading dimension per group and three int32 per
-  // problem shape; the CUTLASS types must have exactly that layout.
-  static_assert(sizeof(StrideA) == sizeof(int64_t) && sizeof(StrideB) == sizeof(int64_t) &&
-                sizeof(StrideD) == sizeof(int64_t), "stride layout changed");
-  static_assert(sizeof(typename ProblemShape::UnderlyingProblemShape) == 3 * sizeof(int32_t),
-                "problem shape layout changed");
-
-  static typename Gemm::Arguments make_arguments(const GroupedGemmArgs& a) {
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = a.device;
-    hw.sm_count = a.sm_count;
-    typename Gemm::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGrouped,
-        {a.num_groups,
-         reinterpret_cast<typename ProblemShape::UnderlyingProblemShape*>(a.problem_shapes),
-         nullptr},  // shapes live on the device only: no host sync, graph-safe
-        {reinterpret_cast<const ElementA**>(a.ptr_a), reinterpret_cast<StrideA*>(a.stride_a),
-         reinterpret_cast<const ElementB**>(a.ptr_b), reinterpret_cast<StrideB*>(a.stride_b)},
-        {{}, nullptr, nullptr, reinterpret_cast<ElementD**>(a.ptr_d),
-         reinterpret_cast<StrideD*>(a.stride_d)},
-        hw};
-    args.epilogue.thread.alpha = 1.0f;
-    args.epilogue.thread.beta = 0.0f;
-    return args;
-  }
-
-  static size_t workspace_size(int num_groups, int sm_count) {
-    GroupedGemmArgs a{};
-    a.num_groups = num_groups;
-    a.sm_count = sm_count;
-    return Gemm::get_workspace_size(make_arguments(a));
-  }
-
-  static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
-    Gemm gemm;
-    auto args = make_arguments(a);
-    cutlass::Status st = gemm.can_implement(args);
-    if (st != cutlass::Status::kSuccess) {
-      snprintf(err, errlen, "CUTLASS can_implement failed: %s", cutlassGetStatusString(st));
-      return MOEK_UNSUPPORTED;
-    }
-    st = gemm.initialize(args, a.workspace, a.stream);
-    if (st != cutlass::Status::kSuccess) {
-      snprintf(err, errlen, "CUTLASS initialize failed: %s", cutlassGetStatusString(st));
-      return MOEK_CUDA_ERROR;
-    }
-    st = gemm.run(a.stream);
-    if (st != cutlass::Status::kSuccess) {
-      snprintf(err, errlen, "CUTLASS run failed: %s (%s)", cutlassGetStatusString(st),
-               cudaGetErrorString(cudaGetLastError()));
-      return MOEK_CUDA_ERROR;
-    }
-    return MOEK_OK;
-  }
-
-  static constexpr GemmKernelOps kOps{&run, &workspace_size, Kernel::SharedStorageSize};
-};
+template <class A, class B, class D, int TM, int TN, int TK, int CM, int CN, class Schedule>
+using GroupedGemm = CutlassGroupedGemm<cutlass::arch::Sm90, A, B, D, TM, TN, TK, CM, CN, Schedule>;
 
 }  // namespace moe_kernels::sm90
