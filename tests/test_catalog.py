@@ -108,6 +108,18 @@ def test_generator_output(tmp_path):
     assert mtimes == {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
 
 
+def test_generator_covers_every_arch_and_schedule(tmp_path):
+    archs = list(catalog.ARCHS)
+    assert generate.main(["--archs", ";".join(archs), "--catalog", "full", "--out", str(tmp_path)]) == 0
+    for arch in archs:
+        family = catalog.ARCHS[arch]["family"]
+        for c in catalog.select("full", [arch]):
+            text = (tmp_path / arch / f"{c.name}.cu").read_text()
+            assert f'#include "gemm/{family}/grouped_gemm.cuh"' in text
+            assert generate.SCHEDULE_TYPES[c.schedule] in text
+    assert set(generate.SCHEDULE_TYPES) == {s for v in catalog.SCHEDULES.values() for s in v}
+
+
 def test_built_registry_matches_build_info_and_catalog():
     from moe_kernels import _native
     info = _native.build_info()
