@@ -147,3 +147,48 @@ def test_tuned_choice_is_used_inside_a_cuda_graph(tmp_path):
         assert torch.equal(out, eager)
     # outside the context the in-memory choice still applies
     assert moe_kernels.api.choose_tactic(*args) == tuned
+
+
+FAKE_WORKER = r'''
+import argparse, json, sys
+p = argparse.ArgumentParser()
+for a in ("--worker", "--buckets", "--routing", "--skew", "--replays", "--device", "--exclude", "--histogram"):
+    p.add_argument(a)
+p.add_argument("--exhaustive", action="store_true")
+args = p.parse_args()
+excluded = json.loads(args.exclude)
+def emit(**e):
+    print(json.dumps(e), flush=True)
+for b in map(int, args.buckets.split(",")):
+    for i, k in enumerate(["good", "faulty", "slow"]):
+        if k in excluded:
+            continue
+        emit(event="try", bucket=b, tactic=f"{k}+{k}", suspect=k, index=i, count=3)
+        if k == "faulty":
+            print("CUDA error: an illegal memory access was encountered", file=sys.stderr)
+            sys.exit(134)  # what a kernel fault does to the child
+    emit(event="bucket", bucket=b, record={"gemm1": "good", "gemm2": "good", "us": 1.0,
+                                           "faulted": excluded, "rejected": {}})
+emit(event="done", peak_bytes=1, weight_bytes=1, workspace_bytes=1)
+'''
+
+
+def test_parent_survives_a_faulting_child_and_excludes_the_suspect(tmp_path, monkeypatch):
+    """CPU check of the isolation logic: a child that dies while trying a kernel is
+    replaced, the kernel is excluded and reported, and every bucket still gets a choice."""
+    script = tmp_path / "fake_worker.py"
+    script.write_text(FAKE_WORKER)
+    monkeypatch.setattr(tuning, "WORKER", [__import__("sys").executable, str(script)])
+    res = tuning.tune([SPEC], [16, 64], device="cuda:0", progress=False)
+    for b in ("16", "64"):
+        rec = res[SPEC.signature][b]
+        assert (rec["gemm1"], rec["gemm2"]) == ("good", "good")
+        assert "faulty" in rec["faulted"] and "illegal memory access" in rec["faulted"]["faulty"]
+
+
+def test_parent_reports_a_child_that_dies_outside_any_candidate(tmp_path, monkeypatch):
+    script = tmp_path / "crash.py"
+    script.write_text("import sys; print('boom', file=sys.stderr); sys.exit(3)\n")
+    monkeypatch.setattr(tuning, "WORKER", [__import__("sys").executable, str(script)])
+    with pytest.raises(RuntimeError, match="failed \\(exit 3\\) outside any candidate"):
+        tuning.tune([SPEC], [16], device="cuda:0", progress=False)

@@ -39,6 +39,7 @@ ROUTING_SETS = 4       # rotated routing/input sets per timing (experts hit diff
 REL_TOL = {"fp8": 5e-2}  # candidate output against the float32 reference; 2e-2 for 16-bit
 TEST_CORRUPT_ENV = "MOE_KERNELS_TEST_CORRUPT_KERNEL"  # test-only: treat this kernel's output as wrong
 MAX_RESTARTS = 8
+WORKER = [sys.executable, "-m", "moe_kernels.tuning"]  # the child's command (tests replace it)
 
 
 def bucket_for(num_tokens: int) -> int:
@@ -237,7 +238,7 @@ def tune(specs, buckets, *, device=None, routing="uniform", skew=1.2, histogram=
         excluded: dict = {}  # kernel name -> why: it faulted in an earlier child
         restarts = 0
         while todo:
-            cmd = [sys.executable, "-m", "moe_kernels.tuning", "--worker", spec.signature,
+            cmd = WORKER + ["--worker", spec.signature,
                    "--buckets", ",".join(map(str, todo)), "--routing", routing, "--skew", str(skew),
                    "--replays", str(replays), "--device", str(dev),
                    "--exclude", json.dumps(excluded)]
