@@ -6,6 +6,7 @@ nothing and never waits on the device, so it can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -234,13 +235,17 @@ def workspace_size(num_tokens: int, top_k: int, num_experts: int, hidden_size: i
     return int(_native.C().workspace_size(_device_index(device), shape))
 
 
+@functools.lru_cache(maxsize=None)
+def _usable(device: int, act_dtype) -> dict:
+    """{name: KernelInfo} of the kernels that can run on `device` (all modes when act_dtype
+    is None). Cached: the forward path looks it up on every call."""
+    return {k.name: k for k in _native.library_for(device)["kernels"]
+            if not _native.kernel_problem(device, k.name) and act_dtype in (None, k.act_dtype)}
+
+
 def list_kernels(device=None, quant=None) -> list:
     """The grouped-GEMM kernels usable on `device` (default: current), optionally for one mode."""
-    dev = _device_index(device)
-    kernels = [k for k in _native.library_for(dev)["kernels"] if not _native.kernel_problem(dev, k.name)]
-    if quant is not None:
-        kernels = [k for k in kernels if k.act_dtype == kernel_dtype(quant)]
-    return kernels
+    return list(_usable(_device_index(device), None if quant is None else kernel_dtype(quant)).values())
 
 
 _logged: set = set()
@@ -256,7 +261,7 @@ def _log_choice(spec, num_tokens, tactic, source):
 
 def _resolve_tactic(p: _Problem, tactic) -> Tactic:
     dev = p.device.index
-    usable = {k.name: k for k in list_kernels(dev, p.quant)}
+    usable = _usable(dev, p.mode.kernel)
     if tactic is None:
         if not usable:
             raise NotImplementedError(
