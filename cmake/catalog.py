@@ -25,6 +25,12 @@ DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cut
 # Schedules by arch family: the names used in kernel names and the catalog.
 SCHEDULES = {"sm90": ("pingpong", "coop"), "sm100": ("1sm", "2sm")}
 
+# FP8 mainloops (SM90). "": partial sums promoted to fp32 every few k-blocks (accurate for
+# long K). "fastaccum": the tensor core's own accumulator all the way (what vLLM and
+# TensorRT-LLM use for per-tensor/per-channel FP8). "blockwise": DeepSeek-style scales per
+# 1x128 activation group and 128x128 weight block, applied in the mainloop (fp8_block).
+MAINLOOPS = ("", "fastaccum", "blockwise")
+
 
 @dataclasses.dataclass(frozen=True, order=True)
 class GemmConfig:
@@ -38,17 +44,26 @@ class GemmConfig:
     cluster_n: int
     schedule: str      # "pingpong" | "coop"
     out_dtype: str = ""  # D element type; "" means the activation type
+    mainloop: str = ""   # FP8 only: one of MAINLOOPS
 
     @property
     def out(self) -> str:
         return self.out_dtype or self.act_dtype
 
     @property
+    def quant(self) -> str:
+        """The quantization mode (moe_kernels.QuantMode value) this kernel serves."""
+        if self.act_dtype == "e4m3":
+            return "fp8_block" if self.mainloop == "blockwise" else "fp8"
+        return self.act_dtype
+
+    @property
     def name(self) -> str:
         out = f"_{self.out_dtype}" if self.out_dtype and self.out_dtype != self.act_dtype else ""
         return (f"{ARCHS[self.arch]['family']}_{self.act_dtype}x{self.weight_dtype}{out}_"
                 f"{self.tile_m}x{self.tile_n}x{self.tile_k}_"
-                f"{self.cluster_m}x{self.cluster_n}_{self.schedule}")
+                f"{self.cluster_m}x{self.cluster_n}_{self.schedule}"
+                + (f"_{self.mainloop}" if self.mainloop else ""))
 
     def check(self) -> None:
         """Legality rules, each with its reason; a row that breaks one is a catalog bug."""
@@ -60,6 +75,11 @@ class GemmConfig:
         assert self.tile_k * (1 if self.act_dtype == "e4m3" else 2) == 128, f"{self.name}: tile_k"
         family = ARCHS[self.arch]["family"]
         assert self.schedule in SCHEDULES[family], f"{self.name}: not a {family} schedule"
+        assert self.mainloop in MAINLOOPS, f"{self.name}: mainloop"
+        assert not self.mainloop or (self.act_dtype == "e4m3" and family == "sm90"), \
+            f"{self.name}: FP8 mainloop variants are for SM90 E4M3 kernels"
+        # Block scales cover 128 output columns; a tile must not split one.
+        assert self.mainloop != "blockwise" or self.tile_n % 128 == 0, f"{self.name}: blockwise tile_n"
         if family == "sm90":
             # Cooperative splits the M tile across two consumer warpgroups of 64 rows each.
             assert self.schedule != "coop" or self.tile_m % 128 == 0, f"{self.name}: coop needs tile_m % 128"
@@ -76,12 +96,13 @@ class GemmConfig:
 
 
 def _rows(arch: str, dtype: str, tiles, out: str = "") -> list[GemmConfig]:
-    return [GemmConfig(arch, dtype, dtype, m, n, k, cm, cn, s, out) for (m, n, k, cm, cn, s) in tiles]
+    """Rows from (tile_m, tile_n, tile_k, cluster_m, cluster_n, schedule[, mainloop]) tuples."""
+    return [GemmConfig(arch, dtype, dtype, *t[:6], out, *t[6:]) for t in tiles]
 
 
 def _k(tiles, k):
     """The same tiles with K set for the element size (64 for 16-bit, 128 for 8-bit)."""
-    return [(m, n, k, cm, cn, s) for (m, n, _, cm, cn, s) in tiles]
+    return [(m, n, k, *rest) for (m, n, _, *rest) in tiles]
 
 
 # (tile_m, tile_n, tile_k, cluster_m, cluster_n, schedule)
@@ -106,18 +127,31 @@ _SM90_16BIT_MINIMAL = [
     (64, 128, 64, 1, 1, "pingpong"),
     (128, 256, 64, 1, 1, "coop"),
 ]
-# FP8 (E4M3 x E4M3, bf16 out): K tiles of 128 bytes; the non-fast-accumulation mainloop
-# (CUTLASS promotes partial sums to fp32 every few k-blocks), so K=7168 keeps fp32 accuracy.
+# FP8 (E4M3 x E4M3, bf16 out), K tiles of 128 bytes. Measured on H200 (Qwen3-30B-A3B):
+# with the promoting mainloop, N=256 tiles are 1.3-1.8x slower than N=128 (two fp32
+# accumulators per thread), so wide tiles come only with fast accumulation.
 _SM90_FP8_FULL = [
     (64, 128, 128, 1, 1, "pingpong"),
-    (64, 256, 128, 1, 1, "pingpong"),
     (128, 128, 128, 1, 1, "coop"),
-    (128, 256, 128, 1, 1, "coop"),
-    (128, 256, 128, 2, 1, "coop"),
+    (64, 128, 128, 1, 1, "pingpong", "fastaccum"),
+    (64, 256, 128, 1, 1, "pingpong", "fastaccum"),
+    (128, 128, 128, 1, 1, "coop", "fastaccum"),
+    (128, 256, 128, 1, 1, "coop", "fastaccum"),
 ]
 _SM90_FP8_MINIMAL = [
     (64, 128, 128, 1, 1, "pingpong"),
-    (128, 256, 128, 1, 1, "coop"),
+    (128, 128, 128, 1, 1, "coop", "fastaccum"),
+]
+# fp8_block: CUTLASS's blockwise-scaled mainloop (scales per 128 of K, applied to fp32 partial
+# sums); tile_n a multiple of the 128-column weight block.
+_SM90_FP8_BLOCK_FULL = [
+    (64, 128, 128, 1, 1, "pingpong", "blockwise"),
+    (128, 128, 128, 1, 1, "coop", "blockwise"),
+    (128, 128, 128, 2, 1, "coop", "blockwise"),
+]
+_SM90_FP8_BLOCK_MINIMAL = [
+    (64, 128, 128, 1, 1, "pingpong", "blockwise"),
+    (128, 128, 128, 1, 1, "coop", "blockwise"),
 ]
 
 # SM100: 1-CTA tiles for decode and moderate M, 2-CTA (256-row) tiles for prefill. A first,
@@ -143,8 +177,8 @@ def _subset(sm90_16bit, sm90_fp8, sm100):
 
 
 CATALOG = {
-    "full": _subset(_SM90_16BIT_FULL, _SM90_FP8_FULL, _SM100_FULL),
-    "minimal": _subset(_SM90_16BIT_MINIMAL, _SM90_FP8_MINIMAL, _SM100_MINIMAL),
+    "full": _subset(_SM90_16BIT_FULL, _SM90_FP8_FULL + _SM90_FP8_BLOCK_FULL, _SM100_FULL),
+    "minimal": _subset(_SM90_16BIT_MINIMAL, _SM90_FP8_MINIMAL + _SM90_FP8_BLOCK_MINIMAL, _SM100_MINIMAL),
 }
 
 

@@ -36,10 +36,10 @@ __device__ __forceinline__ float apply(float gate, float up, float alpha, float 
 }
 
 // One block per permuted row; rows past the routed total (offsets[E]) exit at once.
-// 16-bit: out = act(g + bias). fp8: g holds raw GEMM1 accumulators, dequantized with the
-// row's input scale and the weight scale; the result is quantized to E4M3 with the static
-// scale or the row's amax (a first pass finds it, a second recomputes and stores).
-template <int kAct, typename T, typename IdT, bool kFp8>
+// 16-bit: out = act(g + bias). FP8: g holds raw GEMM1 accumulators, dequantized with the
+// row's input scale and the weight scale first. Both FP8 modes quantize out to E4M3
+// (quantize_row: per row, or per 128 columns for FP8_BLOCK, whose g is already dequantized).
+template <int kAct, typename T, typename IdT, int kQuant>
 __global__ void activation_kernel(const T* g, const T* bias, void* out, int64_t inter,
                                   const IdT* ids, int64_t expert_offset, const int32_t* offsets,
                                   const int32_t* row_src, int num_experts, float alpha,
@@ -47,23 +47,24 @@ __global__ void activation_kernel(const T* g, const T* bias, void* out, int64_t 
   const int64_t r = blockIdx.x;
   if (r >= offsets[num_experts]) return;
   constexpr bool kGated = is_gated(kAct);
+  constexpr bool kDequant = kQuant == MOEK_QUANT_FP8;
   const int64_t n1 = kGated ? 2 * inter : inter;
   const T* grow = g + r * n1;
-  const bool need_expert = bias != nullptr || kFp8;
+  const bool need_expert = bias != nullptr || kDequant;
   const int64_t e = need_expert ? local_expert(ids, row_src[r], expert_offset) : 0;
   const T* brow = bias ? bias + e * n1 : nullptr;
   float in_scale = 1.f;
   const float* wscale = nullptr;
-  if constexpr (kFp8) {
+  if constexpr (kDequant) {
     in_scale = q.row[r];
     wscale = q.per_channel ? q.weight + e * n1 : q.weight + e;
   }
 
-  auto compute = [&](int64_t j, Vec8<T>& res) {
+  auto compute = [&](int64_t j, float* res) {
     Vec8<T> gate, up;
     gate.load(grow + j);
     if constexpr (kGated) up.load(grow + inter + j);
-    if constexpr (kFp8) {
+    if constexpr (kDequant) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         gate.v[i] *= in_scale * (q.per_channel ? wscale[j + i] : wscale[0]);
@@ -83,62 +84,45 @@ __global__ void activation_kernel(const T* g, const T* bias, void* out, int64_t 
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      res.v[i] = apply<kAct>(gate.v[i], kGated ? up.v[i] : 0.0f, alpha, limit);
+      res[i] = apply<kAct>(gate.v[i], kGated ? up.v[i] : 0.0f, alpha, limit);
   };
 
-  if constexpr (!kFp8) {
+  if constexpr (kQuant == MOEK_QUANT_NONE) {
     T* orow = static_cast<T*>(out) + r * inter;
     for (int64_t j = threadIdx.x * 8; j < inter; j += int64_t(blockDim.x) * 8) {
       Vec8<T> res;
-      compute(j, res);
+      compute(j, res.v);
       res.store(orow + j);
     }
   } else {
-    float scale;
-    if (q.static_out) {
-      scale = *q.static_out;
-    } else {
-      float amax = 0.f;
-      for (int64_t j = threadIdx.x * 8; j < inter; j += int64_t(blockDim.x) * 8) {
-        Vec8<T> res;
-        compute(j, res);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(res.v[i]));
-      }
-      scale = fp8_scale(block_amax(amax));
-    }
-    if (threadIdx.x == 0) q.row_out[r] = scale;
-    uint8_t* orow = static_cast<uint8_t*>(out) + r * inter;
-    for (int64_t j = threadIdx.x * 8; j < inter; j += int64_t(blockDim.x) * 8) {
-      Vec8<T> res;
-      compute(j, res);
-      store_fp8x8(orow + j, res.v, scale);
-    }
+    const int64_t scales_per_row = kQuant == MOEK_QUANT_FP8_BLOCK ? inter / 128 : 1;
+    quantize_row<kQuant>(compute, inter, static_cast<uint8_t*>(out) + r * inter, q.static_out,
+                         q.row_out + r * scales_per_row);
   }
 }
 
-template <int kAct, typename T, typename IdT, bool kFp8>
+template <int kAct, typename T, typename IdT, int kQuant>
 cudaError_t launch(const void* g, const void* bias, void* out, int64_t max_rows, int64_t inter,
                    const void* ids, int64_t expert_offset, const RoutingBuffers& rb,
                    int num_experts, float alpha, float limit, const Fp8Scales& q,
                    cudaStream_t stream) {
   const int64_t vecs = inter / 8;
   const int threads = vecs >= 256 ? 256 : static_cast<int>((vecs + 31) / 32 * 32);
-  activation_kernel<kAct, T, IdT, kFp8><<<static_cast<unsigned>(max_rows), threads, 0, stream>>>(
+  activation_kernel<kAct, T, IdT, kQuant><<<static_cast<unsigned>(max_rows), threads, 0, stream>>>(
       static_cast<const T*>(g), static_cast<const T*>(bias), out, inter,
       static_cast<const IdT*>(ids), expert_offset, rb.offsets, rb.row_src, num_experts, alpha,
       limit, q);
   return cudaGetLastError();
 }
 
-template <typename T, typename IdT, bool kFp8>
+template <typename T, typename IdT, int kQuant>
 cudaError_t dispatch_act(int activation, const void* g, const void* bias, void* out,
                          int64_t max_rows, int64_t inter, const void* ids, int64_t expert_offset,
                          const RoutingBuffers& rb, int num_experts, float alpha, float limit,
                          const Fp8Scales& q, cudaStream_t stream) {
 #define MOEK_ACT_CASE(A)                                                                   \
   case A:                                                                                  \
-    return launch<A, T, IdT, kFp8>(g, bias, out, max_rows, inter, ids, expert_offset, rb,  \
+    return launch<A, T, IdT, kQuant>(g, bias, out, max_rows, inter, ids, expert_offset, rb,  \
                                    num_experts, alpha, limit, q, stream);
   switch (activation) {
     MOEK_ACT_CASE(MOEK_ACT_SWIGLU)
@@ -160,16 +144,20 @@ cudaError_t launch_activation(int activation, bool fp16, const void* g, const vo
                               void* out, int64_t max_rows, int64_t inter_size,
                               const void* topk_ids, bool ids_int64, int64_t expert_offset,
                               const RoutingBuffers& rb, int num_experts, float alpha,
-                              float limit, bool fp8, const Fp8Scales& q, cudaStream_t stream) {
-  auto go = [&](auto t, auto id, auto quantize) {
-    return dispatch_act<decltype(t), decltype(id), decltype(quantize)::value>(
+                              float limit, const Fp8Scales& q, cudaStream_t stream) {
+  auto go = [&](auto t, auto id, auto quant) {
+    return dispatch_act<decltype(t), decltype(id), decltype(quant)::value>(
         activation, g, bias, out, max_rows, inter_size, topk_ids, expert_offset, rb, num_experts,
         alpha, limit, q, stream);
   };
-  auto by_type = [&](auto id) {
-    if (fp8) return fp16 ? go(__half{}, id, std::true_type{}) : go(__nv_bfloat16{}, id, std::true_type{});
-    return fp16 ? go(__half{}, id, std::false_type{}) : go(__nv_bfloat16{}, id, std::false_type{});
+  auto by_quant = [&](auto t, auto id) {
+    switch (q.quant) {
+      case MOEK_QUANT_FP8: return go(t, id, std::integral_constant<int, MOEK_QUANT_FP8>{});
+      case MOEK_QUANT_FP8_BLOCK: return go(t, id, std::integral_constant<int, MOEK_QUANT_FP8_BLOCK>{});
+      default: return go(t, id, std::integral_constant<int, MOEK_QUANT_NONE>{});
+    }
   };
+  auto by_type = [&](auto id) { return fp16 ? by_quant(__half{}, id) : by_quant(__nv_bfloat16{}, id); };
   return ids_int64 ? by_type(int64_t{}) : by_type(int32_t{});
 }
 

@@ -62,15 +62,16 @@ cudaError_t launch(const void* y, const void* bias, const float* w, const void* 
 cudaError_t launch_finalize(bool fp16, const void* y, const void* bias, const float* topk_weights,
                             const void* topk_ids, bool ids_int64, int64_t expert_offset,
                             const RoutingBuffers& rb, void* out, int64_t num_tokens, int top_k,
-                            int64_t hidden_size, bool fp8, const Fp8Scales& q,
-                            cudaStream_t stream) {
+                            int64_t hidden_size, const Fp8Scales& q, cudaStream_t stream) {
   auto go = [&](auto t, auto id, auto dequantize) {
     return launch<decltype(t), decltype(id), decltype(dequantize)::value>(
         y, bias, topk_weights, topk_ids, expert_offset, rb, out, num_tokens, top_k, hidden_size,
         q, stream);
   };
+  // Only FP8's GEMM2 leaves raw accumulators; FP8_BLOCK's scales are applied in its mainloop.
+  const bool dequant = q.quant == MOEK_QUANT_FP8;
   auto by_type = [&](auto id) {
-    if (fp8) return fp16 ? go(__half{}, id, std::true_type{}) : go(__nv_bfloat16{}, id, std::true_type{});
+    if (dequant) return fp16 ? go(__half{}, id, std::true_type{}) : go(__nv_bfloat16{}, id, std::true_type{});
     return fp16 ? go(__half{}, id, std::false_type{}) : go(__nv_bfloat16{}, id, std::false_type{});
   };
   return ids_int64 ? by_type(int64_t{}) : by_type(int32_t{});

@@ -9,6 +9,8 @@ namespace moe_kernels {
 
 // Device-side description of one grouped GEMM's per-expert arguments, filled by the
 // routing kernels: A_e = a_base + offsets[e] rows, B_e = b_base + e * n * k, D_e likewise.
+// Block-scaled GEMMs (fp8_block) also get scale pointers: SFA_e = sfa_base + offsets[e] rows
+// of sf_k floats, SFB_e = sfb_base + e * sf_n * sf_k.
 struct GroupSetup {
   int32_t* problem_shapes;  // [E][3]
   const void** ptr_a;
@@ -22,15 +24,25 @@ struct GroupSetup {
   char* d_base;
   int64_t n, k;
   int32_t a_bytes, b_bytes, d_bytes;  // element sizes
+  const float** ptr_sfa;    // NULL unless block-scaled
+  const float** ptr_sfb;
+  const float* sfa_base;
+  const float* sfb_base;
+  int32_t sf_n, sf_k;       // ceil(n / 128), ceil(k / 128)
 };
 
 // FP8 on one side of a step: how values were or will be scaled. Dequantized = q * scale.
+// `quant` is the problem's moek_quant. FP8: GEMM outputs are raw accumulators, dequantized
+// with `row` and `weight` by the next step; inputs are quantized per row (or statically).
+// FP8_BLOCK: the GEMMs dequantize in their mainloop; inputs are quantized per row per 128
+// columns, and `row_out` gets [rows, cols / 128] scales.
 struct Fp8Scales {
-  const float* weight = nullptr;    // [E] or [E, N]
+  int quant = 0;
+  const float* weight = nullptr;    // FP8: [E] or [E, N]
   bool per_channel = false;
-  const float* row = nullptr;       // per-row scale of the quantized GEMM input
-  const float* static_out = nullptr;  // static per-tensor scale to quantize with, or NULL
-  float* row_out = nullptr;         // per-row scales written when quantizing
+  const float* row = nullptr;       // FP8: per-row scale of the quantized GEMM input
+  const float* static_out = nullptr;  // FP8: static per-tensor scale to quantize with, or NULL
+  float* row_out = nullptr;         // scales written when quantizing
 };
 
 // Routing indices shared by the steps. A "pair" p = t * top_k + slot.
@@ -44,27 +56,26 @@ struct RoutingBuffers {
 
 // Counts rows per expert, scans them, writes both GEMMs' group arguments, then scatters
 // each pair's hidden row into its expert's block of `x`: copied (16-bit), or quantized to
-// E4M3 with `q.static_out` or a dynamic per-row scale written to `q.row_out` (fp8).
+// E4M3 as q.quant says, scales written to `q.row_out`.
 cudaError_t launch_routing(const void* topk_ids, bool ids_int64, int64_t num_pairs, int top_k,
                            int64_t expert_offset, int num_experts, const void* hidden,
-                           bool hidden_fp16, int64_t hidden_size, void* x, bool fp8,
+                           bool hidden_fp16, int64_t hidden_size, void* x,
                            const Fp8Scales& q, RoutingBuffers rb, GroupSetup gemm1,
                            GroupSetup gemm2, int sm_count, cudaStream_t stream);
 
 // out[r, :] = act(g[r, :] + bias[e_r]) for the permuted rows; gated ones read [gate | up].
-// fp8: g is dequantized with q.row and q.weight first, and out is quantized to E4M3.
+// FP8: g is dequantized with q.row and q.weight first; both FP8 modes quantize out to E4M3.
 cudaError_t launch_activation(int activation, bool fp16, const void* g, const void* bias,
                               void* out, int64_t max_rows, int64_t inter_size,
                               const void* topk_ids, bool ids_int64, int64_t expert_offset,
                               const RoutingBuffers& rb, int num_experts, float alpha,
-                              float limit, bool fp8, const Fp8Scales& q, cudaStream_t stream);
+                              float limit, const Fp8Scales& q, cudaStream_t stream);
 
 // out[t, :] = sum over slots, in slot order, of w[t, slot] * (y[row(t, slot)] + bias[e]).
-// fp8: y is dequantized with q.row and q.weight first.
+// FP8: y is dequantized with q.row and q.weight first.
 cudaError_t launch_finalize(bool fp16, const void* y, const void* bias, const float* topk_weights,
                             const void* topk_ids, bool ids_int64, int64_t expert_offset,
                             const RoutingBuffers& rb, void* out, int64_t num_tokens, int top_k,
-                            int64_t hidden_size, bool fp8, const Fp8Scales& q,
-                            cudaStream_t stream);
+                            int64_t hidden_size, const Fp8Scales& q, cudaStream_t stream);
 
 }  // namespace moe_kernels

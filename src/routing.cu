@@ -48,6 +48,10 @@ __device__ __forceinline__ void fill_group(const GroupSetup& g, int e, int32_t r
   g.stride_a[e] = g.k;
   g.stride_b[e] = g.k;
   g.stride_d[e] = g.n;
+  if (g.ptr_sfa) {
+    g.ptr_sfa[e] = g.sfa_base + int64_t(row_offset) * g.sf_k;
+    g.ptr_sfb[e] = g.sfb_base + int64_t(e) * g.sf_n * g.sf_k;
+  }
 }
 
 // Exclusive scan of the per-expert counts by one block, in chunks of its size with a carried
@@ -131,53 +135,43 @@ route_small_kernel(const IdT* ids, int64_t num_pairs, int64_t expert_offset, int
   }
 }
 
-// The block copies one hidden row (H % 8 == 0) to row `row` of x: as is, or quantized to
-// E4M3 (fp8: H % 16 == 0) with the static scale or a dynamic one over the row.
-template <typename T, bool kFp8>
+// The block copies one hidden row (H % 8 == 0) to row `row` of x: as is (kQuant NONE), or
+// quantized to E4M3 (quantize_row in vec.cuh says how, per mode).
+template <typename T, int kQuant>
 __device__ __forceinline__ void copy_row(const T* src, void* x, int32_t row, int64_t hidden,
                                          const Fp8Scales& q) {
-  if constexpr (!kFp8) {
+  if constexpr (kQuant == MOEK_QUANT_NONE) {
     const uint4* s4 = reinterpret_cast<const uint4*>(src);
     uint4* d4 = reinterpret_cast<uint4*>(x) + int64_t(row) * (hidden / 8);
     for (int64_t i = threadIdx.x; i < hidden / 8; i += blockDim.x) d4[i] = s4[i];
   } else {
-    float scale;
-    if (q.static_out) {
-      scale = *q.static_out;
-    } else {
-      float amax = 0.f;
-      for (int64_t j = threadIdx.x * 8; j < hidden; j += int64_t(blockDim.x) * 8) {
-        Vec8<T> v;
-        v.load(src + j);
+    const int64_t scales_per_row = kQuant == MOEK_QUANT_FP8_BLOCK ? hidden / 128 : 1;
+    quantize_row<kQuant>(
+        [&](int64_t j, float* v) {
+          Vec8<T> in;
+          in.load(src + j);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v.v[i]));
-      }
-      scale = fp8_scale(block_amax(amax));
-    }
-    if (threadIdx.x == 0) q.row_out[row] = scale;
-    uint8_t* dst = static_cast<uint8_t*>(x) + int64_t(row) * hidden;
-    for (int64_t j = threadIdx.x * 8; j < hidden; j += int64_t(blockDim.x) * 8) {
-      Vec8<T> v;
-      v.load(src + j);
-      store_fp8x8(dst + j, v.v, scale);
-    }
+          for (int i = 0; i < 8; ++i) v[i] = in.v[i];
+        },
+        hidden, static_cast<uint8_t*>(x) + int64_t(row) * hidden, q.static_out,
+        q.row_out + int64_t(row) * scales_per_row);
   }
 }
 
 // One block per pair: copy (or quantize) the token's hidden row to the pair's row.
-template <typename T, bool kFp8>
+template <typename T, int kQuant>
 __global__ void __launch_bounds__(kCopyThreads)
 expand_kernel(const int32_t* pair_dst, int top_k, const T* hidden, void* x, int64_t hidden_size,
               Fp8Scales q) {
   const int64_t p = blockIdx.x;
   const int32_t row = pair_dst[p];
   if (row < 0) return;
-  copy_row<T, kFp8>(hidden + (p / top_k) * hidden_size, x, row, hidden_size, q);
+  copy_row<T, kQuant>(hidden + (p / top_k) * hidden_size, x, row, hidden_size, q);
 }
 
 // One block per pair: thread 0 claims the pair's row in its expert's block, then the block
 // copies (or quantizes) the token's hidden row there.
-template <typename IdT, typename T, bool kFp8>
+template <typename IdT, typename T, int kQuant>
 __global__ void __launch_bounds__(kCopyThreads)
 scatter_expand_kernel(const IdT* ids, int top_k, int64_t expert_offset, int num_experts,
                       const int32_t* offsets, int32_t* cursors, int32_t* row_src,
@@ -198,10 +192,10 @@ scatter_expand_kernel(const IdT* ids, int top_k, int64_t expert_offset, int num_
   __syncthreads();
   const int32_t row = s_row;
   if (row < 0) return;
-  copy_row<T, kFp8>(hidden + (p / top_k) * hidden_size, x, row, hidden_size, q);
+  copy_row<T, kQuant>(hidden + (p / top_k) * hidden_size, x, row, hidden_size, q);
 }
 
-template <typename IdT, typename T, bool kFp8>
+template <typename IdT, typename T, int kQuant>
 cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert_offset,
                     int num_experts, const T* hidden, int64_t hidden_size, void* x,
                     const Fp8Scales& q, RoutingBuffers rb, GroupSetup g1, GroupSetup g2,
@@ -211,7 +205,7 @@ cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert
     route_small_kernel<IdT><<<1, kScanThreads, num_experts * sizeof(int32_t), stream>>>(
         ids, num_pairs, expert_offset, num_experts, rb.offsets, rb.row_src, rb.pair_dst, g1, g2);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
-    expand_kernel<T, kFp8><<<static_cast<unsigned>(num_pairs), kCopyThreads, 0, stream>>>(
+    expand_kernel<T, kQuant><<<static_cast<unsigned>(num_pairs), kCopyThreads, 0, stream>>>(
         rb.pair_dst, top_k, hidden, x, hidden_size, q);
     return cudaGetLastError();
   }
@@ -230,7 +224,7 @@ cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   build_groups_kernel<<<1, kScanThreads, 0, stream>>>(rb.counts, num_experts, rb.offsets, g1, g2);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  scatter_expand_kernel<IdT, T, kFp8><<<static_cast<unsigned>(num_pairs), kCopyThreads, 0, stream>>>(
+  scatter_expand_kernel<IdT, T, kQuant><<<static_cast<unsigned>(num_pairs), kCopyThreads, 0, stream>>>(
       ids, top_k, expert_offset, num_experts, rb.offsets, rb.cursors, rb.row_src, rb.pair_dst,
       hidden, x, hidden_size, q);
   return cudaGetLastError();
@@ -240,19 +234,25 @@ cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert
 
 cudaError_t launch_routing(const void* topk_ids, bool ids_int64, int64_t num_pairs, int top_k,
                            int64_t expert_offset, int num_experts, const void* hidden,
-                           bool hidden_fp16, int64_t hidden_size, void* x, bool fp8,
+                           bool hidden_fp16, int64_t hidden_size, void* x,
                            const Fp8Scales& q, RoutingBuffers rb, GroupSetup gemm1,
                            GroupSetup gemm2, int sm_count, cudaStream_t stream) {
-  auto go = [&](auto id, auto t, auto quantize) {
+  auto go = [&](auto id, auto t, auto quant) {
     using IdT = decltype(id);
     using T = decltype(t);
-    return routing<IdT, T, decltype(quantize)::value>(
+    return routing<IdT, T, decltype(quant)::value>(
         static_cast<const IdT*>(topk_ids), num_pairs, top_k, expert_offset, num_experts,
         static_cast<const T*>(hidden), hidden_size, x, q, rb, gemm1, gemm2, sm_count, stream);
   };
+  auto by_quant = [&](auto id, auto t) {
+    switch (q.quant) {
+      case MOEK_QUANT_FP8: return go(id, t, std::integral_constant<int, MOEK_QUANT_FP8>{});
+      case MOEK_QUANT_FP8_BLOCK: return go(id, t, std::integral_constant<int, MOEK_QUANT_FP8_BLOCK>{});
+      default: return go(id, t, std::integral_constant<int, MOEK_QUANT_NONE>{});
+    }
+  };
   auto by_type = [&](auto id) {
-    if (fp8) return hidden_fp16 ? go(id, __half{}, std::true_type{}) : go(id, __nv_bfloat16{}, std::true_type{});
-    return hidden_fp16 ? go(id, __half{}, std::false_type{}) : go(id, __nv_bfloat16{}, std::false_type{});
+    return hidden_fp16 ? by_quant(id, __half{}) : by_quant(id, __nv_bfloat16{});
   };
   return ids_int64 ? by_type(int64_t{}) : by_type(int32_t{});
 }

@@ -68,13 +68,18 @@ int device_limits(int device, DeviceLimits* out, char* err, size_t errlen) {
 }
 
 const char* dtype_name(int dtype) { return dtype == MOEK_DTYPE_FP16 ? "fp16" : "bf16"; }
-bool is_fp8(const moek_shape& s) { return s.quant == MOEK_QUANT_FP8; }
-// The registry's act_dtype of the kernels a problem can use.
-const char* gemm_input_name(const moek_shape& s) { return is_fp8(s) ? "e4m3" : dtype_name(s.dtype); }
+bool is_fp8(const moek_shape& s) { return s.quant == MOEK_QUANT_FP8 || s.quant == MOEK_QUANT_FP8_BLOCK; }
+bool is_block(const moek_shape& s) { return s.quant == MOEK_QUANT_FP8_BLOCK; }
+// The registry's quant name of the kernels a problem can use.
+const char* quant_name(const moek_shape& s) {
+  return s.quant == MOEK_QUANT_FP8 ? "fp8" : is_block(s) ? "fp8_block" : dtype_name(s.dtype);
+}
 bool kernel_fits(const KernelEntry& k, const moek_shape& s) {
-  return strcmp(k.info.act_dtype, gemm_input_name(s)) == 0 &&
+  return strcmp(k.info.quant, quant_name(s)) == 0 &&
          strcmp(k.info.out_dtype, dtype_name(s.dtype)) == 0;
 }
+// Scales per row of a quantized GEMM input of `cols` columns (fp8_block: one per 128).
+int64_t scales_per_row(const moek_shape& s, int64_t cols) { return is_block(s) ? cols / 128 : 1; }
 bool is_gated(int act) {
   return act == MOEK_ACT_SWIGLU || act == MOEK_ACT_GEGLU || act == MOEK_ACT_SWIGLU_OAI;
 }
@@ -108,13 +113,15 @@ struct Layout {
   size_t x;             // [T*k, H] permuted input (16-bit or E4M3); then GEMM2's 16-bit output
   size_t g;             // [T*k, N1] GEMM1 output
   size_t a;             // [T*k, I] activation output (GEMM2's input)
-  size_t x_scale;       // fp8: float [T*k] per-row scales of x
-  size_t a_scale;       // fp8: float [T*k] per-row scales of a
+  size_t x_scale;       // fp8: float [T*k] per-row scales of x ([T*k, H/128] fp8_block)
+  size_t a_scale;       // fp8: float [T*k] per-row scales of a ([T*k, I/128] fp8_block)
   size_t total;
 };
 
+// Per GEMM: E problem shapes, then 8 arrays of E pointers or strides (A, B, D pointers and
+// strides, and the block scales' pointers).
 size_t group_block_bytes(int64_t e) {
-  return align_up(12 * e) + 6 * align_up(8 * e);
+  return align_up(12 * e) + 8 * align_up(8 * e);
 }
 
 int validate_shape(const moek_shape& s, char* err, size_t errlen) {
@@ -124,10 +131,6 @@ int validate_shape(const moek_shape& s, char* err, size_t errlen) {
                 "bad shape: T=%lld H=%lld I=%lld E=%lld k=%lld expert_offset=%lld",
                 (long long)s.num_tokens, (long long)s.hidden_size, (long long)s.inter_size,
                 (long long)s.num_experts, (long long)s.top_k, (long long)s.expert_offset);
-  if (s.hidden_size % 8 || s.inter_size % 8)
-    return fail(err, errlen, MOEK_INVALID_ARGUMENT,
-                "hidden_size=%lld and inter_size=%lld must be multiples of 8",
-                (long long)s.hidden_size, (long long)s.inter_size);
   if (s.num_tokens * s.top_k > INT32_MAX || s.num_experts > INT32_MAX / 4)
     return fail(err, errlen, MOEK_INVALID_ARGUMENT, "T*k=%lld or E=%lld too large",
                 (long long)(s.num_tokens * s.top_k), (long long)s.num_experts);
@@ -137,12 +140,13 @@ int validate_shape(const moek_shape& s, char* err, size_t errlen) {
     return fail(err, errlen, MOEK_INVALID_ARGUMENT, "unknown activation %d", s.activation);
   if (s.index_dtype != MOEK_INDEX_INT32 && s.index_dtype != MOEK_INDEX_INT64)
     return fail(err, errlen, MOEK_INVALID_ARGUMENT, "unknown index dtype %d", s.index_dtype);
-  if (s.quant != MOEK_QUANT_NONE && s.quant != MOEK_QUANT_FP8)
+  if (s.quant != MOEK_QUANT_NONE && s.quant != MOEK_QUANT_FP8 && s.quant != MOEK_QUANT_FP8_BLOCK)
     return fail(err, errlen, MOEK_UNSUPPORTED, "unknown quant mode %d", s.quant);
-  if (is_fp8(s) && (s.hidden_size % 16 || s.inter_size % 16))
+  const int64_t align = is_block(s) ? 128 : is_fp8(s) ? 16 : 8;
+  if (s.hidden_size % align || s.inter_size % align)
     return fail(err, errlen, MOEK_INVALID_ARGUMENT,
-                "fp8: hidden_size=%lld and inter_size=%lld must be multiples of 16",
-                (long long)s.hidden_size, (long long)s.inter_size);
+                "%s: hidden_size=%lld and inter_size=%lld must be multiples of %lld",
+                quant_name(s), (long long)s.hidden_size, (long long)s.inter_size, (long long)align);
   return MOEK_OK;
 }
 
@@ -167,14 +171,15 @@ Layout plan(const moek_shape& s, int sm_count) {
   L.x = take(rows * s.hidden_size * eb);
   L.g = take(rows * n1 * eb);
   L.a = take(rows * s.inter_size * in_bytes);
-  L.x_scale = is_fp8(s) ? take(sizeof(float) * rows) : 0;
-  L.a_scale = is_fp8(s) ? take(sizeof(float) * rows) : 0;
+  L.x_scale = is_fp8(s) ? take(sizeof(float) * rows * scales_per_row(s, s.hidden_size)) : 0;
+  L.a_scale = is_fp8(s) ? take(sizeof(float) * rows * scales_per_row(s, s.inter_size)) : 0;
   L.total = at;
   return L;
 }
 
+// sfa/sfb: the block scales of A and B for block-scaled GEMMs, else NULL.
 GroupSetup group_setup(char* ws, size_t at, int64_t e, const void* a, const void* b, void* d,
-                       int64_t n, int64_t k, int in_bytes) {
+                       int64_t n, int64_t k, int in_bytes, const float* sfa, const float* sfb) {
   char* p = ws + at;
   GroupSetup g{};
   g.problem_shapes = reinterpret_cast<int32_t*>(p);
@@ -186,6 +191,13 @@ GroupSetup group_setup(char* ws, size_t at, int64_t e, const void* a, const void
   g.stride_b = reinterpret_cast<int64_t*>(next());
   g.ptr_d = reinterpret_cast<void**>(next());
   g.stride_d = reinterpret_cast<int64_t*>(next());
+  g.ptr_sfa = reinterpret_cast<const float**>(next());
+  g.ptr_sfb = reinterpret_cast<const float**>(next());
+  if (!sfa) g.ptr_sfa = g.ptr_sfb = nullptr;  // not block-scaled: routing leaves them alone
+  g.sfa_base = sfa;
+  g.sfb_base = sfb;
+  g.sf_n = static_cast<int32_t>((n + 127) / 128);
+  g.sf_k = static_cast<int32_t>((k + 127) / 128);
   g.a_base = static_cast<const char*>(a);
   g.b_base = static_cast<const char*>(b);
   g.d_base = static_cast<char*>(d);
@@ -208,6 +220,8 @@ GroupedGemmArgs gemm_args(const GroupSetup& g, int e, void* ws, int device, int 
   a.stride_b = g.stride_b;
   a.ptr_d = g.ptr_d;
   a.stride_d = g.stride_d;
+  a.ptr_sfa = g.ptr_sfa;
+  a.ptr_sfb = g.ptr_sfb;
   a.workspace = ws;
   a.device = device;
   a.sm_count = sms;
@@ -282,6 +296,10 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
       return fail(err, errlen, MOEK_INVALID_ARGUMENT, "%s at %p is not %zu-byte aligned",
                   p.name, p.p, p.align);
   }
+  if (is_block(s) && (a->a13_scale || a->a2_scale))
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT,
+                "fp8_block quantizes activations per token per 128 columns: a13_scale and "
+                "a2_scale must be NULL");
   const KernelEntry* k1 = find_kernel(a->gemm1);
   const KernelEntry* k2 = find_kernel(a->gemm2);
   if (!k1 || !k2)
@@ -291,8 +309,8 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   for (const KernelEntry* k : {k1, k2})
     if (!kernel_fits(*k, s))
       return fail(err, errlen, MOEK_INVALID_ARGUMENT,
-                  "kernel %s is %s in, %s out; the problem is %s in, %s out", k->info.name,
-                  k->info.act_dtype, k->info.out_dtype, gemm_input_name(s), dtype_name(s.dtype));
+                  "kernel %s is for %s with %s out; the problem is %s with %s out", k->info.name,
+                  k->info.quant, k->info.out_dtype, quant_name(s), dtype_name(s.dtype));
 
   // Run on the tensors' device and leave the caller's current device as it was.
   int prev_device = -1;
@@ -319,6 +337,7 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   const bool ids64 = s.index_dtype == MOEK_INDEX_INT64;
   const bool fp16 = s.dtype == MOEK_DTYPE_FP16;
   const bool fp8 = is_fp8(s);
+  const bool block = is_block(s);
   const int in_bytes = fp8 ? 1 : 2;
   const int64_t n1 = is_gated(s.activation) ? 2 * s.inter_size : s.inter_size;
 
@@ -328,31 +347,33 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   rb.offsets = reinterpret_cast<int32_t*>(ws + L.offsets);
   rb.row_src = reinterpret_cast<int32_t*>(ws + L.row_src);
   rb.pair_dst = reinterpret_cast<int32_t*>(ws + L.pair_dst);
-  // GEMM1: x[rows, H] x w13^T -> g[rows, N1];  GEMM2: a[rows, I] x w2^T -> y (in x's space).
-  GroupSetup g1 = group_setup(ws, L.groups[0], e, ws + L.x, a->w13, ws + L.g, n1, s.hidden_size,
-                              in_bytes);
-  GroupSetup g2 = group_setup(ws, L.groups[1], e, ws + L.a, a->w2, ws + L.x, s.hidden_size,
-                              s.inter_size, in_bytes);
-  // fp8 scales: x quantized by routing (x_scale), dequantized with w13_scale by the
-  // activation, which quantizes a (a_scale), dequantized with w2_scale by finalize.
+  // fp8 scales: x quantized by routing (x_scale), GEMM1's output dequantized with w13_scale
+  // (by the activation for fp8, in GEMM1 for fp8_block), a quantized by the activation
+  // (a_scale), GEMM2's output dequantized with w2_scale (by finalize, or in GEMM2).
   float* x_scale = fp8 ? reinterpret_cast<float*>(ws + L.x_scale) : nullptr;
   float* a_scale = fp8 ? reinterpret_cast<float*>(ws + L.a_scale) : nullptr;
-  Fp8Scales q_in;
+  // GEMM1: x[rows, H] x w13^T -> g[rows, N1];  GEMM2: a[rows, I] x w2^T -> y (in x's space).
+  GroupSetup g1 = group_setup(ws, L.groups[0], e, ws + L.x, a->w13, ws + L.g, n1, s.hidden_size,
+                              in_bytes, block ? x_scale : nullptr, a->w13_scale);
+  GroupSetup g2 = group_setup(ws, L.groups[1], e, ws + L.a, a->w2, ws + L.x, s.hidden_size,
+                              s.inter_size, in_bytes, block ? a_scale : nullptr, a->w2_scale);
+  Fp8Scales q_in, q_mid, q_out;
+  q_in.quant = q_mid.quant = q_out.quant = s.quant;
   q_in.static_out = a->a13_scale;
   q_in.row_out = x_scale;
-  Fp8Scales q_mid;
-  q_mid.weight = a->w13_scale;
-  q_mid.per_channel = s.w13_scale_per_channel != 0;
-  q_mid.row = x_scale;
   q_mid.static_out = a->a2_scale;
   q_mid.row_out = a_scale;
-  Fp8Scales q_out;
-  q_out.weight = a->w2_scale;
-  q_out.per_channel = s.w2_scale_per_channel != 0;
-  q_out.row = a_scale;
+  if (!block) {
+    q_mid.weight = a->w13_scale;
+    q_mid.per_channel = s.w13_scale_per_channel != 0;
+    q_mid.row = x_scale;
+    q_out.weight = a->w2_scale;
+    q_out.per_channel = s.w2_scale_per_channel != 0;
+    q_out.row = a_scale;
+  }
 
   MOEK_CUDA_TRY(launch_routing(a->topk_ids, ids64, rows, top_k, s.expert_offset, e, a->hidden,
-                               fp16, s.hidden_size, ws + L.x, fp8, q_in, rb, g1, g2, d.sm_count,
+                               fp16, s.hidden_size, ws + L.x, q_in, rb, g1, g2, d.sm_count,
                                stream),
                 "routing");
   if (is_fault_hook_target(k1->info.name) || is_fault_hook_target(k2->info.name)) {
@@ -367,7 +388,7 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   if (last <= 2) return MOEK_OK;
   MOEK_CUDA_TRY(launch_activation(s.activation, fp16, ws + L.g, a->w13_bias, ws + L.a, rows,
                                   s.inter_size, a->topk_ids, ids64, s.expert_offset, rb, e,
-                                  s.act_alpha, s.act_limit, fp8, q_mid, stream),
+                                  s.act_alpha, s.act_limit, q_mid, stream),
                 "activation");
   if (last <= 3) return MOEK_OK;
   if (int st = k2->ops->run(gemm_args(g2, e, ws + L.gemm_ws, a->device, d.sm_count, stream),
@@ -376,7 +397,7 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   if (last <= 4) return MOEK_OK;
   MOEK_CUDA_TRY(launch_finalize(fp16, ws + L.x, a->w2_bias, a->topk_weights, a->topk_ids, ids64,
                                 s.expert_offset, rb, a->out, s.num_tokens, top_k, s.hidden_size,
-                                fp8, q_out, stream),
+                                q_out, stream),
                 "finalize");
   return MOEK_OK;
 }

@@ -8,6 +8,8 @@
 
 #include <type_traits>
 
+#include "moe_kernels/c_api.h"
+
 namespace moe_kernels {
 
 template <typename T>
@@ -63,6 +65,58 @@ __device__ __forceinline__ float block_amax(float v) {
 
 // The E4M3 scale of a group whose largest magnitude is amax; 1 for a group of zeros.
 __device__ __forceinline__ float fp8_scale(float amax) { return amax > 0.f ? amax / 448.f : 1.f; }
+
+// Largest |v| over the 16 lanes of this half-warp; those 16 lanes must all call it.
+__device__ __forceinline__ float half_warp_amax(float v) {
+  const unsigned mask = 0xffffu << (threadIdx.x & 16);
+#pragma unroll
+  for (int d = 8; d > 0; d >>= 1) v = fmaxf(v, __shfl_xor_sync(mask, v, d));
+  return v;
+}
+
+// Quantizes one row of n values to E4M3 at dst, the block striding it 8 columns per
+// thread; value(j, v) computes the 8 floats of columns j..j+7 into v.
+//   MOEK_QUANT_FP8: one scale for the row, *static_scale or amax / 448 over the row (then
+//     value() runs twice: once for the amax, once to store); written to scales[0].
+//   MOEK_QUANT_FP8_BLOCK: a dynamic scale per 128 columns, i.e. per 16 consecutive lanes,
+//     written to scales[j / 128]. Needs n % 128 == 0 and blockDim.x % 16 == 0.
+template <int kQuant, class F>
+__device__ __forceinline__ void quantize_row(F value, int64_t n, uint8_t* dst,
+                                             const float* static_scale, float* scales) {
+  const int64_t step = int64_t(blockDim.x) * 8;
+  if constexpr (kQuant == MOEK_QUANT_FP8_BLOCK) {
+    for (int64_t j = threadIdx.x * 8; j < n; j += step) {
+      float v[8];
+      value(j, v);
+      float amax = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+      const float scale = fp8_scale(half_warp_amax(amax));
+      if ((threadIdx.x & 15) == 0) scales[j / 128] = scale;
+      store_fp8x8(dst + j, v, scale);
+    }
+  } else {
+    float scale;
+    if (static_scale) {
+      scale = *static_scale;
+    } else {
+      float amax = 0.f;
+      for (int64_t j = threadIdx.x * 8; j < n; j += step) {
+        float v[8];
+        value(j, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+      }
+      scale = fp8_scale(block_amax(amax));
+    }
+    if (threadIdx.x == 0) scales[0] = scale;
+    for (int64_t j = threadIdx.x * 8; j < n; j += step) {
+      float v[8];
+      value(j, v);
+      store_fp8x8(dst + j, v, scale);
+    }
+  }
+}
 
 // topk_ids come as int32 or int64; the expert index relative to this rank's first expert.
 template <typename IdT>

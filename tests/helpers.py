@@ -3,12 +3,13 @@ import torch
 
 from moe_kernels import reference
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16,
+          "fp8_block": torch.bfloat16}
 # ||out - ref|| / ||ref|| against the float32 reference; the kernels round GEMM1's output,
 # the activation and GEMM2's output to 16 bits, the reference rounds nothing. For fp8 the
 # reference quantizes where the kernels do; rounding GEMM1's output first moves some of
 # the activation's E4M3 roundings by one step.
-TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3, "fp8": 5e-2}
+TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3, "fp8": 5e-2, "fp8_block": 5e-2}
 
 
 def make_problem(T, E, k, H, I, *, dtype="bf16", gated=True, bias=False, ids_dtype=torch.int32,
@@ -37,11 +38,13 @@ def make_problem(T, E, k, H, I, *, dtype="bf16", gated=True, bias=False, ids_dty
     if bias:
         p["w13_bias"] = randn(E, n1, scale=0.5)
         p["w2_bias"] = randn(E, H, scale=0.5)
-    if dtype == "fp8":
+    if dtype in ("fp8", "fp8_block"):  # p["quant"]: the mode, passed to fused_moe and reference
         from moe_kernels.prepare import quantize_weights
-        q = quantize_weights(p["w13"], p["w2"], quant="fp8", granularity=granularity,
+        q = quantize_weights(p["w13"], p["w2"], quant=dtype,
+                             granularity=granularity if dtype == "fp8" else None,
                              activation="swiglu" if gated else "silu")
-        p.update(w13=q["w13"], w2=q["w2"], w13_scale=q["w13_scale"], w2_scale=q["w2_scale"])
+        p.update(w13=q["w13"], w2=q["w2"], w13_scale=q["w13_scale"], w2_scale=q["w2_scale"],
+                 quant=dtype)
     return p
 
 
@@ -66,7 +69,6 @@ def poisoned_out(p):
 
 
 def reference_out(p, **kw):
-    quant = "fp8" if p["w13"].dtype == torch.float8_e4m3fn else None
     return reference.fused_moe(p["hidden_states"], p["w13"], p["w2"], p["topk_weights"],
                                p["topk_ids"], w13_bias=p.get("w13_bias"),
-                               w2_bias=p.get("w2_bias"), quant=quant, **scale_kwargs(p), **kw)
+                               w2_bias=p.get("w2_bias"), quant=p.get("quant"), **scale_kwargs(p), **kw)

@@ -103,8 +103,8 @@ def test_quant_and_activation_names():
 
 
 def test_unsupported_mode_names_what_the_build_has():
-    with pytest.raises(NotImplementedError, match=r"quant='fp8_block' has no kernels .* supports \['bf16', 'fp16', 'fp8'\]"):
-        call(problem(), quant="fp8_block")
+    with pytest.raises(NotImplementedError, match=r"quant='mxfp8' has no kernels .* supports \['bf16', 'fp16', 'fp8', 'fp8_block'\]"):
+        call(problem(), quant="mxfp8")
 
 
 def test_fp8_validation():
@@ -149,7 +149,7 @@ def test_no_integer_tactic_in_public_signatures():
 
 
 def _k(name, tm, tn, sched="pingpong", cluster=(1, 1)):
-    return KernelInfo(name, "sm90a", "bf16", "bf16", "bf16", (tm, tn, 64), cluster, sched, 1000)
+    return KernelInfo(name, "sm90a", "bf16", "bf16", "bf16", "bf16", (tm, tn, 64), cluster, sched, 1000)
 
 
 def test_default_rule():

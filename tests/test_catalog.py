@@ -1,4 +1,5 @@
 """The catalog, the generator and the built registry agree (CPU only)."""
+import dataclasses
 import importlib.util
 import json
 import pathlib
@@ -35,16 +36,22 @@ def test_minimal_is_a_subset_of_full():
 
 
 def test_full_catalog_is_deliberate_size():
-    per_dtype = {}
+    per_mode = {}
     for c in catalog.CATALOG["full"]:
-        per_dtype[c.act_dtype] = per_dtype.get(c.act_dtype, 0) + 1
-    assert all(4 <= n <= 40 for n in per_dtype.values()), per_dtype
+        per_mode[c.arch, c.quant] = per_mode.get((c.arch, c.quant), 0) + 1
+    assert all(3 <= n <= 20 for n in per_mode.values()), per_mode
+    # Every mode that has full kernels on SM90 has minimal ones too (CI builds and tests them).
+    assert {m for a, m in per_mode if a == "90a"} == {c.quant for c in catalog.CATALOG["minimal"]
+                                                      if c.arch == "90a"}
 
 
 def test_names_are_stable():
     # Names are an API: tuned tables and user code refer to them.
     c = catalog.GemmConfig("90a", "bf16", "bf16", 128, 256, 64, 2, 1, "coop")
     assert c.name == "sm90_bf16xbf16_128x256x64_2x1_coop"
+    f = catalog.GemmConfig("90a", "e4m3", "e4m3", 128, 128, 128, 1, 1, "coop", "bf16", "blockwise")
+    assert f.name == "sm90_e4m3xe4m3_bf16_128x128x128_1x1_coop_blockwise"
+    assert (c.quant, f.quant, dataclasses.replace(f, mainloop="fastaccum").quant) == ("bf16", "fp8_block", "fp8")
 
 
 @pytest.mark.parametrize("bad", [
@@ -52,6 +59,9 @@ def test_names_are_stable():
     dict(tile_m=96),
     dict(cluster_m=2, cluster_n=2),
     dict(schedule="swizzle"),
+    dict(mainloop="fastaccum"),                             # FP8 mainloops are for E4M3 only
+    dict(act_dtype="e4m3", weight_dtype="e4m3", out_dtype="bf16", tile_k=128, tile_n=64,
+         mainloop="blockwise"),                             # a tile splitting a 128-column block
 ])
 def test_illegal_rows_are_rejected(bad):
     row = dict(arch="90a", act_dtype="bf16", weight_dtype="bf16", tile_m=128, tile_n=128,
@@ -116,8 +126,9 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
         for c in catalog.select("full", [arch]):
             text = (tmp_path / arch / f"{c.name}.cu").read_text()
             assert f'#include "gemm/{family}/grouped_gemm.cuh"' in text
-            assert generate.SCHEDULE_TYPES[c.schedule] in text
+            assert generate.SCHEDULE_TYPES[c.schedule] + generate.MAINLOOP_SUFFIX[c.mainloop] + ">" in text
     assert set(generate.SCHEDULE_TYPES) == {s for v in catalog.SCHEDULES.values() for s in v}
+    assert set(generate.MAINLOOP_SUFFIX) == set(catalog.MAINLOOPS)
 
 
 def test_built_registry_matches_build_info_and_catalog():
@@ -130,6 +141,7 @@ def test_built_registry_matches_build_info_and_catalog():
     for lib in _native.libraries():
         for k in lib["kernels"]:
             c = expected[k.name]
-            assert (k.tile, k.cluster, k.schedule, k.act_dtype) == (
-                (c.tile_m, c.tile_n, c.tile_k), (c.cluster_m, c.cluster_n), c.schedule, c.act_dtype)
+            assert (k.tile, k.cluster, k.schedule, k.act_dtype, k.quant) == (
+                (c.tile_m, c.tile_n, c.tile_k), (c.cluster_m, c.cluster_n), c.schedule, c.act_dtype,
+                c.quant)
             assert 0 < k.smem_bytes <= 232448  # SM90's per-block opt-in limit

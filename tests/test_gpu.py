@@ -13,6 +13,8 @@ pytestmark = pytest.mark.gpu
 
 def run(p, **kw):
     out = poisoned_out(p)
+    if p.get("quant"):
+        kw.setdefault("quant", p["quant"])
     res = fused_moe(p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"],
                     w13_bias=p.get("w13_bias"), w2_bias=p.get("w2_bias"), out=out,
                     **scale_kwargs(p), **kw)
@@ -187,19 +189,39 @@ def test_zero_tokens_returns_empty():
 def test_quant_mode_without_kernels_names_what_exists():
     p = make_problem(T=4, E=4, k=2, H=64, I=64)
     with pytest.raises(NotImplementedError, match="bf16"):
-        run(p, quant="fp8_block")
+        run(p, quant="mxfp8")
 
 
-# ---- fp8 (E4M3 x E4M3, bf16 in and out) ------------------------------------------------------
+# ---- fp8 and fp8_block (E4M3 x E4M3, bf16 in and out) -----------------------------------------
 
+FP8_MODES = ["fp8", "fp8_block"]
 FP8_SHAPES = [(T, E, k) for T, E, k in itertools.product([1, 7, 128, 1000, 4096], [8, 128], [2, 8])
               if k <= E]
 
 
+@pytest.mark.parametrize("mode", FP8_MODES)
 @pytest.mark.parametrize("T,E,k", FP8_SHAPES)
-def test_fp8_shapes(T, E, k, error_log):
-    p = make_problem(T=T, E=E, k=k, H=512, I=256, dtype="fp8")
-    check(p, error_log, "fp8/shapes", "fp8")
+def test_fp8_shapes(T, E, k, mode, error_log):
+    p = make_problem(T=T, E=E, k=k, H=512, I=256, dtype=mode)
+    check(p, error_log, f"{mode}/shapes", mode)
+
+
+@pytest.mark.parametrize("act", ["swiglu", "relu2"])
+def test_fp8_block_activations_bias_and_long_k(act, error_log):
+    # H = 7168 is DeepSeek-V3's: 56 k-blocks of GEMM1, each with its own scales.
+    gated = Activation(act).gated
+    p = make_problem(T=200, E=16, k=4, H=7168, I=384, dtype="fp8_block", gated=gated, bias=True)
+    check(p, error_log, f"fp8_block/{act}/bias/H7168", "fp8_block", activation=act,
+          ref_kw=dict(activation=act))
+
+
+def test_fp8_block_rejects_static_activation_scales():
+    p = make_problem(T=8, E=4, k=2, H=256, I=128, dtype="fp8_block")
+    with pytest.raises(ValueError, match="a13_scale"):
+        run(p, a13_scale=torch.ones(1, device="cuda"))
+    with pytest.raises(ValueError, match="multiples of 128"):
+        q = make_problem(T=8, E=4, k=2, H=272, I=128, dtype="fp8")
+        run(q, quant="fp8_block", w13_scale=p["w13_scale"], w2_scale=p["w2_scale"])
 
 
 @pytest.mark.parametrize("granularity", ["tensor", "channel"])
@@ -216,15 +238,26 @@ def test_fp8_scales(granularity, static, act, error_log):
           activation=act, ref_kw=dict(activation=act))
 
 
-def test_fp8_every_built_kernel(error_log):
-    kernels = moe_kernels.list_kernels(quant="fp8")
-    assert kernels, "no fp8 kernels usable on this GPU"
-    p = make_problem(T=333, E=8, k=2, H=528, I=272, dtype="fp8")
+@pytest.mark.parametrize("mode", FP8_MODES)
+def test_fp8_every_built_kernel(mode, error_log):
+    kernels = moe_kernels.list_kernels(quant=mode)
+    assert kernels, f"no {mode} kernels usable on this GPU"
+    H, I = (528, 272) if mode == "fp8" else (640, 384)
+    p = make_problem(T=333, E=8, k=2, H=H, I=I, dtype=mode)
     ref = reference_out(p)
     for kern in kernels:
         err = rel_error(run(p, tactic=Tactic(kern.name, kern.name)), ref)
-        error_log.add(f"fp8/kernel/{kern.name}", err)
-        assert err < TOLERANCE["fp8"], f"{kern.name}: relative error {err:.3e}"
+        error_log.add(f"{mode}/kernel/{kern.name}", err)
+        assert err < TOLERANCE[mode], f"{kern.name}: relative error {err:.3e}"
+
+
+def test_fp8_block_extreme_rows(error_log):
+    p = make_problem(T=64, E=8, k=2, H=256, I=128, dtype="fp8_block")
+    p["hidden_states"][0, :128] = 3e4   # one huge group: its own scale, the rest unaffected
+    p["hidden_states"][1] = 0           # a zero row: safe scales, zero output
+    p["hidden_states"][2, ::2] = 1e-30
+    out = check(p, error_log, "fp8_block/extreme_rows", "fp8_block")
+    assert torch.all(out[1] == 0)
 
 
 def test_fp8_extreme_rows(error_log):
@@ -240,9 +273,10 @@ def test_fp8_extreme_rows(error_log):
     check(q, error_log, "fp8/extreme_rows_dynamic", "fp8")
 
 
-def test_fp8_graph_replay_and_expert_parallel(error_log):
+@pytest.mark.parametrize("mode", FP8_MODES)
+def test_fp8_graph_replay_and_expert_parallel(mode, error_log):
     E, ep = 16, 2
-    p = make_problem(T=96, E=E, k=4, H=256, I=128, dtype="fp8")
+    p = make_problem(T=96, E=E, k=4, H=256, I=128, dtype=mode)
     full = run(p).float()
     total = torch.zeros_like(full)
     for r in range(ep):
@@ -250,12 +284,12 @@ def test_fp8_graph_replay_and_expert_parallel(error_log):
         for name in ("w13", "w2", "w13_scale", "w2_scale"):
             q[name] = p[name][r * E // ep:(r + 1) * E // ep].contiguous()
         total += run(q, ep_rank=r, ep_size=ep).float()
-    assert rel_error(total, full) < TOLERANCE["fp8"]
-    ws = torch.empty(moe_kernels.workspace_size(96, 4, E, 256, 128, quant="fp8"), dtype=torch.uint8,
+    assert rel_error(total, full) < TOLERANCE[mode]
+    ws = torch.empty(moe_kernels.workspace_size(96, 4, E, 256, 128, quant=mode), dtype=torch.uint8,
                      device="cuda")
     out = torch.empty_like(p["hidden_states"])
     args = (p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"])
-    kw = dict(w13_scale=p["w13_scale"], w2_scale=p["w2_scale"], workspace=ws, out=out)
+    kw = dict(w13_scale=p["w13_scale"], w2_scale=p["w2_scale"], workspace=ws, out=out, quant=mode)
     fused_moe(*args, **kw)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -267,4 +301,4 @@ def test_fp8_graph_replay_and_expert_parallel(error_log):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, run(p))
-    error_log.add("fp8/graph", rel_error(out, reference_out(p)))
+    error_log.add(f"{mode}/graph", rel_error(out, reference_out(p)))

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MOEK_ABI_VERSION 2
+#define MOEK_ABI_VERSION 3
 
 #if defined(__GNUC__)
 #define MOEK_EXPORT __attribute__((visibility("default")))
@@ -25,7 +25,9 @@ enum moek_dtype { MOEK_DTYPE_BF16 = 0, MOEK_DTYPE_FP16 = 1 };
 // What the GEMMs compute in. NONE: 16-bit activations and weights (moek_dtype).
 // FP8: E4M3 activations (quantized on the device: dynamic per token, or a static per-tensor
 // scale) and E4M3 weights with per-tensor or per-output-channel float32 scales.
-enum moek_quant { MOEK_QUANT_NONE = 0, MOEK_QUANT_FP8 = 1 };
+// FP8_BLOCK: E4M3 activations quantized on the device per token per 128 columns, E4M3
+// weights with float32 scales per 128x128 block ([E, N/128, K/128], DeepSeek-V3 layout).
+enum moek_quant { MOEK_QUANT_NONE = 0, MOEK_QUANT_FP8 = 1, MOEK_QUANT_FP8_BLOCK = 2 };
 
 // Activation between the two GEMMs. Gated ones read [gate | up] halves of GEMM1's output.
 enum moek_activation {
@@ -56,6 +58,7 @@ typedef struct {
   int32_t quant;          // moek_quant
   int32_t w13_scale_per_channel;  // FP8: w13_scale is [E, N1] (1) or [E] (0)
   int32_t w2_scale_per_channel;   // FP8: w2_scale is [E, H] (1) or [E] (0)
+                                  // (FP8_BLOCK: [E, N1/128, H/128] and [E, H/128, I/128])
 } moek_shape;
 
 // One fused forward. All pointers are device pointers on `device`; biases may be NULL.
@@ -71,6 +74,7 @@ typedef struct {
   const float* w13_scale;      // FP8: dequantized weight = q * scale
   const float* w2_scale;
   const float* a13_scale;      // FP8: static per-tensor input scale, or NULL for per-token
+                               // (FP8_BLOCK: must be NULL; always per token per 128)
   const float* a2_scale;
   void* out;                   // [T, H]
   void* workspace;
@@ -86,6 +90,7 @@ typedef struct {
 // One registry entry, as generated from cmake/catalog.py.
 typedef struct {
   const char* name;
+  const char* quant;           // the mode it serves: "bf16", "fp16", "fp8", "fp8_block"
   const char* act_dtype;
   const char* weight_dtype;
   const char* out_dtype;

@@ -38,6 +38,7 @@ class KernelInfo:
 
     name: str
     arch: str
+    quant: str         # the QuantMode value it serves
     act_dtype: str
     weight_dtype: str
     out_dtype: str
@@ -51,7 +52,7 @@ class KernelInfo:
 
 
 def _kernels(lib: dict) -> list:
-    return [KernelInfo(name=k["name"], arch=lib["arch"], act_dtype=k["act_dtype"],
+    return [KernelInfo(name=k["name"], arch=lib["arch"], quant=k["quant"], act_dtype=k["act_dtype"],
                        weight_dtype=k["weight_dtype"], out_dtype=k["out_dtype"], tile=tuple(k["tile"]),
                        cluster=tuple(k["cluster"]), schedule=k["schedule"],
                        smem_bytes=k["smem_bytes"]) for k in lib["kernels"]]

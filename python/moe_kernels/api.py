@@ -21,28 +21,25 @@ from .tactic import Tactic, default_tactic
 class _ModeSpec:
     """How a supported mode maps to tensors and to the C ABI."""
 
-    def __init__(self, hidden, weight, kernel, dtype_code, quant_code, align):
+    def __init__(self, hidden, weight, dtype_code, quant_code, align, why_align):
         self.hidden = hidden          # torch dtype of hidden_states, out and biases
         self.weight = weight          # torch dtype of w13/w2
-        self.kernel = kernel          # registry act_dtype of its GEMM kernels
         self.dtype_code = dtype_code  # moek_dtype
         self.quant_code = quant_code  # moek_quant
-        self.align = align            # H and I multiple: 16-byte rows of the GEMM inputs
+        self.align = align            # H and I multiple
+        self.why_align = why_align
 
 
-# Modes this release has kernels for.
+# Modes this release has kernels for (a kernel's KernelInfo.quant names the mode it serves).
 _SUPPORTED = {
-    QuantMode.BF16: _ModeSpec(torch.bfloat16, torch.bfloat16, "bf16", 0, 0, 8),
-    QuantMode.FP16: _ModeSpec(torch.float16, torch.float16, "fp16", 1, 0, 8),
-    QuantMode.FP8: _ModeSpec(torch.bfloat16, torch.float8_e4m3fn, "e4m3", 0, 1, 16),
+    QuantMode.BF16: _ModeSpec(torch.bfloat16, torch.bfloat16, 0, 0, 8, "16-byte rows for TMA"),
+    QuantMode.FP16: _ModeSpec(torch.float16, torch.float16, 1, 0, 8, "16-byte rows for TMA"),
+    QuantMode.FP8: _ModeSpec(torch.bfloat16, torch.float8_e4m3fn, 0, 1, 16, "16-byte rows for TMA"),
+    QuantMode.FP8_BLOCK: _ModeSpec(torch.bfloat16, torch.float8_e4m3fn, 0, 2, 128,
+                                   "whole 128-wide scale blocks"),
 }
+_FP8_MODES = (QuantMode.FP8, QuantMode.FP8_BLOCK)
 _INDEX_CODE = {torch.int32: 0, torch.int64: 1}
-
-
-def kernel_dtype(quant) -> str:
-    """The registry act_dtype of the kernels that serve a mode (e.g. "e4m3" for fp8)."""
-    mode = QuantMode.parse(quant)
-    return _SUPPORTED[mode].kernel if mode in _SUPPORTED else mode.value
 WORKSPACE_ALIGNMENT = 256
 
 
@@ -74,10 +71,12 @@ def _tensor(name, t, *, dtype=None, ndim=None, shape=None, device=None, align=16
     return t
 
 
-def _quant(quant, hidden_states, w13=None) -> QuantMode:
+def _quant(quant, hidden_states, w13=None, w13_scale=None) -> QuantMode:
     if quant is None:
         if isinstance(w13, torch.Tensor) and w13.dtype == torch.float8_e4m3fn:
-            return QuantMode.FP8
+            # 128x128 block scales are 3-D; per-tensor/per-channel ones are not.
+            blocks = isinstance(w13_scale, torch.Tensor) and w13_scale.dim() == 3
+            return QuantMode.FP8_BLOCK if blocks else QuantMode.FP8
         by_dtype = {torch.bfloat16: QuantMode.BF16, torch.float16: QuantMode.FP16}
         if not isinstance(hidden_states, torch.Tensor) or hidden_states.dtype not in by_dtype:
             got = hidden_states.dtype if isinstance(hidden_states, torch.Tensor) else type(hidden_states).__name__
@@ -90,10 +89,10 @@ def _quant(quant, hidden_states, w13=None) -> QuantMode:
         if isinstance(hidden_states, torch.Tensor) and hidden_states.is_cuda:
             info = _native.device_info(hidden_states.device.index)
             where = f" for {info['name']} (compute capability {info['major']}.{info['minor']})"
-        built = sorted({(lib["arch"], k.act_dtype) for lib in _native.libraries() for k in lib["kernels"]})
+        built = sorted({(lib["arch"], k.quant) for lib in _native.libraries() for k in lib["kernels"]})
         raise NotImplementedError(
             f"quant={mode.value!r} has no kernels{where} in this build of moe_kernels; it supports "
-            f"{[m.value for m in _SUPPORTED]} (built (arch, GEMM input type): {built})")
+            f"{[m.value for m in _SUPPORTED]} (built (arch, mode): {built})")
     return mode
 
 
@@ -104,7 +103,7 @@ class _Problem:
                  w13_bias, w2_bias, expert_offset, ep_rank, ep_size, num_experts,
                  swiglu_alpha, swiglu_limit, w13_scale=None, w2_scale=None, a13_scale=None,
                  a2_scale=None):
-        self.quant = _quant(quant, hidden_states, w13)
+        self.quant = _quant(quant, hidden_states, w13, w13_scale)
         self.activation = Activation.parse(activation)
         mode = self.mode = _SUPPORTED[self.quant]
         dtype = mode.hidden
@@ -122,10 +121,18 @@ class _Problem:
         _tensor("w2", w2, shape=(E, H, I))
         if H % mode.align or I % mode.align:
             _fail("hidden_states/w2", f"hidden_size={H}, intermediate_size={I}",
-                  f"both multiples of {mode.align} (16-byte rows for TMA)")
+                  f"both multiples of {mode.align} for quant={self.quant.value!r} ({mode.why_align})")
         self.scales = (None, None, None, None)
         self.per_channel = (0, 0)
-        if mode.quant_code:
+        if self.quant is QuantMode.FP8_BLOCK:
+            s13 = _block_scale("w13_scale", w13_scale, E, n1, H, self.device)
+            s2 = _block_scale("w2_scale", w2_scale, E, H, I, self.device)
+            for name, t in (("a13_scale", a13_scale), ("a2_scale", a2_scale)):
+                if t is not None:
+                    _fail(name, "a static scale", "None: fp8_block quantizes activations "
+                          "dynamically per token per 128 columns")
+            self.scales = (s13, s2, None, None)
+        elif mode.quant_code:
             s13 = _weight_scale("w13_scale", w13_scale, E, n1, self.device)
             s2 = _weight_scale("w2_scale", w2_scale, E, H, self.device)
             a13 = _act_scale("a13_scale", a13_scale, self.device)
@@ -173,6 +180,15 @@ def _weight_scale(name, scale, E, N, device):
     if tuple(t.shape) in ((E, N), (E, N, 1)):
         return t.reshape(E, N)
     _fail(name, f"shape {tuple(t.shape)}", f"[E] = ({E},) per tensor or [E, N] = ({E}, {N}) per channel")
+
+
+def _block_scale(name, scale, E, N, K, device):
+    """fp8_block weight scales: float32 [E, N/128, K/128], one per 128x128 block (DeepSeek-V3's
+    weight_scale_inv as stored)."""
+    if scale is None:
+        _fail(name, "None", f"float32 block scales of shape ({E}, {N // 128}, {K // 128})")
+    return _tensor(name, scale, dtype=torch.float32, ndim=3, shape=(E, N // 128, K // 128),
+                   device=device, align=4)
 
 
 def _act_scale(name, scale, device):
@@ -236,16 +252,16 @@ def workspace_size(num_tokens: int, top_k: int, num_experts: int, hidden_size: i
 
 
 @functools.lru_cache(maxsize=None)
-def _usable(device: int, act_dtype) -> dict:
-    """{name: KernelInfo} of the kernels that can run on `device` (all modes when act_dtype
-    is None). Cached: the forward path looks it up on every call."""
+def _usable(device: int, quant) -> dict:
+    """{name: KernelInfo} of the kernels that can run on `device` (all modes when quant is
+    None, else one QuantMode value). Cached: the forward path looks it up on every call."""
     return {k.name: k for k in _native.library_for(device)["kernels"]
-            if not _native.kernel_problem(device, k.name) and act_dtype in (None, k.act_dtype)}
+            if not _native.kernel_problem(device, k.name) and quant in (None, k.quant)}
 
 
 def list_kernels(device=None, quant=None) -> list:
     """The grouped-GEMM kernels usable on `device` (default: current), optionally for one mode."""
-    return list(_usable(_device_index(device), None if quant is None else kernel_dtype(quant)).values())
+    return list(_usable(_device_index(device), None if quant is None else QuantMode.parse(quant).value).values())
 
 
 _logged: set = set()
@@ -261,7 +277,7 @@ def _log_choice(spec, num_tokens, tactic, source):
 
 def _resolve_tactic(p: _Problem, tactic) -> Tactic:
     dev = p.device.index
-    usable = _usable(dev, p.mode.kernel)
+    usable = _usable(dev, p.quant.value)
     if tactic is None:
         if not usable:
             raise NotImplementedError(
@@ -315,11 +331,15 @@ def fused_moe(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     non-gated activations); w2 [E_local, H, I]; topk_weights [T, k] float32; topk_ids [T, k]
     int32/int64 global expert ids. Ids outside [expert_offset, expert_offset + E_local)
     (including -1) contribute nothing. quant defaults to the dtype of hidden_states (fp8
-    when the weights are torch.float8_e4m3fn).
+    when the weights are torch.float8_e4m3fn; fp8_block when w13_scale is 3-D as well).
 
     fp8: bf16 hidden_states and output, float8_e4m3fn weights with float32 w13_scale /
     w2_scale per tensor [E] or per output channel [E, N]; the GEMM inputs are quantized on
     the device, per token unless a static per-tensor a13_scale / a2_scale is given.
+    fp8_block (DeepSeek-V3): float8_e4m3fn weights with float32 scales per 128x128 block,
+    w13_scale [E, N1/128, H/128] and w2_scale [E, H/128, I/128] (checkpoints'
+    weight_scale_inv as stored); GEMM inputs are quantized per token per 128 columns on the
+    device; H and I must be multiples of 128.
     `_last_step` is for the benchmark's step breakdown only (out is then not written).
     """
     p = _Problem(hidden_states, w13, w2, topk_weights, topk_ids, quant=quant,

@@ -105,13 +105,13 @@ def make_weights(quant, activation, experts, hidden, inter, *, device="cuda", se
     from .prepare import quantize_weights
     mode = QuantMode.parse(quant)
     dtype = {QuantMode.BF16: torch.bfloat16, QuantMode.FP16: torch.float16,
-             QuantMode.FP8: torch.bfloat16}.get(mode)
+             QuantMode.FP8: torch.bfloat16, QuantMode.FP8_BLOCK: torch.bfloat16}.get(mode)
     if dtype is None:
         raise NotImplementedError(f"profiling inputs for quant={mode.value!r} are not written yet")
     n1 = 2 * inter if Activation.parse(activation).gated else inter
     gen = torch.Generator(device=device).manual_seed(seed)
     w13 = torch.randn(experts, n1, hidden, device=device, dtype=dtype, generator=gen) * hidden ** -0.5
     w2 = torch.randn(experts, hidden, inter, device=device, dtype=dtype, generator=gen) * inter ** -0.5
-    if mode is QuantMode.FP8:  # per-channel scales, as FP8 checkpoints mostly ship
+    if mode in (QuantMode.FP8, QuantMode.FP8_BLOCK):  # fp8: per-channel, as checkpoints mostly ship
         return quantize_weights(w13, w2, quant=mode, activation=activation, device=device)
     return prepare_weights(w13, w2, quant=mode, activation=activation, device=device)

@@ -3,6 +3,9 @@
 // kernels). Shapes, pointers and strides come from device memory (GroupedGemmArgs), so
 // nothing here reads the per-expert counts on the host. Each family (gemm/sm90, gemm/sm100)
 // names its arch tag and schedules; the generated files instantiate one config each.
+// Block-scaled schedules (Schedule::kBlockScaled, fp8_block) also read per-group scale
+// pointers: A scales per row per 128 of K ([M_g, K/128], row-major), B scales per 128x128
+// block ([N/128, K/128], row-major: DeepSeek's weight_scale_inv as stored).
 #pragma once
 
 #include <cstdio>
@@ -15,6 +18,7 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/detail/blockwise_scale_layout.hpp"
 
 #include "gemm/grouped_gemm.h"
 
@@ -33,6 +37,14 @@ struct CutlassGroupedGemm {
   static constexpr int kAlignA = 128 / cutlass::sizeof_bits<ElementA>::value;
   static constexpr int kAlignB = 128 / cutlass::sizeof_bits<ElementB>::value;
   static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
+  static constexpr bool kBlockScaled = Schedule::kBlockScaled;
+  // Scale granularity (M, N, K) = (1, 128, 128), both scale tensors K-major.
+  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<
+      1, 128, 128, cute::GMMA::Major::K, cute::GMMA::Major::K>;
+  using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+  using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+  using StrideArgA = cute::conditional_t<kBlockScaled, cute::tuple<LayoutA*, LayoutSFA*>, LayoutA*>;
+  using StrideArgB = cute::conditional_t<kBlockScaled, cute::tuple<LayoutB*, LayoutSFB*>, LayoutB*>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       ArchTag, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -41,7 +53,7 @@ struct CutlassGroupedGemm {
       cutlass::epilogue::fusion::LinearCombination<ElementD, float>>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      ArchTag, cutlass::arch::OpClassTensorOp, ElementA, LayoutA*, kAlignA, ElementB, LayoutB*,
+      ArchTag, cutlass::arch::OpClassTensorOp, ElementA, StrideArgA, kAlignA, ElementB, StrideArgB,
       kAlignB, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
@@ -64,16 +76,26 @@ struct CutlassGroupedGemm {
     cutlass::KernelHardwareInfo hw;
     hw.device_id = a.device;
     hw.sm_count = a.sm_count;
-    typename Gemm::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGrouped,
-        {a.num_groups,
-         reinterpret_cast<typename ProblemShape::UnderlyingProblemShape*>(a.problem_shapes),
-         nullptr},  // shapes live on the device only: no host sync, graph-safe
-        {reinterpret_cast<const ElementA**>(a.ptr_a), reinterpret_cast<StrideA*>(a.stride_a),
-         reinterpret_cast<const ElementB**>(a.ptr_b), reinterpret_cast<StrideB*>(a.stride_b)},
-        {{}, nullptr, nullptr, reinterpret_cast<ElementD**>(a.ptr_d),
-         reinterpret_cast<StrideD*>(a.stride_d)},
-        hw};
+    typename Gemm::Arguments args{};
+    args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+    // Shapes live on the device only: no host sync, graph-safe.
+    args.problem_shape = {
+        a.num_groups,
+        reinterpret_cast<typename ProblemShape::UnderlyingProblemShape*>(a.problem_shapes),
+        nullptr};
+    args.mainloop.ptr_A = reinterpret_cast<const ElementA**>(a.ptr_a);
+    args.mainloop.dA = reinterpret_cast<StrideA*>(a.stride_a);
+    args.mainloop.ptr_B = reinterpret_cast<const ElementB**>(a.ptr_b);
+    args.mainloop.dB = reinterpret_cast<StrideB*>(a.stride_b);
+    if constexpr (kBlockScaled) {
+      // The mainloop derives each group's scale layout from its problem shape; only the
+      // pointers are per group.
+      args.mainloop.ptr_SFA = a.ptr_sfa;
+      args.mainloop.ptr_SFB = a.ptr_sfb;
+    }
+    args.epilogue.ptr_D = reinterpret_cast<ElementD**>(a.ptr_d);
+    args.epilogue.dD = reinterpret_cast<StrideD*>(a.stride_d);
+    args.hw_info = hw;
     args.epilogue.thread.alpha = 1.0f;
     args.epilogue.thread.beta = 0.0f;
     return args;

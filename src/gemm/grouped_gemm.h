@@ -21,6 +21,8 @@ struct GroupedGemmArgs {
   int64_t* stride_b;
   void** ptr_d;
   int64_t* stride_d;
+  const float** ptr_sfa;    // block-scaled kernels only: per group, A's [M_g, K/128] scales
+  const float** ptr_sfb;    // and B's [N/128, K/128] scales
   void* workspace;          // at least workspace_size(num_groups, sm_count) bytes
   int device;
   int sm_count;

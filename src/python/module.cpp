@@ -174,6 +174,7 @@ py::dict library_info(const ArchLibrary& lib) {
     const moek_kernel_info* k = lib.kernel(i);
     py::dict kd;
     kd["name"] = std::string(k->name);
+    kd["quant"] = std::string(k->quant);
     kd["act_dtype"] = std::string(k->act_dtype);
     kd["weight_dtype"] = std::string(k->weight_dtype);
     kd["out_dtype"] = std::string(k->out_dtype);

@@ -10,10 +10,12 @@ namespace moe_kernels::sm100 {
 struct OneSm {
   using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecialized1SmSm100;
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecialized1Sm;
+  static constexpr bool kBlockScaled = false;
 };
 struct TwoSm {
   using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmSm100;
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm;
+  static constexpr bool kBlockScaled = false;
 };
 
 template <class A, class B, class D, int TM, int TN, int TK, int CM, int CN, class Schedule>

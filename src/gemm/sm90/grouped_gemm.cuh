@@ -6,14 +6,28 @@
 
 namespace moe_kernels::sm90 {
 
-struct Pingpong {
-  using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
-  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+template <class MainloopTag, class EpilogueTag, bool kBlock = false>
+struct Schedule {
+  using Mainloop = MainloopTag;
+  using Epilogue = EpilogueTag;
+  static constexpr bool kBlockScaled = kBlock;
 };
-struct Cooperative {
-  using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
+using PingpongEpilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+using CooperativeEpilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+
+using Pingpong = Schedule<cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong, PingpongEpilogue>;
+using Cooperative =
+    Schedule<cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative, CooperativeEpilogue>;
+// FP8 only (cmake/catalog.py MAINLOOPS): no promotion of partial sums to fp32 ...
+using PingpongFastAccum =
+    Schedule<cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8FastAccum, PingpongEpilogue>;
+using CooperativeFastAccum = Schedule<
+    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum, CooperativeEpilogue>;
+// ... or scales per 128 of K applied to the fp32 partial sums (fp8_block).
+using PingpongBlockwise = Schedule<
+    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise, PingpongEpilogue, true>;
+using CooperativeBlockwise = Schedule<
+    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise, CooperativeEpilogue, true>;
 
 template <class A, class B, class D, int TM, int TN, int TK, int CM, int CN, class Schedule>
 using GroupedGemm = CutlassGroupedGemm<cutlass::arch::Sm90, A, B, D, TM, TN, TK, CM, CN, Schedule>;
