@@ -17,6 +17,22 @@ constexpr bool is_gated(int act) {
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 
+// s[i] = row_scale * the weight scale of column j + i: per channel (two 16-byte loads;
+// j % 8 == 0 and the [E, N] scale rows start 32-byte aligned when N % 8 == 0) or per tensor.
+__device__ __forceinline__ void load_scales8(const float* w, int64_t j, bool per_channel,
+                                             float row_scale, float* s) {
+  if (per_channel) {
+    const float4 a = *reinterpret_cast<const float4*>(w + j);
+    const float4 b = *reinterpret_cast<const float4*>(w + j + 4);
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i] = row_scale * v[i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i] = row_scale * w[0];
+  }
+}
+
 template <int kAct>
 __device__ __forceinline__ float apply(float gate, float up, float alpha, float limit) {
   if constexpr (kAct == MOEK_ACT_SWIGLU) return silu(gate) * up;
@@ -65,10 +81,13 @@ __global__ void activation_kernel(const T* g, const T* bias, void* out, int64_t 
     gate.load(grow + j);
     if constexpr (kGated) up.load(grow + inter + j);
     if constexpr (kDequant) {
+      float sg[8], su[8];
+      load_scales8(wscale, j, q.per_channel, in_scale, sg);
+      if constexpr (kGated) load_scales8(wscale, inter + j, q.per_channel, in_scale, su);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        gate.v[i] *= in_scale * (q.per_channel ? wscale[j + i] : wscale[0]);
-        if constexpr (kGated) up.v[i] *= in_scale * (q.per_channel ? wscale[inter + j + i] : wscale[0]);
+        gate.v[i] *= sg[i];
+        if constexpr (kGated) up.v[i] *= su[i];
       }
     }
     if (brow) {

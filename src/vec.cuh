@@ -76,16 +76,18 @@ __device__ __forceinline__ float half_warp_amax(float v) {
 
 // Quantizes one row of n values to E4M3 at dst, the block striding it 8 columns per
 // thread; value(j, v) computes the 8 floats of columns j..j+7 into v.
-//   MOEK_QUANT_FP8: one scale for the row, *static_scale or amax / 448 over the row (then
-//     value() runs twice: once for the amax, once to store); written to scales[0].
+//   MOEK_QUANT_FP8: one scale for the row, *static_scale or amax / 448 over the row; written
+//     to scales[0]. A dynamic scale needs the whole row first: each thread keeps its first
+//     kKeep vectors in registers, and only columns beyond those are computed twice.
 //   MOEK_QUANT_FP8_BLOCK: a dynamic scale per 128 columns, i.e. per 16 consecutive lanes,
 //     written to scales[j / 128]. Needs n % 128 == 0 and blockDim.x % 16 == 0.
 template <int kQuant, class F>
 __device__ __forceinline__ void quantize_row(F value, int64_t n, uint8_t* dst,
                                              const float* static_scale, float* scales) {
   const int64_t step = int64_t(blockDim.x) * 8;
+  const int64_t first = threadIdx.x * 8;
   if constexpr (kQuant == MOEK_QUANT_FP8_BLOCK) {
-    for (int64_t j = threadIdx.x * 8; j < n; j += step) {
+    for (int64_t j = first; j < n; j += step) {
       float v[8];
       value(j, v);
       float amax = 0.f;
@@ -96,21 +98,34 @@ __device__ __forceinline__ void quantize_row(F value, int64_t n, uint8_t* dst,
       store_fp8x8(dst + j, v, scale);
     }
   } else {
-    float scale;
-    if (static_scale) {
-      scale = *static_scale;
-    } else {
-      float amax = 0.f;
-      for (int64_t j = threadIdx.x * 8; j < n; j += step) {
+    constexpr int kKeep = 4;
+    float kept[kKeep][8];
+    float amax = 0.f;
+#pragma unroll
+    for (int c = 0; c < kKeep; ++c) {
+      const int64_t j = first + c * step;
+      if (j < n) {
+        value(j, kept[c]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(kept[c][i]));
+      }
+    }
+    if (!static_scale) {
+      for (int64_t j = first + kKeep * step; j < n; j += step) {
         float v[8];
         value(j, v);
 #pragma unroll
         for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
       }
-      scale = fp8_scale(block_amax(amax));
     }
+    const float scale = static_scale ? *static_scale : fp8_scale(block_amax(amax));
     if (threadIdx.x == 0) scales[0] = scale;
-    for (int64_t j = threadIdx.x * 8; j < n; j += step) {
+#pragma unroll
+    for (int c = 0; c < kKeep; ++c) {
+      const int64_t j = first + c * step;
+      if (j < n) store_fp8x8(dst + j, kept[c], scale);
+    }
+    for (int64_t j = first + kKeep * step; j < n; j += step) {
       float v[8];
       value(j, v);
       store_fp8x8(dst + j, v, scale);

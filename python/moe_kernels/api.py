@@ -174,7 +174,9 @@ class _Problem:
 def _weight_scale(name, scale, E, N, device):
     """fp8 weight scales: per tensor [E] or per output channel [E, N] float32 (trailing
     singleton dimensions, as checkpoints store them, are accepted)."""
-    t = _tensor(name, scale, dtype=torch.float32, device=device, align=4)
+    per_channel = isinstance(scale, torch.Tensor) and scale.numel() != E
+    # Per-channel scales are read 8 at a time with 16-byte loads.
+    t = _tensor(name, scale, dtype=torch.float32, device=device, align=16 if per_channel else 4)
     if tuple(t.shape) in ((E,), (E, 1), (E, 1, 1)):
         return t.reshape(E)
     if tuple(t.shape) in ((E, N), (E, N, 1)):

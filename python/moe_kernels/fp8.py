@@ -51,21 +51,31 @@ def expand_groups(scale: torch.Tensor, size: int, group: int = BLOCK, dim: int =
 
 def quantize_weight(w: torch.Tensor, granularity: str):
     """Quantize expert weights [E, N, K]. granularity: "tensor" (scale [E]), "channel"
-    (scale [E, N]) or "block" (scale [E, ceil(N/128), ceil(K/128)], DeepSeek's weight_scale_inv)."""
+    (scale [E, N]) or "block" (scale [E, ceil(N/128), ceil(K/128)], DeepSeek's weight_scale_inv).
+    One expert at a time, so the float32 temporaries stay the size of one expert."""
+    if granularity not in ("tensor", "channel", "block"):
+        raise ValueError(f"granularity={granularity!r}: expected 'tensor', 'channel' or 'block'")
+    q = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)
+    scales = [_quantize_expert(w[e], q[e], granularity) for e in range(w.shape[0])]
+    return q, torch.stack(scales) if scales else torch.empty(0, device=w.device)
+
+
+def _quantize_expert(w: torch.Tensor, q: torch.Tensor, granularity: str) -> torch.Tensor:
+    """Quantize one expert's [N, K] into q; returns its scale ([], [N] or [N/128, K/128])."""
     w = w.float()
-    E, N, K = w.shape
+    N, K = w.shape
     if granularity == "tensor":
-        scale = scale_from_amax(w.abs().amax(dim=(1, 2)))
-        return quantize(w, scale[:, None, None]), scale
-    if granularity == "channel":
-        scale = scale_from_amax(w.abs().amax(dim=2))
-        return quantize(w, scale[:, :, None]), scale
-    if granularity == "block":
+        scale = scale_from_amax(w.abs().amax())
+        q.copy_(quantize(w, scale))
+    elif granularity == "channel":
+        scale = scale_from_amax(w.abs().amax(dim=1))
+        q.copy_(quantize(w, scale[:, None]))
+    else:
         gn, gk = -(-N // BLOCK), -(-K // BLOCK)
         padded = torch.nn.functional.pad(w, (0, gk * BLOCK - K, 0, gn * BLOCK - N))
-        scale = scale_from_amax(padded.view(E, gn, BLOCK, gk, BLOCK).abs().amax(dim=(2, 4)))
-        return quantize(w, weight_scale_full(scale, N, K)), scale
-    raise ValueError(f"granularity={granularity!r}: expected 'tensor', 'channel' or 'block'")
+        scale = scale_from_amax(padded.view(gn, BLOCK, gk, BLOCK).abs().amax(dim=(1, 3)))
+        q.copy_(quantize(w, expand_groups(expand_groups(scale, N, dim=0), K, dim=1)))
+    return scale
 
 
 def weight_scale_full(scale: torch.Tensor, N: int, K: int) -> torch.Tensor:

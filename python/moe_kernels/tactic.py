@@ -46,7 +46,9 @@ def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_co
         coop = [k for k in plain if k.schedule == "coop"] or plain
         tm = min((k.tile[0] for k in coop), key=lambda t: (abs(t - 128), t))
         plain = [k for k in coop if k.tile[0] == tm]
-    same_m = sorted((k for k in plain if k.tile[0] == tm), key=lambda k: k.tile[1])
+    # Same N: FP8 fast accumulation first (H200 sweep: it was never slower).
+    same_m = sorted((k for k in plain if k.tile[0] == tm),
+                    key=lambda k: (k.tile[1], k.name.endswith("_fastaccum")))
 
     def tiles(k):
         return math.ceil(max(rows_per_expert, 1) / k.tile[0]) * math.ceil(n / k.tile[1]) * experts_hit
