@@ -167,6 +167,22 @@ def test_default_rule():
     assert t == Tactic("c128x256", "c128x256")
 
 
+def test_default_rule_fp8():
+    def k(name, tm, tn, sched, quant):
+        return KernelInfo(name, "sm90a", quant, "e4m3", "e4m3", "bf16", (tm, tn, 128), (1, 1), sched, 1000)
+    fp8 = [k("p64x128", 64, 128, "pingpong", "fp8"), k("p64x128_fastaccum", 64, 128, "pingpong", "fp8")]
+    # Same tile: fast accumulation first, wherever it sits in the registry order.
+    for ks in (fp8, fp8[::-1]):
+        t = default_tactic(ks, num_tokens=16, top_k=8, num_experts=128, hidden_size=2048,
+                           gemm1_n=1536, sm_count=132)
+        assert t == Tactic("p64x128_fastaccum", "p64x128_fastaccum")
+    block = [k("p64x128_blockwise", 64, 128, "pingpong", "fp8_block"),
+             k("c128x128_blockwise", 128, 128, "coop", "fp8_block")]
+    dsv3 = dict(top_k=8, num_experts=256, hidden_size=7168, gemm1_n=4096, sm_count=132)
+    assert default_tactic(block, num_tokens=1024, **dsv3).gemm1 == "p64x128_blockwise"  # 32 rows/expert
+    assert default_tactic(block, num_tokens=4096, **dsv3).gemm1 == "c128x128_blockwise"  # 128
+
+
 def naive_moe(x, w13, w2, wts, ids, act, b13=None, b2=None):
     T, k = ids.shape
     out = torch.zeros(T, x.shape[1], dtype=torch.float64)

@@ -39,7 +39,7 @@ def test_full_catalog_is_deliberate_size():
     per_mode = {}
     for c in catalog.CATALOG["full"]:
         per_mode[c.arch, c.quant] = per_mode.get((c.arch, c.quant), 0) + 1
-    assert all(3 <= n <= 20 for n in per_mode.values()), per_mode
+    assert all(2 <= n <= 20 for n in per_mode.values()), per_mode
     # Every mode that has full kernels on SM90 has minimal ones too (CI builds and tests them).
     assert {m for a, m in per_mode if a == "90a"} == {c.quant for c in catalog.CATALOG["minimal"]
                                                       if c.arch == "90a"}

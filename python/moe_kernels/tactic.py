@@ -34,13 +34,17 @@ class Tactic:
 # within 1% at 1024, where M=128 cooperative led GEMM1 by 1%. Among same-M tiles, the widest
 # N tile that still gives at least half the SMs a tile won: fewer CTAs cannot pull the
 # weights at full bandwidth (Mixtral GEMM2 at T=1: 64x64 beat 64x256 by 21%).
+# fp8_block (DeepSeek-V3 sweep, 1 to 16384 tokens): the M=128 cooperative tile already led
+# GEMM1 at 128 rows per expert, and M=64 ping-pong led at 32.
 DECODE_ROWS = 512
+DECODE_ROWS_FP8_BLOCK = 64
 MIN_SM_FILL = 0.5
 
 
 def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_count: int) -> KernelInfo:
     plain = [k for k in kernels if k.cluster == (1, 1)] or kernels
-    if rows_per_expert <= DECODE_ROWS:
+    decode_rows = DECODE_ROWS_FP8_BLOCK if all(k.quant == "fp8_block" for k in plain) else DECODE_ROWS
+    if rows_per_expert <= decode_rows:
         tm = min(k.tile[0] for k in plain)
     else:
         coop = [k for k in plain if k.schedule == "coop"] or plain
