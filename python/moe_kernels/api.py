@@ -38,7 +38,6 @@ _SUPPORTED = {
     QuantMode.FP8_BLOCK: _ModeSpec(torch.bfloat16, torch.float8_e4m3fn, 0, 2, 128,
                                    "whole 128-wide scale blocks"),
 }
-_FP8_MODES = (QuantMode.FP8, QuantMode.FP8_BLOCK)
 _INDEX_CODE = {torch.int32: 0, torch.int64: 1}
 WORKSPACE_ALIGNMENT = 256
 
