@@ -150,10 +150,7 @@ _SM90_FP8_BLOCK_FULL = [
     (64, 128, 128, 1, 1, "pingpong", "blockwise"),
     (128, 128, 128, 1, 1, "coop", "blockwise"),
 ]
-_SM90_FP8_BLOCK_MINIMAL = [
-    (64, 128, 128, 1, 1, "pingpong", "blockwise"),
-    (128, 128, 128, 1, 1, "coop", "blockwise"),
-]
+_SM90_FP8_BLOCK_MINIMAL = _SM90_FP8_BLOCK_FULL  # already one decode and one prefill tile
 
 # SM100: 1-CTA tiles for decode and moderate M, 2-CTA (256-row) tiles for prefill. A first,
 # untuned set (no B200 to measure on yet), for bf16/fp16 (K=64) and fp8 (K=128).
