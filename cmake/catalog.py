@@ -144,13 +144,16 @@ _SM90_FP8_MINIMAL = [
 ]
 # fp8_block: CUTLASS's blockwise-scaled mainloop (scales per 128 of K, applied to fp32 partial
 # sums); tile_n a multiple of the 128-column weight block. On H200 (DeepSeek-V3) a 2x1
-# cluster of 128x128 tiles was 1.1-2x slower than 1x1 at every token count, so none here;
-# 128x256 (two N scales per tile with K-major scales) does not compile in CUTLASS 4.2.
+# cluster of 128x128 tiles was 1.1-2x slower than 1x1 at every token count (one M tile per
+# expert leaves half of each cluster idle), so none here; a 1x2 cluster multicasts the
+# activation tile to two N tiles of the same expert instead. 128x256 (two N scales per
+# tile with K-major scales) does not compile in CUTLASS 4.2.
 _SM90_FP8_BLOCK_FULL = [
     (64, 128, 128, 1, 1, "pingpong", "blockwise"),
     (128, 128, 128, 1, 1, "coop", "blockwise"),
+    (128, 128, 128, 1, 2, "coop", "blockwise"),
 ]
-_SM90_FP8_BLOCK_MINIMAL = _SM90_FP8_BLOCK_FULL  # already one decode and one prefill tile
+_SM90_FP8_BLOCK_MINIMAL = _SM90_FP8_BLOCK_FULL[:2]
 
 # SM100: 1-CTA tiles for decode and moderate M, 2-CTA (256-row) tiles for prefill. A first,
 # untuned set (no B200 to measure on yet), for bf16/fp16 (K=64) and fp8 (K=128).

@@ -17,22 +17,6 @@ constexpr bool is_gated(int act) {
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 
-// s[i] = row_scale * the weight scale of column j + i: per channel (two 16-byte loads;
-// j % 8 == 0 and the [E, N] scale rows start 32-byte aligned when N % 8 == 0) or per tensor.
-__device__ __forceinline__ void load_scales8(const float* w, int64_t j, bool per_channel,
-                                             float row_scale, float* s) {
-  if (per_channel) {
-    const float4 a = *reinterpret_cast<const float4*>(w + j);
-    const float4 b = *reinterpret_cast<const float4*>(w + j + 4);
-    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) s[i] = row_scale * v[i];
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) s[i] = row_scale * w[0];
-  }
-}
-
 template <int kAct>
 __device__ __forceinline__ float apply(float gate, float up, float alpha, float limit) {
   if constexpr (kAct == MOEK_ACT_SWIGLU) return silu(gate) * up;
@@ -51,17 +35,24 @@ __device__ __forceinline__ float apply(float gate, float up, float alpha, float 
   return gate;  // identity
 }
 
-// One block per permuted row; rows past the routed total (offsets[E]) exit at once.
+// One team per permuted row (a warp for rows of up to kWarpRowCols columns, 8 rows per
+// block; else the block); rows past the routed total (offsets[E]) exit at once.
 // 16-bit: out = act(g + bias). FP8: g holds raw GEMM1 accumulators, dequantized with the
 // row's input scale and the weight scale first. Both FP8 modes quantize out to E4M3
 // (quantize_row: per row, or per 128 columns for FP8_BLOCK, whose g is already dequantized).
-template <int kAct, typename T, typename IdT, int kQuant>
+constexpr int64_t kWarpRowCols = 1024;  // 32 lanes x 8 columns x quantize_row's kKeep
+constexpr int kRowsPerBlock = 8;
+
+template <int kAct, typename T, typename IdT, int kQuant, class Team>
 __global__ void activation_kernel(const T* g, const T* bias, void* out, int64_t inter,
                                   const IdT* ids, int64_t expert_offset, const int32_t* offsets,
                                   const int32_t* row_src, int num_experts, float alpha,
                                   float limit, Fp8Scales q) {
-  const int64_t r = blockIdx.x;
-  if (r >= offsets[num_experts]) return;
+  constexpr bool kWarpRows = std::is_same_v<Team, WarpTeam>;
+  const Team team;
+  const int64_t r = kWarpRows ? blockIdx.x * int64_t(kRowsPerBlock) + (threadIdx.x >> 5)
+                              : int64_t(blockIdx.x);
+  if (r >= offsets[num_experts]) return;  // the whole team leaves together
   constexpr bool kGated = is_gated(kAct);
   constexpr bool kDequant = kQuant == MOEK_QUANT_FP8;
   const int64_t n1 = kGated ? 2 * inter : inter;
@@ -108,15 +99,16 @@ __global__ void activation_kernel(const T* g, const T* bias, void* out, int64_t 
 
   if constexpr (kQuant == MOEK_QUANT_NONE) {
     T* orow = static_cast<T*>(out) + r * inter;
-    for (int64_t j = threadIdx.x * 8; j < inter; j += int64_t(blockDim.x) * 8) {
+    for (int64_t j = team.rank() * 8; j < inter; j += int64_t(team.size()) * 8) {
       Vec8<T> res;
       compute(j, res.v);
       res.store(orow + j);
     }
   } else {
     const int64_t scales_per_row = kQuant == MOEK_QUANT_FP8_BLOCK ? inter / 128 : 1;
-    quantize_row<kQuant>(compute, inter, static_cast<uint8_t*>(out) + r * inter, q.static_out,
-                         q.row_out + r * scales_per_row);
+    quantize_row<kQuant>(team, compute, inter, q.static_out,
+                         RowSink{static_cast<uint8_t*>(out) + r * inter,
+                                 q.row_out + r * scales_per_row});
   }
 }
 
@@ -125,13 +117,21 @@ cudaError_t launch(const void* g, const void* bias, void* out, int64_t max_rows,
                    const void* ids, int64_t expert_offset, const RoutingBuffers& rb,
                    int num_experts, float alpha, float limit, const Fp8Scales& q,
                    cudaStream_t stream) {
+  auto go = [&](auto team, unsigned blocks, int threads) {
+    activation_kernel<kAct, T, IdT, kQuant, decltype(team)><<<blocks, threads, 0, stream>>>(
+        static_cast<const T*>(g), static_cast<const T*>(bias), out, inter,
+        static_cast<const IdT*>(ids), expert_offset, rb.offsets, rb.row_src, num_experts,
+        alpha, limit, q);
+    return cudaGetLastError();
+  };
+  // Short rows: a block-wide team would leave most of its threads idle and pay two block
+  // barriers per row for the FP8 amax.
+  if (inter <= kWarpRowCols)
+    return go(WarpTeam{}, static_cast<unsigned>((max_rows + kRowsPerBlock - 1) / kRowsPerBlock),
+              32 * kRowsPerBlock);
   const int64_t vecs = inter / 8;
   const int threads = vecs >= 256 ? 256 : static_cast<int>((vecs + 31) / 32 * 32);
-  activation_kernel<kAct, T, IdT, kQuant><<<static_cast<unsigned>(max_rows), threads, 0, stream>>>(
-      static_cast<const T*>(g), static_cast<const T*>(bias), out, inter,
-      static_cast<const IdT*>(ids), expert_offset, rb.offsets, rb.row_src, num_experts, alpha,
-      limit, q);
-  return cudaGetLastError();
+  return go(BlockTeam{}, static_cast<unsigned>(max_rows), threads);
 }
 
 template <typename T, typename IdT, int kQuant>

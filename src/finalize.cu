@@ -8,41 +8,69 @@
 namespace moe_kernels {
 namespace {
 
+constexpr int kThreads = 256;
+constexpr int kSlotBatch = 8;  // slot rows loaded together, so their latencies overlap
+
+// Block (t, c): token t, columns [c * kThreads * 8, ...), 8 per thread. The token's slot
+// rows, weights and scales are read once into shared memory; each thread then loads its
+// columns of up to kSlotBatch rows at a time and adds them up in slot order.
 template <typename T, typename IdT, bool kFp8>
-__global__ void finalize_kernel(const T* y, const T* bias, const float* weights, const IdT* ids,
-                                int64_t expert_offset, const int32_t* pair_dst, T* out,
-                                int64_t hidden, int top_k, Fp8Scales q) {
+__global__ void __launch_bounds__(kThreads)
+finalize_kernel(const T* y, const T* bias, const float* weights, const IdT* ids,
+                int64_t expert_offset, const int32_t* pair_dst, T* out, int64_t hidden,
+                int top_k, Fp8Scales q) {
+  extern __shared__ int32_t s_meta[];  // rows, experts, weights, row scales: top_k each
+  int32_t* s_row = s_meta;
+  int32_t* s_expert = s_meta + top_k;
+  float* s_w = reinterpret_cast<float*>(s_meta + 2 * top_k);
+  float* s_rscale = s_w + top_k;
   const int64_t t = blockIdx.x;
-  for (int64_t j = threadIdx.x * 8; j < hidden; j += int64_t(blockDim.x) * 8) {
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int s = 0; s < top_k; ++s) {
-      const int64_t p = t * top_k + s;
-      const int32_t row = pair_dst[p];
-      if (row < 0) continue;  // expert not on this rank
-      const float w = weights[p];
-      Vec8<T> v;
-      v.load(y + int64_t(row) * hidden + j);
-      if constexpr (kFp8) {  // raw GEMM2 accumulators: dequantize
-        const int64_t e = local_expert(ids, p, expert_offset);
-        const float s = q.row[row];
+  for (int s = threadIdx.x; s < top_k; s += blockDim.x) {
+    const int64_t p = t * top_k + s;
+    const int32_t row = pair_dst[p];  // -1: the expert is not on this rank
+    s_row[s] = row;
+    s_w[s] = weights[p];
+    s_expert[s] = row >= 0 && (bias || kFp8) ? static_cast<int32_t>(local_expert(ids, p, expert_offset)) : 0;
+    if constexpr (kFp8) s_rscale[s] = row >= 0 ? q.row[row] : 0.f;
+  }
+  __syncthreads();
+  const int64_t j = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * 8;
+  if (j >= hidden) return;
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int s0 = 0; s0 < top_k; s0 += kSlotBatch) {
+    Vec8<T> v[kSlotBatch];
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
-          v.v[i] *= s * (q.per_channel ? q.weight[e * hidden + j + i] : q.weight[e]);
+    for (int b = 0; b < kSlotBatch; ++b) {
+      const int s = s0 + b;
+      if (s < top_k && s_row[s] >= 0) v[b].load(y + int64_t(s_row[s]) * hidden + j);
+    }
+#pragma unroll
+    for (int b = 0; b < kSlotBatch; ++b) {
+      const int s = s0 + b;
+      if (s >= top_k || s_row[s] < 0) continue;
+      const int64_t e = s_expert[s];
+      if constexpr (kFp8) {  // raw GEMM2 accumulators: dequantize
+        float sc[8];
+        load_scales8(q.per_channel ? q.weight + e * hidden : q.weight + e, j, q.per_channel,
+                     s_rscale[s], sc);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[b].v[i] *= sc[i];
       }
       if (bias) {
-        Vec8<T> b;
-        b.load(bias + local_expert(ids, p, expert_offset) * hidden + j);
+        Vec8<T> bv;
+        bv.load(bias + e * hidden + j);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v.v[i] += b.v[i];
+        for (int i = 0; i < 8; ++i) v[b].v[i] += bv.v[i];
       }
+      const float w = s_w[s];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] += w * v.v[i];
+      for (int i = 0; i < 8; ++i) acc[i] += w * v[b].v[i];
     }
-    Vec8<T> o;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) o.v[i] = acc[i];
-    o.store(out + t * hidden + j);
   }
+  Vec8<T> o;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) o.v[i] = acc[i];
+  o.store(out + t * hidden + j);
 }
 
 template <typename T, typename IdT, bool kFp8>
@@ -50,8 +78,9 @@ cudaError_t launch(const void* y, const void* bias, const float* w, const void* 
                    int64_t expert_offset, const RoutingBuffers& rb, void* out, int64_t tokens,
                    int top_k, int64_t hidden, const Fp8Scales& q, cudaStream_t stream) {
   const int64_t vecs = hidden / 8;
-  const int threads = vecs >= 256 ? 256 : static_cast<int>((vecs + 31) / 32 * 32);
-  finalize_kernel<T, IdT, kFp8><<<static_cast<unsigned>(tokens), threads, 0, stream>>>(
+  const int threads = vecs >= kThreads ? kThreads : static_cast<int>((vecs + 31) / 32 * 32);
+  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>((vecs + threads - 1) / threads));
+  finalize_kernel<T, IdT, kFp8><<<grid, threads, 4 * sizeof(int32_t) * top_k, stream>>>(
       static_cast<const T*>(y), static_cast<const T*>(bias), w, static_cast<const IdT*>(ids),
       expert_offset, rb.pair_dst, static_cast<T*>(out), hidden, top_k, q);
   return cudaGetLastError();

@@ -15,7 +15,6 @@ constexpr int kScanThreads = 1024;
 // Up to this many (token, slot) pairs, one block does all of routing (route_small_kernel):
 // at 8 pairs per thread it still finishes in a few microseconds, and it saves three launches.
 constexpr int64_t kSmallRoutingPairs = 8 * kScanThreads;
-constexpr int kCopyThreads = 128;
 
 template <typename IdT, bool kSmem>
 __global__ void histogram_kernel(const IdT* ids, int64_t num_pairs, int64_t expert_offset,
@@ -135,51 +134,87 @@ route_small_kernel(const IdT* ids, int64_t num_pairs, int64_t expert_offset, int
   }
 }
 
-// The block copies one hidden row (H % 8 == 0) to row `row` of x: as is (kQuant NONE), or
-// quantized to E4M3 (quantize_row in vec.cuh says how, per mode).
+// Every destination row of one token: the same E4M3 bytes and scales go to each of its
+// local slots' rows (rows[s] < 0: the slot's expert is not on this rank).
+struct TokenRowsSink {
+  uint8_t* x;
+  float* scales;
+  const int32_t* rows;
+  int top_k;
+  int64_t hidden, scales_per_row;
+  __device__ __forceinline__ void store(int64_t j, const float* v, float scale) const {
+    const uint2 q = to_fp8x8(v, scale);
+    for (int s = 0; s < top_k; ++s)
+      if (rows[s] >= 0) *reinterpret_cast<uint2*>(x + int64_t(rows[s]) * hidden + j) = q;
+  }
+  __device__ __forceinline__ void scale(int64_t i, float sc) const {
+    for (int s = 0; s < top_k; ++s)
+      if (rows[s] >= 0) scales[int64_t(rows[s]) * scales_per_row + i] = sc;
+  }
+};
+
+// The block reads token row `src` (H % 8 == 0) once and writes it to each of the token's
+// rows of x: as is (kQuant NONE), or quantized to E4M3 once (quantize_row in vec.cuh says
+// how, per mode). `rows` is in shared memory.
 template <typename T, int kQuant>
-__device__ __forceinline__ void copy_row(const T* src, void* x, int32_t row, int64_t hidden,
-                                         const Fp8Scales& q) {
+__device__ __forceinline__ void expand_token(const T* src, void* x, const int32_t* rows,
+                                             int top_k, int64_t hidden, const Fp8Scales& q) {
   if constexpr (kQuant == MOEK_QUANT_NONE) {
     const uint4* s4 = reinterpret_cast<const uint4*>(src);
-    uint4* d4 = reinterpret_cast<uint4*>(x) + int64_t(row) * (hidden / 8);
-    for (int64_t i = threadIdx.x; i < hidden / 8; i += blockDim.x) d4[i] = s4[i];
+    uint4* x4 = reinterpret_cast<uint4*>(x);
+    const int64_t vecs = hidden / 8;
+    for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x) {
+      const uint4 v = s4[i];
+      for (int s = 0; s < top_k; ++s)
+        if (rows[s] >= 0) x4[int64_t(rows[s]) * vecs + i] = v;
+    }
   } else {
-    const int64_t scales_per_row = kQuant == MOEK_QUANT_FP8_BLOCK ? hidden / 128 : 1;
     quantize_row<kQuant>(
+        BlockTeam{},
         [&](int64_t j, float* v) {
           Vec8<T> in;
           in.load(src + j);
 #pragma unroll
           for (int i = 0; i < 8; ++i) v[i] = in.v[i];
         },
-        hidden, static_cast<uint8_t*>(x) + int64_t(row) * hidden, q.static_out,
-        q.row_out + int64_t(row) * scales_per_row);
+        hidden, q.static_out,
+        TokenRowsSink{static_cast<uint8_t*>(x), q.row_out, rows, top_k, hidden,
+                      kQuant == MOEK_QUANT_FP8_BLOCK ? hidden / 128 : 1});
   }
 }
 
-// One block per pair: copy (or quantize) the token's hidden row to the pair's row.
-template <typename T, int kQuant>
-__global__ void __launch_bounds__(kCopyThreads)
-expand_kernel(const int32_t* pair_dst, int top_k, const T* hidden, void* x, int64_t hidden_size,
-              Fp8Scales q) {
-  const int64_t p = blockIdx.x;
-  const int32_t row = pair_dst[p];
-  if (row < 0) return;
-  copy_row<T, kQuant>(hidden + (p / top_k) * hidden_size, x, row, hidden_size, q);
+// Threads per token block: one 8-column vector each, at most 256 (multiples of 32, which
+// the FP8 amax needs).
+int expand_threads(int64_t hidden) {
+  const int64_t vecs = hidden / 8;
+  return vecs >= 256 ? 256 : static_cast<int>((vecs + 31) / 32 * 32);
 }
 
-// One block per pair: thread 0 claims the pair's row in its expert's block, then the block
-// copies (or quantizes) the token's hidden row there.
+// One block per token (rows already assigned by route_small_kernel): read the token's
+// slot rows, then expand its hidden row to them.
+template <typename T, int kQuant>
+__global__ void __launch_bounds__(256)
+expand_kernel(const int32_t* pair_dst, int top_k, const T* hidden, void* x, int64_t hidden_size,
+              Fp8Scales q) {
+  extern __shared__ int32_t s_rows[];  // [top_k]
+  const int64_t t = blockIdx.x;
+  for (int s = threadIdx.x; s < top_k; s += blockDim.x) s_rows[s] = pair_dst[t * top_k + s];
+  __syncthreads();
+  expand_token<T, kQuant>(hidden + t * hidden_size, x, s_rows, top_k, hidden_size, q);
+}
+
+// One block per token: its slots' threads claim their rows in the experts' blocks, then
+// the block expands the token's hidden row to them.
 template <typename IdT, typename T, int kQuant>
-__global__ void __launch_bounds__(kCopyThreads)
+__global__ void __launch_bounds__(256)
 scatter_expand_kernel(const IdT* ids, int top_k, int64_t expert_offset, int num_experts,
                       const int32_t* offsets, int32_t* cursors, int32_t* row_src,
                       int32_t* pair_dst, const T* hidden, void* x, int64_t hidden_size,
                       Fp8Scales q) {
-  __shared__ int32_t s_row;
-  const int64_t p = blockIdx.x;
-  if (threadIdx.x == 0) {
+  extern __shared__ int32_t s_rows[];  // [top_k]
+  const int64_t t = blockIdx.x;
+  for (int s = threadIdx.x; s < top_k; s += blockDim.x) {
+    const int64_t p = t * top_k + s;
     const int64_t e = local_expert(ids, p, expert_offset);
     int32_t row = -1;
     if (e >= 0 && e < num_experts) {
@@ -187,12 +222,10 @@ scatter_expand_kernel(const IdT* ids, int top_k, int64_t expert_offset, int num_
       row_src[row] = static_cast<int32_t>(p);
     }
     pair_dst[p] = row;
-    s_row = row;
+    s_rows[s] = row;
   }
   __syncthreads();
-  const int32_t row = s_row;
-  if (row < 0) return;
-  copy_row<T, kQuant>(hidden + (p / top_k) * hidden_size, x, row, hidden_size, q);
+  expand_token<T, kQuant>(hidden + t * hidden_size, x, s_rows, top_k, hidden_size, q);
 }
 
 template <typename IdT, typename T, int kQuant>
@@ -201,30 +234,33 @@ cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert
                     const Fp8Scales& q, RoutingBuffers rb, GroupSetup g1, GroupSetup g2,
                     int sm_count, cudaStream_t stream) {
   cudaError_t err;
+  const unsigned tokens = static_cast<unsigned>(num_pairs / top_k);
+  const int threads = expand_threads(hidden_size);
+  const size_t rows_smem = sizeof(int32_t) * top_k;
   if (num_pairs <= kSmallRoutingPairs && num_experts <= kSmemHistogramExperts) {
     route_small_kernel<IdT><<<1, kScanThreads, num_experts * sizeof(int32_t), stream>>>(
         ids, num_pairs, expert_offset, num_experts, rb.offsets, rb.row_src, rb.pair_dst, g1, g2);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
-    expand_kernel<T, kQuant><<<static_cast<unsigned>(num_pairs), kCopyThreads, 0, stream>>>(
-        rb.pair_dst, top_k, hidden, x, hidden_size, q);
+    expand_kernel<T, kQuant><<<tokens, threads, rows_smem, stream>>>(rb.pair_dst, top_k, hidden,
+                                                                     x, hidden_size, q);
     return cudaGetLastError();
   }
   err = cudaMemsetAsync(rb.counts, 0, sizeof(int32_t) * 2 * num_experts, stream);
   if (err != cudaSuccess) return err;
-  constexpr int threads = 256;
-  const int64_t want = (num_pairs + threads - 1) / threads;
+  constexpr int hist_threads = 256;
+  const int64_t want = (num_pairs + hist_threads - 1) / hist_threads;
   const int blocks = static_cast<int>(want < 2 * sm_count ? want : 2 * sm_count);
   if (num_experts <= kSmemHistogramExperts) {
-    histogram_kernel<IdT, true><<<blocks, threads, num_experts * sizeof(int32_t), stream>>>(
+    histogram_kernel<IdT, true><<<blocks, hist_threads, num_experts * sizeof(int32_t), stream>>>(
         ids, num_pairs, expert_offset, num_experts, rb.counts);
   } else {
-    histogram_kernel<IdT, false><<<blocks, threads, 0, stream>>>(ids, num_pairs, expert_offset,
+    histogram_kernel<IdT, false><<<blocks, hist_threads, 0, stream>>>(ids, num_pairs, expert_offset,
                                                                  num_experts, rb.counts);
   }
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   build_groups_kernel<<<1, kScanThreads, 0, stream>>>(rb.counts, num_experts, rb.offsets, g1, g2);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  scatter_expand_kernel<IdT, T, kQuant><<<static_cast<unsigned>(num_pairs), kCopyThreads, 0, stream>>>(
+  scatter_expand_kernel<IdT, T, kQuant><<<tokens, threads, rows_smem, stream>>>(
       ids, top_k, expert_offset, num_experts, rb.offsets, rb.cursors, rb.row_src, rb.pair_dst,
       hidden, x, hidden_size, q);
   return cudaGetLastError();

@@ -18,6 +18,8 @@ namespace {
 
 constexpr size_t kAlign = 256;
 constexpr int kMaxDevices = 64;
+// The per-token kernels keep a token's slots in shared memory (16 bytes each).
+constexpr int64_t kMaxTopK = 1024;
 
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
@@ -131,6 +133,9 @@ int validate_shape(const moek_shape& s, char* err, size_t errlen) {
                 "bad shape: T=%lld H=%lld I=%lld E=%lld k=%lld expert_offset=%lld",
                 (long long)s.num_tokens, (long long)s.hidden_size, (long long)s.inter_size,
                 (long long)s.num_experts, (long long)s.top_k, (long long)s.expert_offset);
+  if (s.top_k > kMaxTopK)
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "top_k=%lld exceeds %lld",
+                (long long)s.top_k, (long long)kMaxTopK);
   if (s.num_tokens * s.top_k > INT32_MAX || s.num_experts > INT32_MAX / 4)
     return fail(err, errlen, MOEK_INVALID_ARGUMENT, "T*k=%lld or E=%lld too large",
                 (long long)(s.num_tokens * s.top_k), (long long)s.num_experts);

@@ -38,15 +38,31 @@ struct Vec8 {
 };
 
 // Eight floats to E4M3, each x / scale rounded to nearest even and saturated to +-448
-// (moe_kernels/fp8.py defines the same for the reference).
-__device__ __forceinline__ void store_fp8x8(uint8_t* p, const float* v, float scale) {
+// (moe_kernels/fp8.py defines the same for the reference), as 8 bytes.
+__device__ __forceinline__ uint2 to_fp8x8(const float* v, float scale) {
   uint2 raw;
   uint16_t* h = reinterpret_cast<uint16_t*>(&raw);
 #pragma unroll
   for (int i = 0; i < 4; ++i)
     h[i] = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i] / scale, v[2 * i + 1] / scale),
                                     __NV_SATFINITE, __NV_E4M3);
-  *reinterpret_cast<uint2*>(p) = raw;
+  return raw;
+}
+
+// s[i] = row_scale * the weight scale of column j + i: per channel (two 16-byte loads;
+// j % 8 == 0 and the [E, N] scale rows start 32-byte aligned when N % 8 == 0) or per tensor.
+__device__ __forceinline__ void load_scales8(const float* w, int64_t j, bool per_channel,
+                                             float row_scale, float* s) {
+  if (per_channel) {
+    const float4 a = *reinterpret_cast<const float4*>(w + j);
+    const float4 b = *reinterpret_cast<const float4*>(w + j + 4);
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i] = row_scale * v[i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i] = row_scale * w[0];
+  }
 }
 
 // Largest |v| over the block (every thread gets it). blockDim.x must be a multiple of 32.
@@ -74,18 +90,46 @@ __device__ __forceinline__ float half_warp_amax(float v) {
   return v;
 }
 
-// Quantizes one row of n values to E4M3 at dst, the block striding it 8 columns per
-// thread; value(j, v) computes the 8 floats of columns j..j+7 into v.
-//   MOEK_QUANT_FP8: one scale for the row, *static_scale or amax / 448 over the row; written
-//     to scales[0]. A dynamic scale needs the whole row first: each thread keeps its first
-//     kKeep vectors in registers, and only columns beyond those are computed twice.
+// The threads that work on one row: the whole block (long rows), or one warp (short rows,
+// several per block). Every thread of a team must make the same amax() calls.
+struct BlockTeam {
+  __device__ __forceinline__ int rank() const { return threadIdx.x; }
+  __device__ __forceinline__ int size() const { return blockDim.x; }
+  __device__ __forceinline__ float amax(float v) const { return block_amax(v); }
+};
+struct WarpTeam {
+  __device__ __forceinline__ int rank() const { return threadIdx.x & 31; }
+  __device__ __forceinline__ int size() const { return 32; }
+  __device__ __forceinline__ float amax(float v) const {
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, d));
+    return v;
+  }
+};
+
+// Where a quantized row goes: E4M3 bytes and scales for one destination row.
+struct RowSink {
+  uint8_t* dst;   // the row's first byte
+  float* scales;  // the row's first scale
+  __device__ __forceinline__ void store(int64_t j, const float* v, float scale) const {
+    *reinterpret_cast<uint2*>(dst + j) = to_fp8x8(v, scale);
+  }
+  __device__ __forceinline__ void scale(int64_t i, float s) const { scales[i] = s; }
+};
+
+// Quantizes one row of n values to E4M3, the team striding it 8 columns per thread;
+// value(j, v) computes the 8 floats of columns j..j+7 into v, sink stores them (a RowSink,
+// or anything with its two methods).
+//   MOEK_QUANT_FP8: one scale for the row, *static_scale or amax / 448 over the row; stored as
+//     scale 0. A dynamic scale needs the whole row first: each thread keeps its first kKeep
+//     vectors in registers, and only columns beyond those are computed twice.
 //   MOEK_QUANT_FP8_BLOCK: a dynamic scale per 128 columns, i.e. per 16 consecutive lanes,
-//     written to scales[j / 128]. Needs n % 128 == 0 and blockDim.x % 16 == 0.
-template <int kQuant, class F>
-__device__ __forceinline__ void quantize_row(F value, int64_t n, uint8_t* dst,
-                                             const float* static_scale, float* scales) {
-  const int64_t step = int64_t(blockDim.x) * 8;
-  const int64_t first = threadIdx.x * 8;
+//     stored as scale j / 128. Needs n % 128 == 0 and a team size that is a multiple of 16.
+template <int kQuant, class Team, class F, class Sink>
+__device__ __forceinline__ void quantize_row(Team team, F value, int64_t n,
+                                             const float* static_scale, const Sink& sink) {
+  const int64_t step = int64_t(team.size()) * 8;
+  const int64_t first = team.rank() * 8;
   if constexpr (kQuant == MOEK_QUANT_FP8_BLOCK) {
     for (int64_t j = first; j < n; j += step) {
       float v[8];
@@ -94,8 +138,8 @@ __device__ __forceinline__ void quantize_row(F value, int64_t n, uint8_t* dst,
 #pragma unroll
       for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
       const float scale = fp8_scale(half_warp_amax(amax));
-      if ((threadIdx.x & 15) == 0) scales[j / 128] = scale;
-      store_fp8x8(dst + j, v, scale);
+      if ((team.rank() & 15) == 0) sink.scale(j / 128, scale);
+      sink.store(j, v, scale);
     }
   } else {
     constexpr int kKeep = 4;
@@ -118,17 +162,17 @@ __device__ __forceinline__ void quantize_row(F value, int64_t n, uint8_t* dst,
         for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
       }
     }
-    const float scale = static_scale ? *static_scale : fp8_scale(block_amax(amax));
-    if (threadIdx.x == 0) scales[0] = scale;
+    const float scale = static_scale ? *static_scale : fp8_scale(team.amax(amax));
+    if (team.rank() == 0) sink.scale(0, scale);
 #pragma unroll
     for (int c = 0; c < kKeep; ++c) {
       const int64_t j = first + c * step;
-      if (j < n) store_fp8x8(dst + j, kept[c], scale);
+      if (j < n) sink.store(j, kept[c], scale);
     }
     for (int64_t j = first + kKeep * step; j < n; j += step) {
       float v[8];
       value(j, v);
-      store_fp8x8(dst + j, v, scale);
+      sink.store(j, v, scale);
     }
   }
 }

@@ -42,6 +42,7 @@ def call(p, **kw):
                         w2=p["w2"][:, :60].contiguous()), ValueError, r"multiples of 8"),
     (lambda p: p.update(topk_ids=p["topk_ids"].float()), TypeError, r"topk_ids: got dtype torch.float32"),
     (lambda p: p.update(topk_ids=p["topk_ids"][:3]), ValueError, r"topk_ids: got shape \(3, 2\)"),
+    (lambda p: p.update(topk_ids=torch.zeros(5, 1025, dtype=torch.int32)), ValueError, r"topk_ids: got shape \(5, 1025\).*top_k <= 1024"),
     (lambda p: p.update(topk_weights=p["topk_weights"].bfloat16()), TypeError, r"topk_weights: got dtype"),
     (lambda p: p.update(topk_weights=p["topk_weights"][:, :1].contiguous()), ValueError, r"topk_weights: got shape \(5, 1\)"),
     (lambda p: p.update(hidden_states=p["hidden_states"].float().numpy()), TypeError, r"hidden_states: got dtype ndarray"),

@@ -40,6 +40,7 @@ _SUPPORTED = {
 }
 _INDEX_CODE = {torch.int32: 0, torch.int64: 1}
 WORKSPACE_ALIGNMENT = 256
+MAX_TOP_K = 1024  # the kernels keep a token's slots in shared memory (src/runner.cu kMaxTopK)
 
 
 def _fail(argument: str, got, expected: str, exc=ValueError):
@@ -145,8 +146,8 @@ class _Problem:
                       device=self.device, align=topk_ids.element_size() if isinstance(topk_ids, torch.Tensor) else 4)
         k = ids.shape[1]
         _tensor("topk_ids", ids, shape=(T, None))
-        if k == 0:
-            _fail("topk_ids", f"shape {tuple(ids.shape)}", "top_k >= 1")
+        if not 1 <= k <= MAX_TOP_K:
+            _fail("topk_ids", f"shape {tuple(ids.shape)}", f"1 <= top_k <= {MAX_TOP_K}")
         wts = _tensor("topk_weights", topk_weights, dtype=torch.float32, ndim=2,
                       shape=(T, k), device=self.device, align=4)
         if w13_bias is not None:
@@ -244,6 +245,8 @@ def workspace_size(num_tokens: int, top_k: int, num_experts: int, hidden_size: i
                     ("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
         if not isinstance(v, int) or v < (0 if name == "num_tokens" else 1):
             _fail(name, v, "a positive int")
+    if top_k > MAX_TOP_K:
+        _fail("top_k", top_k, f"at most {MAX_TOP_K}")
     shape = {"num_tokens": num_tokens, "hidden_size": hidden_size, "inter_size": intermediate_size,
              "num_experts": num_experts, "top_k": top_k, "expert_offset": 0,
              "dtype": spec.dtype_code, "quant": spec.quant_code, "activation": act.code,

@@ -171,6 +171,31 @@ def torch_grouped_mm_moe(x, w13, w2, wts, ids, act):
     return torch.zeros(x.shape, dtype=torch.float32, device=x.device).index_add_(0, token, y).to(x.dtype)
 
 
+def torch_scaled_grouped_mm_moe(x, w13, w2, wts, ids, act, w13_scale, w2_scale):
+    """The fp8 peer in plain PyTorch: the same steps as torch_grouped_mm_moe, with dynamic
+    per-row activation quantization and torch._scaled_grouped_mm (row-wise scales, fast
+    accumulation) for both GEMMs."""
+    import torch
+    from .fp8 import quantize_per_token
+    from .reference import apply_activation
+    T, k = ids.shape
+    E = w13.shape[0]
+    flat = ids.flatten().long()
+    order = torch.argsort(flat, stable=True)
+    token = order // k
+    offs = torch.searchsorted(flat[order], torch.arange(1, E + 1, device=x.device)).to(torch.int32)
+
+    def gemm(a, w, scale):
+        q, s = quantize_per_token(a)
+        s_w = scale.reshape(E, -1).expand(E, w.shape[1]).contiguous()  # per tensor -> per channel
+        return torch._scaled_grouped_mm(q, w.transpose(1, 2), s.reshape(-1), s_w, offs=offs,
+                                        out_dtype=x.dtype, use_fast_accum=True)
+
+    a = apply_activation(gemm(x[token], w13, w13_scale).float(), act)
+    y = gemm(a, w2, w2_scale).float() * wts.flatten()[order, None]
+    return torch.zeros(x.shape, dtype=torch.float32, device=x.device).index_add_(0, token, y).to(x.dtype)
+
+
 def _vllm_triton(x, w13, w2, wts, ids, act):
     from vllm.model_executor.layers.fused_moe import fused_experts
     return fused_experts(x, w13, w2, wts, ids)
@@ -190,9 +215,14 @@ def _flashinfer_cutlass(x, w13, w2, wts, ids, act):
 
 
 def peers(activation, quant="bf16"):
-    """(name, fn or None, why not) for every peer this benchmark knows (16-bit modes only)."""
+    """(name, fn or None, why not) for every peer this benchmark knows: for fp8 the PyTorch
+    one, for fp8_block none (no block-scaled grouped GEMM in PyTorch)."""
     import importlib.util
     import torch
+    if quant == "fp8":
+        return [("torch._scaled_grouped_mm",
+                 torch_scaled_grouped_mm_moe if hasattr(torch, "_scaled_grouped_mm") else None,
+                 f"not in torch {torch.__version__}")]
     if quant not in ("bf16", "fp16"):
         return [(n, None, f"not compared for {quant}") for n in
                 ("torch._grouped_mm", "vllm-triton", "sglang-triton", "flashinfer-cutlass")]
@@ -283,7 +313,7 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
                 row["results"][name] = {"status": why}
                 continue
             try:  # a failing peer is reported, never silently dropped
-                row["results"][name] = timed(lambda x, ids, w, o, fn=fn: o.copy_(fn(x, w13, w2, w, ids, act)))
+                row["results"][name] = timed(lambda x, ids, w, o, fn=fn: o.copy_(fn(x, w13, w2, w, ids, act, **scales)))
             except Exception as e:
                 row["results"][name] = {"status": f"failed: {type(e).__name__}: {e}"[:200]}
         if row["results"]["moe_kernels"]["status"] == "ok":
