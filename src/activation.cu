@@ -99,10 +99,13 @@ __global__ void activation_kernel(const T* g, const T* bias, void* out, int64_t 
 
   if constexpr (kQuant == MOEK_QUANT_NONE) {
     T* orow = static_cast<T*>(out) + r * inter;
-    for (int64_t j = team.rank() * 8; j < inter; j += int64_t(team.size()) * 8) {
-      Vec8<T> res;
-      compute(j, res.v);
-      res.store(orow + j);
+    const int64_t step = int64_t(team.size()) * 8;
+    for (int64_t j0 = team.rank() * 8; j0 < inter; j0 += kKeep * step) {
+      Vec8<T> res[kKeep];
+      compute_vectors(compute, j0, step, inter, reinterpret_cast<float(&)[kKeep][8]>(res));
+#pragma unroll
+      for (int c = 0; c < kKeep; ++c)
+        if (j0 + c * step < inter) res[c].store(orow + j0 + c * step);
     }
   } else {
     const int64_t scales_per_row = kQuant == MOEK_QUANT_FP8_BLOCK ? inter / 128 : 1;

@@ -38,33 +38,37 @@ finalize_kernel(const T* y, const T* bias, const float* weights, const IdT* ids,
   if (j >= hidden) return;
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   for (int s0 = 0; s0 < top_k; s0 += kSlotBatch) {
-    Vec8<T> v[kSlotBatch];
+    // Loads first, unconditionally (a slot that is absent or off this rank reads row 0 and
+    // is skipped below), so that all kSlotBatch are in flight together.
+    uint4 raw[kSlotBatch];
 #pragma unroll
     for (int b = 0; b < kSlotBatch; ++b) {
-      const int s = s0 + b;
-      if (s < top_k && s_row[s] >= 0) v[b].load(y + int64_t(s_row[s]) * hidden + j);
+      const int32_t row = s0 + b < top_k ? s_row[s0 + b] : -1;
+      raw[b] = *reinterpret_cast<const uint4*>(y + int64_t(row > 0 ? row : 0) * hidden + j);
     }
 #pragma unroll
     for (int b = 0; b < kSlotBatch; ++b) {
       const int s = s0 + b;
       if (s >= top_k || s_row[s] < 0) continue;
+      Vec8<T> v;
+      v.unpack(raw[b]);
       const int64_t e = s_expert[s];
       if constexpr (kFp8) {  // raw GEMM2 accumulators: dequantize
         float sc[8];
         load_scales8(q.per_channel ? q.weight + e * hidden : q.weight + e, j, q.per_channel,
                      s_rscale[s], sc);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[b].v[i] *= sc[i];
+        for (int i = 0; i < 8; ++i) v.v[i] *= sc[i];
       }
       if (bias) {
         Vec8<T> bv;
         bv.load(bias + e * hidden + j);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[b].v[i] += bv.v[i];
+        for (int i = 0; i < 8; ++i) v.v[i] += bv.v[i];
       }
       const float w = s_w[s];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] += w * v[b].v[i];
+      for (int i = 0; i < 8; ++i) acc[i] += w * v.v[i];
     }
   }
   Vec8<T> o;

@@ -16,8 +16,8 @@ template <typename T>
 struct Vec8 {
   float v[8];
 
-  __device__ __forceinline__ void load(const T* p) {
-    uint4 raw = *reinterpret_cast<const uint4*>(p);
+  __device__ __forceinline__ void load(const T* p) { unpack(*reinterpret_cast<const uint4*>(p)); }
+  __device__ __forceinline__ void unpack(const uint4& raw) {
     const T* h = reinterpret_cast<const T*>(&raw);
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = to_float(h[i]);
@@ -117,6 +117,20 @@ struct RowSink {
   __device__ __forceinline__ void scale(int64_t i, float s) const { scales[i] = s; }
 };
 
+// Vectors computed kKeep at a time: value(j, v) for j = j0 + c * step, c < kKeep, with
+// columns past n replaced by column 0 (computed, then ignored by the caller). Straight-line
+// code, so the loads of all kKeep vectors are in flight together.
+constexpr int kKeep = 4;
+template <class F>
+__device__ __forceinline__ void compute_vectors(F value, int64_t j0, int64_t step, int64_t n,
+                                                float (&v)[kKeep][8]) {
+#pragma unroll
+  for (int c = 0; c < kKeep; ++c) {
+    const int64_t j = j0 + c * step;
+    value(j < n ? j : 0, v[c]);
+  }
+}
+
 // Quantizes one row of n values to E4M3, the team striding it 8 columns per thread;
 // value(j, v) computes the 8 floats of columns j..j+7 into v, sink stores them (a RowSink,
 // or anything with its two methods).
@@ -131,29 +145,31 @@ __device__ __forceinline__ void quantize_row(Team team, F value, int64_t n,
   const int64_t step = int64_t(team.size()) * 8;
   const int64_t first = team.rank() * 8;
   if constexpr (kQuant == MOEK_QUANT_FP8_BLOCK) {
-    for (int64_t j = first; j < n; j += step) {
-      float v[8];
-      value(j, v);
-      float amax = 0.f;
+    for (int64_t j0 = first; j0 < n; j0 += kKeep * step) {
+      float v[kKeep][8];
+      compute_vectors(value, j0, step, n, v);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
-      const float scale = fp8_scale(half_warp_amax(amax));
-      if ((team.rank() & 15) == 0) sink.scale(j / 128, scale);
-      sink.store(j, v, scale);
-    }
-  } else {
-    constexpr int kKeep = 4;
-    float kept[kKeep][8];
-    float amax = 0.f;
+      for (int c = 0; c < kKeep; ++c) {
+        const int64_t j = j0 + c * step;
+        float amax = 0.f;
 #pragma unroll
-    for (int c = 0; c < kKeep; ++c) {
-      const int64_t j = first + c * step;
-      if (j < n) {
-        value(j, kept[c]);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(kept[c][i]));
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[c][i]));
+        const float scale = fp8_scale(half_warp_amax(amax));  // all 16 lanes, valid or not
+        if (j < n) {  // the same for the whole half-warp: n % 128 == 0
+          if ((team.rank() & 15) == 0) sink.scale(j / 128, scale);
+          sink.store(j, v[c], scale);
+        }
       }
     }
+  } else {
+    float kept[kKeep][8];
+    compute_vectors(value, first, step, n, kept);
+    float amax = 0.f;
+#pragma unroll
+    for (int c = 0; c < kKeep; ++c)
+      if (first + c * step < n)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(kept[c][i]));
     if (!static_scale) {
       for (int64_t j = first + kKeep * step; j < n; j += step) {
         float v[8];
