@@ -101,11 +101,16 @@ __global__ void activation_kernel(const T* g, const T* bias, void* out, int64_t 
     T* orow = static_cast<T*>(out) + r * inter;
     const int64_t step = int64_t(team.size()) * 8;
     for (int64_t j0 = team.rank() * 8; j0 < inter; j0 += kKeep * step) {
-      Vec8<T> res[kKeep];
-      compute_vectors(compute, j0, step, inter, reinterpret_cast<float(&)[kKeep][8]>(res));
+      float res[kKeep][8];
+      compute_vectors(compute, j0, step, inter, res);
 #pragma unroll
-      for (int c = 0; c < kKeep; ++c)
-        if (j0 + c * step < inter) res[c].store(orow + j0 + c * step);
+      for (int c = 0; c < kKeep; ++c) {
+        if (j0 + c * step >= inter) break;
+        Vec8<T> o;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o.v[i] = res[c][i];
+        o.store(orow + j0 + c * step);
+      }
     }
   } else {
     const int64_t scales_per_row = kQuant == MOEK_QUANT_FP8_BLOCK ? inter / 128 : 1;

@@ -117,17 +117,25 @@ struct RowSink {
   __device__ __forceinline__ void scale(int64_t i, float s) const { scales[i] = s; }
 };
 
-// Vectors computed kKeep at a time: value(j, v) for j = j0 + c * step, c < kKeep, with
-// columns past n replaced by column 0 (computed, then ignored by the caller). Straight-line
-// code, so the loads of all kKeep vectors are in flight together.
+// Up to kKeep vectors at once: value(j, v[c]) for each j = j0 + c * step < n. Straight-line
+// code for each count, so that the loads of all of them are in flight together.
 constexpr int kKeep = 4;
+template <int kCount, class F>
+__device__ __forceinline__ void compute_n(F value, int64_t j0, int64_t step, float (&v)[kKeep][8]) {
+#pragma unroll
+  for (int c = 0; c < kCount; ++c) value(j0 + c * step, v[c]);
+}
 template <class F>
 __device__ __forceinline__ void compute_vectors(F value, int64_t j0, int64_t step, int64_t n,
                                                 float (&v)[kKeep][8]) {
-#pragma unroll
-  for (int c = 0; c < kKeep; ++c) {
-    const int64_t j = j0 + c * step;
-    value(j < n ? j : 0, v[c]);
+  const int64_t count = j0 < n ? (n - j0 + step - 1) / step : 0;
+  static_assert(kKeep == 4, "one case per count below");
+  switch (count) {
+    case 0: break;
+    case 1: compute_n<1>(value, j0, step, v); break;
+    case 2: compute_n<2>(value, j0, step, v); break;
+    case 3: compute_n<3>(value, j0, step, v); break;
+    default: compute_n<4>(value, j0, step, v); break;
   }
 }
 
@@ -151,14 +159,13 @@ __device__ __forceinline__ void quantize_row(Team team, F value, int64_t n,
 #pragma unroll
       for (int c = 0; c < kKeep; ++c) {
         const int64_t j = j0 + c * step;
+        if (j >= n) break;  // the same for the 16 lanes of a group (n % 128 == 0)
         float amax = 0.f;
 #pragma unroll
         for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[c][i]));
-        const float scale = fp8_scale(half_warp_amax(amax));  // all 16 lanes, valid or not
-        if (j < n) {  // the same for the whole half-warp: n % 128 == 0
-          if ((team.rank() & 15) == 0) sink.scale(j / 128, scale);
-          sink.store(j, v[c], scale);
-        }
+        const float scale = fp8_scale(half_warp_amax(amax));
+        if ((team.rank() & 15) == 0) sink.scale(j / 128, scale);
+        sink.store(j, v[c], scale);
       }
     }
   } else {
