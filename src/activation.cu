@@ -43,8 +43,10 @@ __device__ __forceinline__ float apply(float gate, float up, float alpha, float 
 constexpr int64_t kWarpRowCols = 1024;  // 32 lanes x 8 columns x quantize_row's kKeep
 constexpr int kRowsPerBlock = 8;
 
+// Warp teams: at most 80 registers, so 3 blocks (24 warps) fit on an SM; the block-team
+// FP8 variants would spill at that limit.
 template <int kAct, typename T, typename IdT, int kQuant, class Team>
-__global__ void activation_kernel(const T* g, const T* bias, void* out, int64_t inter,
+__global__ void __launch_bounds__(256, std::is_same_v<Team, WarpTeam> ? 3 : 1) activation_kernel(const T* g, const T* bias, void* out, int64_t inter,
                                   const IdT* ids, int64_t expert_offset, const int32_t* offsets,
                                   const int32_t* row_src, int num_experts, float alpha,
                                   float limit, Fp8Scales q) {
