@@ -249,6 +249,8 @@ def test_layer_validation():
     from moe_kernels import FusedMoE
     with pytest.raises(ValueError, match="num_experts: got 10, expected a multiple of ep_size=4"):
         FusedMoE(10, 64, 32, ep_size=4)
+    with pytest.raises(ValueError, match=r"hidden_size=7168, intermediate_size=1000: expected multiples of 128 for quant='fp8_block'"):
+        FusedMoE(8, 7168, 1000, quant="fp8_block")
     layer = FusedMoE(8, 64, 32, ep_rank=1, ep_size=2)
     with pytest.raises(RuntimeError, match="load_weights"):
         layer(torch.zeros(1, 64), torch.zeros(1, 1), torch.zeros(1, 1, dtype=torch.int32))

@@ -463,15 +463,17 @@ def main(args) -> int:
     print("floors and times in us per forward; peers: their time (their time / ours)\n")
     print(header(peer_names))
     rows, done, total = [], [0], len(shapes) * len(tokens)
+    tty = sys.stderr.isatty()  # the \r progress bar only on a terminal, never in a log file
 
     def report(row):
         rows.append(row)
-        sys.stderr.write("\r" + " " * 40 + "\r")
+        if tty:
+            sys.stderr.write("\r" + " " * 40 + "\r")
         print(format_row(row, peer_names), flush=True)
 
     def progress():
         done[0] += 1
-        if done[0] < total:
+        if tty and done[0] < total:
             filled = 20 * done[0] // total
             sys.stderr.write(f"\r[{'#' * filled}{'.' * (20 - filled)}] {done[0]}/{total} points")
             sys.stderr.flush()

@@ -33,6 +33,11 @@ class FusedMoE(torch.nn.Module):
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self.quant = QuantMode.parse(quant)
+        spec = api._SUPPORTED.get(self.quant)  # unsupported modes fail at the first forward
+        if spec and (hidden_size % spec.align or intermediate_size % spec.align):
+            raise ValueError(f"hidden_size={hidden_size}, intermediate_size={intermediate_size}: "
+                             f"expected multiples of {spec.align} for quant={self.quant.value!r} "
+                             f"({spec.why_align})")
         self.activation = Activation.parse(activation)
         self.ep_rank, self.ep_size = ep_rank, ep_size
         self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit

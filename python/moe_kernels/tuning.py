@@ -231,6 +231,7 @@ def tune(specs, buckets, *, device=None, routing="uniform", skew=1.2, histogram=
     for the children (the tests use it for the test-only fault and corruption hooks)."""
     from .api import _device_index
     dev = _device_index(device)
+    progress = progress and sys.stderr.isatty()  # a \r-rewritten line is noise in a log file
     results: dict = {}
     for spec in specs:
         todo = list(buckets)
