@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <mutex>
 
 #include "gemm/grouped_gemm.h"
 #include "kernels.h"
@@ -48,10 +49,13 @@ struct DeviceLimits {
 };
 
 // Attribute queries are cheap, but cached anyway: the forward path calls this every time.
+// Serving stacks call forwards from several threads: the cache is read and filled under a lock.
 int device_limits(int device, DeviceLimits* out, char* err, size_t errlen) {
   static DeviceLimits cache[kMaxDevices];
+  static std::mutex mu;
   if (device < 0 || device >= kMaxDevices)
     return fail(err, errlen, MOEK_INVALID_ARGUMENT, "device index %d out of range", device);
+  std::lock_guard<std::mutex> lock(mu);
   DeviceLimits& c = cache[device];
   if (c.sm_count == 0) {
     DeviceLimits d;

@@ -240,6 +240,22 @@ def test_fp8_scales(granularity, static, act, error_log):
 
 
 @pytest.mark.parametrize("mode", FP8_MODES)
+def test_fused_moe_layer_module_fp8(mode, error_log):
+    # The layer with checkpoint-style FP8 weights and scales for all experts: it keeps its
+    # expert-parallel slice of weights, scales and biases.
+    E, H, I = 8, 256, 128
+    p = make_problem(T=50, E=E, k=2, H=H, I=I, dtype=mode, bias=True)
+    layer = FusedMoE(E, H, I, quant=mode, activation="swiglu", ep_rank=1, ep_size=2)
+    layer.load_weights(p["w13"], p["w2"], p["w13_bias"], p["w2_bias"], w13_scale=p["w13_scale"],
+                       w2_scale=p["w2_scale"])
+    out = layer(p["hidden_states"], p["topk_weights"], p["topk_ids"])
+    q = {**p, **{n: p[n][4:8] for n in ("w13", "w2", "w13_bias", "w2_bias", "w13_scale", "w2_scale")}}
+    err = rel_error(out, reference_out(q, expert_offset=4))
+    error_log.add(f"{mode}/layer", err)
+    assert err < TOLERANCE[mode]
+
+
+@pytest.mark.parametrize("mode", FP8_MODES)
 def test_fp8_every_built_kernel(mode, error_log):
     kernels = moe_kernels.list_kernels(quant=mode)
     assert kernels, f"no {mode} kernels usable on this GPU"
