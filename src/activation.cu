@@ -46,10 +46,10 @@ constexpr int kRowsPerBlock = 8;
 // Warp teams: at most 80 registers, so 3 blocks (24 warps) fit on an SM; the block-team
 // FP8 variants would spill at that limit.
 template <int kAct, typename T, typename IdT, int kQuant, class Team>
-__global__ void __launch_bounds__(256, std::is_same_v<Team, WarpTeam> ? 3 : 1) activation_kernel(const T* g, const T* bias, void* out, int64_t inter,
-                                  const IdT* ids, int64_t expert_offset, const int32_t* offsets,
-                                  const int32_t* row_src, int num_experts, float alpha,
-                                  float limit, Fp8Scales q) {
+__global__ void __launch_bounds__(256, std::is_same_v<Team, WarpTeam> ? 3 : 1)
+activation_kernel(const T* g, const T* bias, void* out, int64_t inter, const IdT* ids,
+                  int64_t expert_offset, const int32_t* offsets, const int32_t* row_src,
+                  int num_experts, float alpha, float limit, Fp8Scales q) {
   constexpr bool kWarpRows = std::is_same_v<Team, WarpTeam>;
   const Team team;
   const int64_t r = kWarpRows ? blockIdx.x * int64_t(kRowsPerBlock) + (threadIdx.x >> 5)
