@@ -51,7 +51,7 @@ $PY -m moe_kernels info
 
 echo "== tests"
 status=0
-MOE_KERNELS_ERROR_REPORT="$LOG_DIR/errors.json" $PY -m pytest tests -q -rs \
+MOE_KERNELS_ERROR_REPORT="$LOG_DIR/errors.json" $PY -m pytest tests -q -rs --durations=10 \
   --junitxml="$LOG_DIR/junit.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$LOG_DIR/tests.log" || status=$?
 [ -f "$LOG_DIR/errors.json" ] && cat "$LOG_DIR/errors.json"
 
