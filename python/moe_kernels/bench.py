@@ -153,47 +153,49 @@ def measure_ceilings(quant):
 
 # ---- peers ---------------------------------------------------------------------------------
 
-def torch_grouped_mm_moe(x, w13, w2, wts, ids, act):
-    """Plain PyTorch: sort by expert, torch._grouped_mm, activation, torch._grouped_mm,
-    weighted index_add_. No host sync, so it is graph-captured like ours."""
+def _torch_moe(x, wts, ids, act, num_experts, gemm1, gemm2):
+    """Plain PyTorch: sort by expert, gemm1, activation, gemm2, weighted index_add_.
+    gemm(a, offs) is one grouped GEMM over the expert-sorted rows a (x.dtype or float32).
+    No host sync, so it is graph-captured like ours."""
     import torch
     from .reference import apply_activation
     T, k = ids.shape
-    E = w13.shape[0]
     flat = ids.flatten().long()
     order = torch.argsort(flat, stable=True)
     token = order // k
-    offs = torch.searchsorted(flat[order], torch.arange(1, E + 1, device=x.device)).to(torch.int32)
-    h = torch._grouped_mm(x[token], w13.transpose(1, 2), offs=offs)
-    a = apply_activation(h.float(), act).to(x.dtype)
-    y = torch._grouped_mm(a, w2.transpose(1, 2), offs=offs)
-    y = y.float() * wts.flatten()[order, None]
+    offs = torch.searchsorted(flat[order], torch.arange(1, num_experts + 1, device=x.device)).to(torch.int32)
+    a = apply_activation(gemm1(x[token], offs).float(), act)
+    y = gemm2(a, offs).float() * wts.flatten()[order, None]
     return torch.zeros(x.shape, dtype=torch.float32, device=x.device).index_add_(0, token, y).to(x.dtype)
+
+
+def torch_grouped_mm_moe(x, w13, w2, wts, ids, act):
+    """The 16-bit peer: torch._grouped_mm for both GEMMs."""
+    import torch
+
+    def gemm(w):
+        return lambda a, offs: torch._grouped_mm(a.to(x.dtype), w.transpose(1, 2), offs=offs)
+
+    return _torch_moe(x, wts, ids, act, w13.shape[0], gemm(w13), gemm(w2))
 
 
 def torch_scaled_grouped_mm_moe(x, w13, w2, wts, ids, act, w13_scale, w2_scale):
-    """The fp8 peer in plain PyTorch: the same steps as torch_grouped_mm_moe, with dynamic
-    per-row activation quantization and torch._scaled_grouped_mm (row-wise scales, fast
-    accumulation) for both GEMMs."""
+    """The fp8 peer: dynamic per-row activation quantization and torch._scaled_grouped_mm
+    (row-wise scales, fast accumulation) for both GEMMs."""
     import torch
     from .fp8 import quantize_per_token
-    from .reference import apply_activation
-    T, k = ids.shape
     E = w13.shape[0]
-    flat = ids.flatten().long()
-    order = torch.argsort(flat, stable=True)
-    token = order // k
-    offs = torch.searchsorted(flat[order], torch.arange(1, E + 1, device=x.device)).to(torch.int32)
 
-    def gemm(a, w, scale):
-        q, s = quantize_per_token(a)
+    def gemm(w, scale):
         s_w = scale.reshape(E, -1).expand(E, w.shape[1]).contiguous()  # per tensor -> per channel
-        return torch._scaled_grouped_mm(q, w.transpose(1, 2), s.reshape(-1), s_w, offs=offs,
-                                        out_dtype=x.dtype, use_fast_accum=True)
 
-    a = apply_activation(gemm(x[token], w13, w13_scale).float(), act)
-    y = gemm(a, w2, w2_scale).float() * wts.flatten()[order, None]
-    return torch.zeros(x.shape, dtype=torch.float32, device=x.device).index_add_(0, token, y).to(x.dtype)
+        def run(a, offs):
+            q, s = quantize_per_token(a)
+            return torch._scaled_grouped_mm(q, w.transpose(1, 2), s.reshape(-1), s_w, offs=offs,
+                                            out_dtype=x.dtype, use_fast_accum=True)
+        return run
+
+    return _torch_moe(x, wts, ids, act, E, gemm(w13, w13_scale), gemm(w2, w2_scale))
 
 
 def _vllm_triton(x, w13, w2, wts, ids, act):
