@@ -45,7 +45,8 @@ pkg=$($PY -c "import moe_kernels, os; print(os.path.dirname(moe_kernels.__file__
 ls -l "$pkg"/libmoe_kernels_*.so
 for lib in "$pkg"/libmoe_kernels_*.so; do
   sass=$(cuobjdump --dump-sass "$lib")
-  echo "$(basename "$lib"): $(grep -c HGMMA <<< "$sass") HGMMA (16-bit), $(grep -c QGMMA <<< "$sass") QGMMA (fp8) instructions" | tee -a "$LOG_DIR/sass.txt"
+  echo "$(basename "$lib"): $(grep -c HGMMA <<< "$sass") HGMMA (16-bit), $(grep -c QGMMA <<< "$sass") QGMMA (fp8)," \
+    "$(grep -c 'HMMA\.16816' <<< "$sass") HMMA (mma.sync: decode kernels) instructions" | tee -a "$LOG_DIR/sass.txt"
 done
 $PY -m moe_kernels info
 

@@ -22,8 +22,12 @@ ARCHS = {
 # Element types by the name used in kernel names, with their CUTLASS spelling.
 DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cutlass::float_e4m3_t"}
 
-# Schedules by arch family: the names used in kernel names and the catalog.
-SCHEDULES = {"sm90": ("pingpong", "coop"), "sm100": ("1sm", "2sm")}
+# Schedules by arch family: the names used in kernel names and the catalog. "decode" is our
+# own kernel for a few rows per expert (src/gemm/decode_gemm.cuh: mma.sync with the weights
+# as the 16-row operand, tile_m tokens per pass, 16 output columns per block); the others
+# are CUTLASS's.
+SCHEDULES = {"sm90": ("pingpong", "coop", "decode"), "sm100": ("1sm", "2sm")}
+DECODE_TILE_N = 16
 
 # FP8 mainloops (SM90). "": partial sums promoted to fp32 every few k-blocks (accurate for
 # long K). "fastaccum": the tensor core's own accumulator all the way (what vLLM and
@@ -78,6 +82,11 @@ class GemmConfig:
         assert self.mainloop in MAINLOOPS, f"{self.name}: mainloop"
         assert not self.mainloop or (self.act_dtype == "e4m3" and family == "sm90"), \
             f"{self.name}: FP8 mainloop variants are for SM90 E4M3 kernels"
+        if self.schedule == "decode":
+            assert self.tile_n == DECODE_TILE_N and self.tile_m % 8 == 0, f"{self.name}: decode tile"
+            assert (self.cluster_m, self.cluster_n) == (1, 1), f"{self.name}: decode has no clusters"
+            assert self.mainloop != "fastaccum", f"{self.name}: decode accumulates in fp32 (mma.sync)"
+            return
         # Block scales cover 128 output columns; a tile must not split one.
         assert self.mainloop != "blockwise" or self.tile_n % 128 == 0, f"{self.name}: blockwise tile_n"
         if family == "sm90":
@@ -155,6 +164,10 @@ _SM90_FP8_BLOCK_FULL = [
 ]
 _SM90_FP8_BLOCK_MINIMAL = _SM90_FP8_BLOCK_FULL[:2]
 
+# Decode: 8 or 16 tokens per pass over an expert's weights (in registers); more rows make
+# more passes, so these are for a few rows per expert only. K steps of 128 bytes.
+_SM90_DECODE = [(8, 16, 128, 1, 1, "decode"), (16, 16, 128, 1, 1, "decode")]
+
 # SM100: 1-CTA tiles for decode and moderate M, 2-CTA (256-row) tiles for prefill. A first,
 # untuned set (no B200 to measure on yet), for bf16/fp16 (K=64) and fp8 (K=128).
 _SM100_FULL = [
@@ -173,8 +186,10 @@ _SM100_MINIMAL = [
 def _subset(sm90_16bit, sm90_fp8, sm100):
     rows = []
     for d in ("bf16", "fp16"):
-        rows += _rows("90a", d, sm90_16bit) + _rows("100a", d, _k(sm100, 64))
-    return rows + _rows("90a", "e4m3", sm90_fp8, out="bf16") + _rows("100a", "e4m3", _k(sm100, 128), out="bf16")
+        rows += _rows("90a", d, sm90_16bit + _k(_SM90_DECODE, 64)) + _rows("100a", d, _k(sm100, 64))
+    fp8_decode = _SM90_DECODE + [(*t, "blockwise") for t in _SM90_DECODE]
+    return (rows + _rows("90a", "e4m3", sm90_fp8 + fp8_decode, out="bf16")
+            + _rows("100a", "e4m3", _k(sm100, 128), out="bf16"))
 
 
 CATALOG = {

@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "kernels.h"
+#include "launch.cuh"
 #include "moe_kernels/c_api.h"
 #include "vec.cuh"
 
@@ -50,6 +51,7 @@ __global__ void __launch_bounds__(256, std::is_same_v<Team, WarpTeam> ? 3 : 1)
 activation_kernel(const T* g, const T* bias, void* out, int64_t inter, const IdT* ids,
                   int64_t expert_offset, const int32_t* offsets, const int32_t* row_src,
                   int num_experts, float alpha, float limit, Fp8Scales q) {
+  pdl_begin();
   constexpr bool kWarpRows = std::is_same_v<Team, WarpTeam>;
   const Team team;
   const int64_t r = kWarpRows ? blockIdx.x * int64_t(kRowsPerBlock) + (threadIdx.x >> 5)
@@ -123,16 +125,15 @@ activation_kernel(const T* g, const T* bias, void* out, int64_t inter, const IdT
 }
 
 template <int kAct, typename T, typename IdT, int kQuant>
-cudaError_t launch(const void* g, const void* bias, void* out, int64_t max_rows, int64_t inter,
+cudaError_t run(const void* g, const void* bias, void* out, int64_t max_rows, int64_t inter,
                    const void* ids, int64_t expert_offset, const RoutingBuffers& rb,
                    int num_experts, float alpha, float limit, const Fp8Scales& q,
                    cudaStream_t stream) {
   auto go = [&](auto team, unsigned blocks, int threads) {
-    activation_kernel<kAct, T, IdT, kQuant, decltype(team)><<<blocks, threads, 0, stream>>>(
-        static_cast<const T*>(g), static_cast<const T*>(bias), out, inter,
-        static_cast<const IdT*>(ids), expert_offset, rb.offsets, rb.row_src, num_experts,
-        alpha, limit, q);
-    return cudaGetLastError();
+    return launch(activation_kernel<kAct, T, IdT, kQuant, decltype(team)>, blocks, threads, 0,
+                  stream, static_cast<const T*>(g), static_cast<const T*>(bias), out, inter,
+                  static_cast<const IdT*>(ids), expert_offset, rb.offsets, rb.row_src,
+                  num_experts, alpha, limit, q);
   };
   // Short rows: a block-wide team would leave most of its threads idle and pay two block
   // barriers per row for the FP8 amax.
@@ -151,7 +152,7 @@ cudaError_t dispatch_act(int activation, const void* g, const void* bias, void* 
                          const Fp8Scales& q, cudaStream_t stream) {
 #define MOEK_ACT_CASE(A)                                                                   \
   case A:                                                                                  \
-    return launch<A, T, IdT, kQuant>(g, bias, out, max_rows, inter, ids, expert_offset, rb,  \
+    return run<A, T, IdT, kQuant>(g, bias, out, max_rows, inter, ids, expert_offset, rb,  \
                                    num_experts, alpha, limit, q, stream);
   switch (activation) {
     MOEK_ACT_CASE(MOEK_ACT_SWIGLU)

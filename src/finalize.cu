@@ -3,6 +3,7 @@
 #include <type_traits>
 
 #include "kernels.h"
+#include "launch.cuh"
 #include "vec.cuh"
 
 namespace moe_kernels {
@@ -24,6 +25,7 @@ finalize_kernel(const T* y, const T* bias, const float* weights, const IdT* ids,
   int32_t* s_expert = s_meta + top_k;
   float* s_w = reinterpret_cast<float*>(s_meta + 2 * top_k);
   float* s_rscale = s_w + top_k;
+  pdl_begin();
   const int64_t t = blockIdx.x;
   for (int s = threadIdx.x; s < top_k; s += blockDim.x) {
     const int64_t p = t * top_k + s;
@@ -78,16 +80,16 @@ finalize_kernel(const T* y, const T* bias, const float* weights, const IdT* ids,
 }
 
 template <typename T, typename IdT, bool kFp8>
-cudaError_t launch(const void* y, const void* bias, const float* w, const void* ids,
+cudaError_t run(const void* y, const void* bias, const float* w, const void* ids,
                    int64_t expert_offset, const RoutingBuffers& rb, void* out, int64_t tokens,
                    int top_k, int64_t hidden, const Fp8Scales& q, cudaStream_t stream) {
   const int64_t vecs = hidden / 8;
   const int threads = vecs >= kThreads ? kThreads : static_cast<int>((vecs + 31) / 32 * 32);
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>((vecs + threads - 1) / threads));
-  finalize_kernel<T, IdT, kFp8><<<grid, threads, 4 * sizeof(int32_t) * top_k, stream>>>(
-      static_cast<const T*>(y), static_cast<const T*>(bias), w, static_cast<const IdT*>(ids),
-      expert_offset, rb.pair_dst, static_cast<T*>(out), hidden, top_k, q);
-  return cudaGetLastError();
+  return launch(finalize_kernel<T, IdT, kFp8>, grid, threads, 4 * sizeof(int32_t) * top_k, stream,
+                static_cast<const T*>(y), static_cast<const T*>(bias), w,
+                static_cast<const IdT*>(ids), expert_offset, rb.pair_dst, static_cast<T*>(out),
+                hidden, top_k, q);
 }
 
 }  // namespace
@@ -97,7 +99,7 @@ cudaError_t launch_finalize(bool fp16, const void* y, const void* bias, const fl
                             const RoutingBuffers& rb, void* out, int64_t num_tokens, int top_k,
                             int64_t hidden_size, const Fp8Scales& q, cudaStream_t stream) {
   auto go = [&](auto t, auto id, auto dequantize) {
-    return launch<decltype(t), decltype(id), decltype(dequantize)::value>(
+    return run<decltype(t), decltype(id), decltype(dequantize)::value>(
         y, bias, topk_weights, topk_ids, expert_offset, rb, out, num_tokens, top_k, hidden_size,
         q, stream);
   };

@@ -3,6 +3,7 @@
 #include <type_traits>
 
 #include "kernels.h"
+#include "launch.cuh"
 #include "vec.cuh"
 
 namespace moe_kernels {
@@ -20,6 +21,7 @@ template <typename IdT, bool kSmem>
 __global__ void histogram_kernel(const IdT* ids, int64_t num_pairs, int64_t expert_offset,
                                  int num_experts, int32_t* counts) {
   extern __shared__ int32_t s_counts[];
+  pdl_begin();
   if constexpr (kSmem) {
     for (int i = threadIdx.x; i < num_experts; i += blockDim.x) s_counts[i] = 0;
     __syncthreads();
@@ -54,42 +56,46 @@ __device__ __forceinline__ void fill_group(const GroupSetup& g, int e, int32_t r
 }
 
 // Exclusive scan of the per-expert counts by one block, in chunks of its size with a carried
-// running sum (so any number of experts). Writes offsets[0..E] and both GEMMs' group
-// arguments; when `starts` is given, also each expert's first row (scatter cursors).
+// running sum (so any number of experts). Writes offsets[0..E], both GEMMs' group arguments
+// and the list of experts with rows (g1.active: [0] = how many, then which, in order); when
+// `starts` is given, also each expert's first row (scatter cursors). The rows (low 32 bits)
+// and the experts with rows (high 32 bits) are scanned together as one 64-bit sum.
 __device__ void scan_experts(const int32_t* counts, int num_experts, int32_t* offsets,
                              const GroupSetup& g1, const GroupSetup& g2, int32_t* starts) {
-  __shared__ int32_t warp_sums[kScanThreads / 32];
-  __shared__ int32_t carry_s;
+  __shared__ int64_t warp_sums[kScanThreads / 32];
+  __shared__ int64_t carry_s;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) carry_s = 0;
   __syncthreads();
   for (int base = 0; base < num_experts; base += kScanThreads) {
     const int e = base + threadIdx.x;
     const int32_t c = e < num_experts ? counts[e] : 0;
-    int32_t v = c;
+    const int64_t mine = (int64_t(c > 0) << 32) | c;
+    int64_t v = mine;
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
-      int32_t n = __shfl_up_sync(0xffffffffu, v, d);
+      int64_t n = __shfl_up_sync(0xffffffffu, v, d);
       if (lane >= d) v += n;
     }
     if (lane == 31) warp_sums[warp] = v;
     __syncthreads();
     if (warp == 0) {
-      int32_t w = warp_sums[lane];
+      int64_t w = warp_sums[lane];
 #pragma unroll
       for (int d = 1; d < 32; d <<= 1) {
-        int32_t n = __shfl_up_sync(0xffffffffu, w, d);
+        int64_t n = __shfl_up_sync(0xffffffffu, w, d);
         if (lane >= d) w += n;
       }
       warp_sums[lane] = w;
     }
     __syncthreads();
-    const int32_t carry = carry_s;
-    const int32_t inclusive = carry + v + (warp > 0 ? warp_sums[warp - 1] : 0);
+    const int64_t inclusive = carry_s + v + (warp > 0 ? warp_sums[warp - 1] : 0);
     if (e < num_experts) {
-      const int32_t start = inclusive - c;
+      const int64_t before = inclusive - mine;
+      const int32_t start = static_cast<int32_t>(before & 0xffffffff);
       offsets[e] = start;
       if (starts) starts[e] = start;
+      if (c > 0) g1.active[1 + (before >> 32)] = e;
       fill_group(g1, e, c, start);
       fill_group(g2, e, c, start);
     }
@@ -97,12 +103,16 @@ __device__ void scan_experts(const int32_t* counts, int num_experts, int32_t* of
     if (threadIdx.x == kScanThreads - 1) carry_s = inclusive;
     __syncthreads();
   }
-  if (threadIdx.x == 0) offsets[num_experts] = carry_s;
+  if (threadIdx.x == 0) {
+    offsets[num_experts] = static_cast<int32_t>(carry_s & 0xffffffff);
+    g1.active[0] = static_cast<int32_t>(carry_s >> 32);
+  }
 }
 
 __global__ void __launch_bounds__(kScanThreads)
 build_groups_kernel(const int32_t* counts, int num_experts, int32_t* offsets, GroupSetup g1,
                     GroupSetup g2) {
+  pdl_begin();
   scan_experts(counts, num_experts, offsets, g1, g2, nullptr);
 }
 
@@ -115,6 +125,7 @@ route_small_kernel(const IdT* ids, int64_t num_pairs, int64_t expert_offset, int
                    int32_t* offsets, int32_t* row_src, int32_t* pair_dst, GroupSetup g1,
                    GroupSetup g2) {
   extern __shared__ int32_t s_counts[];  // counts, then the next free row per expert
+  pdl_begin();
   for (int i = threadIdx.x; i < num_experts; i += blockDim.x) s_counts[i] = 0;
   __syncthreads();
   for (int64_t p = threadIdx.x; p < num_pairs; p += blockDim.x) {
@@ -197,6 +208,7 @@ __global__ void __launch_bounds__(256)
 expand_kernel(const int32_t* pair_dst, int top_k, const T* hidden, void* x, int64_t hidden_size,
               Fp8Scales q) {
   extern __shared__ int32_t s_rows[];  // [top_k]
+  pdl_begin();
   const int64_t t = blockIdx.x;
   for (int s = threadIdx.x; s < top_k; s += blockDim.x) s_rows[s] = pair_dst[t * top_k + s];
   __syncthreads();
@@ -212,6 +224,7 @@ scatter_expand_kernel(const IdT* ids, int top_k, int64_t expert_offset, int num_
                       int32_t* pair_dst, const T* hidden, void* x, int64_t hidden_size,
                       Fp8Scales q) {
   extern __shared__ int32_t s_rows[];  // [top_k]
+  pdl_begin();
   const int64_t t = blockIdx.x;
   for (int s = threadIdx.x; s < top_k; s += blockDim.x) {
     const int64_t p = t * top_k + s;
@@ -238,13 +251,14 @@ cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert
   const int threads = expand_threads(hidden_size);
   const size_t rows_smem = sizeof(int32_t) * top_k;
   if (num_pairs <= kSmallRoutingPairs && num_experts <= kSmemHistogramExperts) {
-    route_small_kernel<IdT><<<1, kScanThreads, num_experts * sizeof(int32_t), stream>>>(
-        ids, num_pairs, expert_offset, num_experts, rb.offsets, rb.row_src, rb.pair_dst, g1, g2);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
-    expand_kernel<T, kQuant><<<tokens, threads, rows_smem, stream>>>(rb.pair_dst, top_k, hidden,
-                                                                     x, hidden_size, q);
-    return cudaGetLastError();
+    err = launch(route_small_kernel<IdT>, 1, kScanThreads, num_experts * sizeof(int32_t), stream,
+                 ids, num_pairs, expert_offset, num_experts, rb.offsets, rb.row_src, rb.pair_dst,
+                 g1, g2);
+    if (err != cudaSuccess) return err;
+    return launch(expand_kernel<T, kQuant>, tokens, threads, rows_smem, stream, rb.pair_dst,
+                  top_k, hidden, x, hidden_size, q);
   }
+  // A memset is not a kernel (no PDL): the histogram after it is launched plainly.
   err = cudaMemsetAsync(rb.counts, 0, sizeof(int32_t) * 2 * num_experts, stream);
   if (err != cudaSuccess) return err;
   constexpr int hist_threads = 256;
@@ -258,12 +272,12 @@ cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert
                                                                  num_experts, rb.counts);
   }
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  build_groups_kernel<<<1, kScanThreads, 0, stream>>>(rb.counts, num_experts, rb.offsets, g1, g2);
-  if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  scatter_expand_kernel<IdT, T, kQuant><<<tokens, threads, rows_smem, stream>>>(
-      ids, top_k, expert_offset, num_experts, rb.offsets, rb.cursors, rb.row_src, rb.pair_dst,
-      hidden, x, hidden_size, q);
-  return cudaGetLastError();
+  err = launch(build_groups_kernel, 1, kScanThreads, 0, stream, rb.counts, num_experts,
+               rb.offsets, g1, g2);
+  if (err != cudaSuccess) return err;
+  return launch(scatter_expand_kernel<IdT, T, kQuant>, tokens, threads, rows_smem, stream, ids,
+                top_k, expert_offset, num_experts, rb.offsets, rb.cursors, rb.row_src,
+                rb.pair_dst, hidden, x, hidden_size, q);
 }
 
 }  // namespace

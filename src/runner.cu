@@ -114,6 +114,7 @@ struct Layout {
   size_t offsets;       // int32 [E + 1]
   size_t row_src;       // int32 [T*k]
   size_t pair_dst;      // int32 [T*k]
+  size_t active;        // int32 [E + 1]: experts with rows (count first)
   size_t groups[2];     // per GEMM: shapes, then A/B/D pointers and strides
   size_t gemm_ws;       // CUTLASS workspace, shared by the two GEMMs (same stream)
   size_t x;             // [T*k, H] permuted input (16-bit or E4M3); then GEMM2's 16-bit output
@@ -174,6 +175,7 @@ Layout plan(const moek_shape& s, int sm_count) {
   L.offsets = take(sizeof(int32_t) * (e + 1));
   L.row_src = take(sizeof(int32_t) * rows);
   L.pair_dst = take(sizeof(int32_t) * rows);
+  L.active = take(sizeof(int32_t) * (e + 1));
   L.groups[0] = take(group_block_bytes(e));
   L.groups[1] = take(group_block_bytes(e));
   L.gemm_ws = take(gemm_ws);
@@ -188,9 +190,11 @@ Layout plan(const moek_shape& s, int sm_count) {
 
 // sfa/sfb: the block scales of A and B for block-scaled GEMMs, else NULL.
 GroupSetup group_setup(char* ws, size_t at, int64_t e, const void* a, const void* b, void* d,
-                       int64_t n, int64_t k, int in_bytes, const float* sfa, const float* sfb) {
+                       int64_t n, int64_t k, int in_bytes, const float* sfa, const float* sfb,
+                       int32_t* active) {
   char* p = ws + at;
   GroupSetup g{};
+  g.active = active;
   g.problem_shapes = reinterpret_cast<int32_t*>(p);
   p += align_up(12 * e);
   auto next = [&]() { char* q = p; p += align_up(8 * e); return q; };
@@ -218,10 +222,13 @@ GroupSetup group_setup(char* ws, size_t at, int64_t e, const void* a, const void
   return g;
 }
 
-GroupedGemmArgs gemm_args(const GroupSetup& g, int e, void* ws, int device, int sms,
-                          cudaStream_t stream) {
+GroupedGemmArgs gemm_args(const GroupSetup& g, int e, int64_t rows, void* ws, int device,
+                          int sms, cudaStream_t stream) {
   GroupedGemmArgs a{};
   a.num_groups = e;
+  a.active_groups = g.active;
+  a.max_active_groups = static_cast<int>(std::min<int64_t>(e, rows));
+  a.n = g.n;
   a.problem_shapes = g.problem_shapes;
   a.ptr_a = g.ptr_a;
   a.stride_a = g.stride_a;
@@ -364,10 +371,12 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   float* x_scale = fp8 ? reinterpret_cast<float*>(ws + L.x_scale) : nullptr;
   float* a_scale = fp8 ? reinterpret_cast<float*>(ws + L.a_scale) : nullptr;
   // GEMM1: x[rows, H] x w13^T -> g[rows, N1];  GEMM2: a[rows, I] x w2^T -> y (in x's space).
+  int32_t* active = reinterpret_cast<int32_t*>(ws + L.active);
   GroupSetup g1 = group_setup(ws, L.groups[0], e, ws + L.x, a->w13, ws + L.g, n1, s.hidden_size,
-                              in_bytes, block ? x_scale : nullptr, a->w13_scale);
+                              in_bytes, block ? x_scale : nullptr, a->w13_scale, active);
   GroupSetup g2 = group_setup(ws, L.groups[1], e, ws + L.a, a->w2, ws + L.x, s.hidden_size,
-                              s.inter_size, in_bytes, block ? a_scale : nullptr, a->w2_scale);
+                              s.inter_size, in_bytes, block ? a_scale : nullptr, a->w2_scale,
+                              active);
   Fp8Scales q_in, q_mid, q_out;
   q_in.quant = q_mid.quant = q_out.quant = s.quant;
   q_in.static_out = a->a13_scale;
@@ -393,7 +402,7 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   }
   const int last = a->last_step > 0 ? a->last_step : 5;
   if (last <= 1) return MOEK_OK;
-  if (int st = k1->ops->run(gemm_args(g1, e, ws + L.gemm_ws, a->device, d.sm_count, stream),
+  if (int st = k1->ops->run(gemm_args(g1, e, rows, ws + L.gemm_ws, a->device, d.sm_count, stream),
                             err, errlen))
     return st;
   if (last <= 2) return MOEK_OK;
@@ -402,7 +411,7 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
                                   s.act_alpha, s.act_limit, q_mid, stream),
                 "activation");
   if (last <= 3) return MOEK_OK;
-  if (int st = k2->ops->run(gemm_args(g2, e, ws + L.gemm_ws, a->device, d.sm_count, stream),
+  if (int st = k2->ops->run(gemm_args(g2, e, rows, ws + L.gemm_ws, a->device, d.sm_count, stream),
                             err, errlen))
     return st;
   if (last <= 4) return MOEK_OK;

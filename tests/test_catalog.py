@@ -58,6 +58,7 @@ _SM90_ROW = dict(arch="90a", act_dtype="bf16", weight_dtype="bf16", tile_m=128, 
                 tile_k=64, cluster_m=1, cluster_n=1, schedule="coop")
 _SM100_ROW = dict(_SM90_ROW, arch="100a", tile_n=256, schedule="1sm")
 _E4M3 = dict(act_dtype="e4m3", weight_dtype="e4m3", out_dtype="bf16")
+_DECODE_ROW = dict(_SM90_ROW, tile_m=8, tile_n=16, schedule="decode")
 
 
 @pytest.mark.parametrize("base,bad", [
@@ -72,6 +73,11 @@ _E4M3 = dict(act_dtype="e4m3", weight_dtype="e4m3", out_dtype="bf16")
     (_SM100_ROW, dict(schedule="2sm", tile_m=64, cluster_m=2)),   # 32 rows per CTA
     (_SM100_ROW, dict(schedule="1sm", tile_m=256)),          # one CTA does at most 128 rows
     (_SM100_ROW, dict(_E4M3, tile_k=64)),                    # 64 bytes of K
+    (_DECODE_ROW, dict(tile_n=32)),                          # 16 weight rows per block
+    (_DECODE_ROW, dict(tile_m=12)),                          # whole 8-token mma tiles
+    (_DECODE_ROW, dict(cluster_n=2)),
+    (_DECODE_ROW, dict(_E4M3, tile_k=128, mainloop="fastaccum")),  # it accumulates in fp32
+    (_DECODE_ROW, dict(arch="100a")),                        # an SM90 schedule (not yet built for SM100)
 ])
 def test_illegal_rows_are_rejected(base, bad):
     catalog.GemmConfig(**base).check()  # the base row itself is legal
@@ -118,6 +124,12 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
         family = catalog.ARCHS[arch]["family"]
         for c in catalog.select("full", [arch]):
             text = (tmp_path / arch / f"{c.name}.cu").read_text()
+            if c.schedule == "decode":
+                blockwise = "true" if c.mainloop == "blockwise" else "false"
+                assert '#include "gemm/decode_gemm.cuh"' in text
+                assert f"DecodeGemm<{generate.CUDA_TYPES[c.act_dtype]}, " in text
+                assert f", {blockwise}, {c.tile_m}>::kOps" in text
+                continue
             assert f'#include "gemm/{family}/grouped_gemm.cuh"' in text
             assert generate.SCHEDULE_TYPES[c.schedule] + generate.MAINLOOP_SUFFIX[c.mainloop] + ">" in text
     assert set(generate.SCHEDULE_TYPES) == {s for v in catalog.SCHEDULES.values() for s in v}

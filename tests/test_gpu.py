@@ -192,6 +192,34 @@ def test_quant_mode_without_kernels_names_what_exists():
         run(p, quant="mxfp8")
 
 
+# ---- the decode kernels (our mma.sync grouped GEMM for a few rows per expert) ------------------
+
+# (T, E, k, H, I) per mode: one row per expert; most experts empty; 20 rows per expert (several
+# passes of 8 or 16 tokens); N not a multiple of the 16-row tile and K tails (16-bit only).
+DECODE_CASES = {
+    "bf16": [(1, 8, 2, 512, 256), (5, 64, 8, 1032, 136), (40, 4, 2, 256, 384)],
+    "fp16": [(1, 8, 2, 512, 256), (5, 64, 8, 1032, 136), (40, 4, 2, 256, 384)],
+    "fp8": [(1, 8, 2, 512, 256), (5, 64, 8, 1040, 144), (40, 4, 2, 272, 400)],
+    "fp8_block": [(1, 8, 2, 512, 256), (5, 64, 8, 1152, 384), (40, 4, 2, 256, 384)],
+}
+
+
+@pytest.mark.parametrize("mode", list(DECODE_CASES))
+def test_decode_kernels(mode, error_log):
+    kernels = [k for k in moe_kernels.list_kernels(quant=mode) if k.schedule == "decode"]
+    assert kernels, f"no {mode} decode kernels usable on this GPU"
+    other = next(k for k in moe_kernels.list_kernels(quant=mode) if k.schedule != "decode")
+    for T, E, k, H, I in DECODE_CASES[mode]:
+        p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype=mode, bias=True)
+        ref = reference_out(p)
+        for kern in kernels:
+            for tactic in (Tactic(kern.name, kern.name), Tactic(kern.name, other.name),
+                           Tactic(other.name, kern.name)):
+                err = rel_error(run(p, tactic=tactic), ref)
+                error_log.add(f"{mode}/decode/{kern.name}", err)
+                assert err < TOLERANCE[mode], f"{tactic} T={T} E={E}: relative error {err:.3e}"
+
+
 # ---- fp8 and fp8_block (E4M3 x E4M3, bf16 in and out) -----------------------------------------
 
 FP8_MODES = ["fp8", "fp8_block"]

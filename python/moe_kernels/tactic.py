@@ -39,9 +39,16 @@ class Tactic:
 DECODE_ROWS = 512
 DECODE_ROWS_FP8_BLOCK = 64
 MIN_SM_FILL = 0.5
+# The "decode" schedule (our mma.sync kernel, weights read once per pass of tile_m tokens):
+# the default up to this many rows per expert.
+DECODE_KERNEL_ROWS = 8
 
 
 def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_count: int) -> KernelInfo:
+    decode = sorted((k for k in kernels if k.schedule == "decode"), key=lambda k: k.tile[0])
+    if decode and rows_per_expert <= DECODE_KERNEL_ROWS:
+        return next((k for k in decode if k.tile[0] >= rows_per_expert), decode[-1])
+    kernels = [k for k in kernels if k.schedule != "decode"] or kernels
     plain = [k for k in kernels if k.cluster == (1, 1)] or kernels
     decode_rows = DECODE_ROWS_FP8_BLOCK if all(k.quant == "fp8_block" for k in plain) else DECODE_ROWS
     if rows_per_expert <= decode_rows:

@@ -1,0 +1,243 @@
+// A grouped GEMM for decode: a few rows per expert, where the time is the weights' bytes.
+// The catalog's "decode" schedule (cmake/catalog.py); same interface as the CUTLASS kernels.
+//
+// Swapped operands: the weights are mma.sync's A operand (16 weight rows per block) and the
+// tokens its N operand (8 per mma), so a single token wastes 7/8 of an mma, not 63/64 of a
+// wgmma tile. Each block owns 16 output columns of one expert; its 4 warps split K and add
+// their partial sums in shared memory. Weight bytes are read once, straight from global
+// memory into registers (16 bytes per lane per load, several loads in flight per lane).
+// Tokens and scales are small and re-read from L1/L2.
+//
+// K order: mma.sync wants each lane to hold bytes 4q..4q+3 and 16+4q..16+4q+3 of a 32-byte
+// K step (q = lane % 4). A dot product does not care about the order of K, so lane q instead
+// loads bytes 16q..16q+15 of a 64-byte K step, for the weights and the tokens alike, and
+// feeds them as two mma steps; the same permutation on both operands gives the same sums.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdio>
+#include <type_traits>
+
+#include "gemm/grouped_gemm.h"
+#include "launch.cuh"
+
+namespace moe_kernels {
+namespace decode {
+
+constexpr int kWarps = 4;     // split K
+constexpr int kRows = 16;     // weight rows (output columns) per block: one mma M
+constexpr int kKBytes = 128;  // K bytes per warp step: one 128-column scale block for FP8
+constexpr int kBatch = 2;     // K steps whose loads a warp issues before using any
+
+struct Params {
+  const int32_t* problem_shapes;
+  const int32_t* active_groups;  // [0]: how many groups have rows; [1..]: which
+  const void* const* ptr_a;
+  const int64_t* stride_a;
+  const void* const* ptr_b;
+  const int64_t* stride_b;
+  void* const* ptr_d;
+  const int64_t* stride_d;
+  const float* const* ptr_sfa;
+  const float* const* ptr_sfb;
+};
+
+// Weights are streamed once: keep them out of L1 so the tokens stay there.
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// c += a (16 x 32 bytes of K, row-major) * b (32 bytes of K x 8, column-major), fp32 accumulate.
+template <class In>
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (std::is_same_v<In, __nv_fp8_e4m3>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else if constexpr (std::is_same_v<In, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    static_assert(std::is_same_v<In, __half>, "decode GEMM: bf16, fp16 or e4m3 inputs");
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <class Out>
+__device__ __forceinline__ Out to_out(float v) {
+  if constexpr (std::is_same_v<Out, __nv_bfloat16>) return __float2bfloat16(v);
+  else return __float2half(v);
+}
+
+// kTiles: 8-token mma tiles kept in registers per pass over the weights (a group with more
+// rows makes more passes). kBlockScaled: fp8_block, A scales [M, K/128] and B scales
+// [N/128, K/128] applied to each 128-column partial sum; else raw fp32 sums (the fp8 path's
+// scales are applied by the next step, as with the CUTLASS kernels).
+template <class In, class Out, bool kBlockScaled, int kTiles>
+__device__ __forceinline__ void group_tile(const Params& p, int g,
+                                           float (&partial)[kWarps][kTiles * 8][kRows + 1]) {
+  const int m_rows = p.problem_shapes[3 * g], n = p.problem_shapes[3 * g + 1];
+  const int k = p.problem_shapes[3 * g + 2];
+  const int n0 = blockIdx.x * kRows;
+  if (n0 >= n) return;  // the same for the whole block
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int r = lane >> 2, q = lane & 3;  // mma group (row / token) and lane within it
+  const int64_t k_bytes = int64_t(k) * sizeof(In);
+  const int k_steps = static_cast<int>((k_bytes + kKBytes - 1) / kKBytes);
+  const char* a = static_cast<const char*>(p.ptr_a[g]);
+  const char* b = static_cast<const char*>(p.ptr_b[g]);
+  const int64_t lda = p.stride_a[g] * sizeof(In), ldb = p.stride_b[g] * sizeof(In);
+  // This lane's two weight rows (r and r + 8 of the tile); rows past N read nothing.
+  const bool w_ok[2] = {n0 + r < n, n0 + r + 8 < n};
+  const char* w_row[2] = {b + (n0 + r) * ldb + 16 * q, b + (n0 + r + 8) * ldb + 16 * q};
+  const float* sfa = nullptr;
+  const float* sfb = nullptr;
+  if constexpr (kBlockScaled) {
+    sfa = p.ptr_sfa[g];
+    sfb = p.ptr_sfb[g] + int64_t(n0 / 128) * k_steps;
+  }
+
+  for (int m0 = 0; m0 < m_rows; m0 += kTiles * 8) {
+    float acc[kTiles][4] = {};
+    for (int s0 = warp; s0 < k_steps; s0 += kWarps * kBatch) {
+      uint4 w[kBatch][2][2];        // [step][64-byte half][row r, r + 8]
+      uint4 x[kBatch][2][kTiles];   // [step][half][token tile]: token m0 + 8t + r
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int s = s0 + i * kWarps;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t off = int64_t(s) * kKBytes + 64 * h + 16 * q;
+          const bool in_k = s < k_steps && off < k_bytes;  // k_bytes % 16 == 0
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+            w[i][h][j] = in_k && w_ok[j] ? load_stream(w_row[j] + off) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+          for (int t = 0; t < kTiles; ++t) {
+            const int m = m0 + 8 * t + r;
+            x[i][h][t] = in_k && m < m_rows
+                             ? __ldg(reinterpret_cast<const uint4*>(a + m * lda + off))
+                             : make_uint4(0, 0, 0, 0);
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int s = s0 + i * kWarps;
+        if (s >= k_steps) break;  // the same for the whole warp
+        float part[kTiles][4] = {};
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const uint32_t wa[4] = {word(w[i][h][0], 2 * u), word(w[i][h][1], 2 * u),
+                                    word(w[i][h][0], 2 * u + 1), word(w[i][h][1], 2 * u + 1)};
+#pragma unroll
+            for (int t = 0; t < kTiles; ++t)
+              mma<In>(kBlockScaled ? part[t] : acc[t], wa, word(x[i][h][t], 2 * u),
+                      word(x[i][h][t], 2 * u + 1));
+          }
+        if constexpr (kBlockScaled) {
+          const float ws = sfb[s];
+#pragma unroll
+          for (int t = 0; t < kTiles; ++t) {
+            // c0/c2 are token 2q of the tile, c1/c3 token 2q + 1 (rows r and r + 8).
+            const int m = m0 + 8 * t + 2 * q;
+            const float s0a = m < m_rows ? sfa[int64_t(m) * k_steps + s] * ws : 0.f;
+            const float s1a = m + 1 < m_rows ? sfa[int64_t(m + 1) * k_steps + s] * ws : 0.f;
+            acc[t][0] += part[t][0] * s0a;
+            acc[t][1] += part[t][1] * s1a;
+            acc[t][2] += part[t][2] * s0a;
+            acc[t][3] += part[t][3] * s1a;
+          }
+        }
+      }
+    }
+    // c0: (row r, token 2q), c1: (r, 2q + 1), c2: (r + 8, 2q), c3: (r + 8, 2q + 1).
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      partial[warp][8 * t + 2 * q][r] = acc[t][0];
+      partial[warp][8 * t + 2 * q + 1][r] = acc[t][1];
+      partial[warp][8 * t + 2 * q][r + 8] = acc[t][2];
+      partial[warp][8 * t + 2 * q + 1][r + 8] = acc[t][3];
+    }
+    __syncthreads();
+    Out* d = static_cast<Out*>(p.ptr_d[g]);
+    const int64_t ldd = p.stride_d[g];
+    for (int i = threadIdx.x; i < kTiles * 8 * kRows; i += kWarps * 32) {
+      const int tok = i / kRows, col = i % kRows;
+      if (m0 + tok < m_rows && n0 + col < n) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) v += partial[w][tok][col];
+        d[int64_t(m0 + tok) * ldd + n0 + col] = to_out<Out>(v);
+      }
+    }
+    __syncthreads();  // `partial` is reused by the next pass
+  }
+}
+
+template <class In, class Out, bool kBlockScaled, int kTiles>
+__global__ void __launch_bounds__(kWarps * 32) decode_gemm_kernel(Params p) {
+  __shared__ float partial[kWarps][kTiles * 8][kRows + 1];
+  pdl_begin();
+  const int active = p.active_groups[0];
+  for (int y = blockIdx.y; y < active; y += gridDim.y)  // gridDim.y is capped at 65535
+    group_tile<In, Out, kBlockScaled, kTiles>(p, p.active_groups[1 + y], partial);
+}
+
+}  // namespace decode
+
+template <class In, class Out, bool kBlockScaled, int kTokens>
+struct DecodeGemm {
+  static_assert(kTokens % 8 == 0, "decode GEMM: tokens per pass in multiples of 8");
+  static constexpr int kTiles = kTokens / 8;
+
+  static size_t workspace_size(int, int) { return 0; }
+
+  static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
+    if (a.n <= 0 || a.max_active_groups <= 0 || !a.active_groups) {
+      snprintf(err, errlen, "decode GEMM: needs N, the active-group list and its bound");
+      return MOEK_INVALID_ARGUMENT;
+    }
+    decode::Params p{a.problem_shapes, a.active_groups, a.ptr_a, a.stride_a, a.ptr_b,
+                     a.stride_b, a.ptr_d, a.stride_d, a.ptr_sfa, a.ptr_sfb};
+    const dim3 grid(static_cast<unsigned>((a.n + decode::kRows - 1) / decode::kRows),
+                    static_cast<unsigned>(a.max_active_groups < 65535 ? a.max_active_groups
+                                                                      : 65535));
+    const cudaError_t e = launch(decode::decode_gemm_kernel<In, Out, kBlockScaled, kTiles>, grid,
+                                 decode::kWarps * 32, 0, a.stream, p);
+    if (e != cudaSuccess) {
+      snprintf(err, errlen, "decode GEMM launch: %s", cudaGetErrorString(e));
+      return MOEK_CUDA_ERROR;
+    }
+    return MOEK_OK;
+  }
+
+  static constexpr GemmKernelOps kOps{
+      &run, &workspace_size,
+      static_cast<int>(sizeof(float) * decode::kWarps * kTiles * 8 * (decode::kRows + 1))};
+};
+
+}  // namespace moe_kernels

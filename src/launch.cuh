@@ -1,0 +1,50 @@
+// Kernel launches with programmatic dependent launch (PDL, SM90+): each of our kernels may be
+// scheduled while the previous kernel on the stream is still finishing, so the launch
+// latency between the forward's steps overlaps with work. Every kernel launched this way
+// starts with pdl_begin(): it waits for the previous grid to complete (and its memory to be
+// visible) before touching any global memory, then lets the next kernel be scheduled.
+// Ordering is therefore exactly that of a plain stream; only launch gaps shrink.
+// MOE_KERNELS_PDL=0 turns it off (plain launches; pdl_begin() is then a no-op).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdlib.h>
+
+#include <utility>
+
+namespace moe_kernels {
+
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+inline bool pdl_enabled() {
+  static const bool enabled = [] {
+    const char* v = getenv("MOE_KERNELS_PDL");
+    return !(v && v[0] == '0');
+  }();
+  return enabled;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with PDL unless it is turned off; returns
+// the launch error.
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace moe_kernels
