@@ -110,7 +110,7 @@ __device__ __forceinline__ void group_tile(const Params& p, int g,
   const int64_t lda = p.stride_a[g] * sizeof(In), ldb = p.stride_b[g] * sizeof(In);
   // This lane's two weight rows (r and r + 8 of the tile); rows past N read nothing.
   const bool w_ok[2] = {n0 + r < n, n0 + r + 8 < n};
-  const char* w_row[2] = {b + (n0 + r) * ldb + 16 * q, b + (n0 + r + 8) * ldb + 16 * q};
+  const char* w_row[2] = {b + (n0 + r) * ldb, b + (n0 + r + 8) * ldb};
   const float* sfa = nullptr;
   const float* sfb = nullptr;
   if constexpr (kBlockScaled) {
