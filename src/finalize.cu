@@ -84,7 +84,9 @@ cudaError_t run(const void* y, const void* bias, const float* w, const void* ids
                    int64_t expert_offset, const RoutingBuffers& rb, void* out, int64_t tokens,
                    int top_k, int64_t hidden, const Fp8Scales& q, cudaStream_t stream) {
   const int64_t vecs = hidden / 8;
-  const int threads = vecs >= kThreads ? kThreads : static_cast<int>((vecs + 31) / 32 * 32);
+  // Few tokens (decode): narrower blocks, so that each token's columns spread over more SMs.
+  const int64_t per_block = tokens < 64 ? 64 : kThreads;
+  const int threads = static_cast<int>(vecs >= per_block ? per_block : (vecs + 31) / 32 * 32);
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>((vecs + threads - 1) / threads));
   return launch(finalize_kernel<T, IdT, kFp8>, grid, threads, 4 * sizeof(int32_t) * top_k, stream,
                 static_cast<const T*>(y), static_cast<const T*>(bias), w,

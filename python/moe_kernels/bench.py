@@ -94,6 +94,8 @@ def add_arguments(p) -> None:
                                           "(or {\"counts\": [...]}); overrides --routing")
     p.add_argument("--replays", type=int, default=30, help="timed graph replays per point")
     p.add_argument("--no-peers", action="store_true", help="time moe_kernels only")
+    p.add_argument("--tactic", help="time this GEMM1+GEMM2 pair (kernel names joined by '+') "
+                   "instead of the tuned or default choice")
     p.add_argument("--sweep", action="store_true",
                    help="also time every built kernel in each GEMM slot (the other on the default)")
     p.add_argument("--breakdown", action="store_true",
@@ -252,6 +254,13 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
 
     dtype = torch.float16 if args.quant == "fp16" else torch.bfloat16  # hidden states and output
     act = Activation.parse(args.activation)
+    forced = None
+    if getattr(args, "tactic", None):
+        names = args.tactic.split("+")
+        if len(names) != 2:
+            raise SystemExit(f"--tactic {args.tactic!r}: expected GEMM1+GEMM2 kernel names "
+                             "(python -m moe_kernels info lists them)")
+        forced = moe_kernels.Tactic(*names)
     E, k, H, I = shape.experts, shape.top_k, shape.hidden, shape.inter
     gen = torch.Generator().manual_seed(0)
     weights = make_weights(args.quant, act, E, H, I)
@@ -279,7 +288,7 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
         x0, ids0, w0 = sets[0]
         ref = reference.fused_moe(x0, w13, w2, w0, ids0, activation=act, quant=args.quant, **scales)
 
-        def ours(x, ids, w, o, tactic=None, last_step=0):
+        def ours(x, ids, w, o, tactic=forced, last_step=0):
             moe_kernels.fused_moe(x, w13, w2, w, ids, quant=args.quant, activation=act, workspace=ws,
                                   out=o, tactic=tactic, _last_step=last_step, **scales)
 
@@ -307,8 +316,8 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
                "experts_hit": hit, "bytes": f["bytes"], "flops": f["flops"],
                "bw_floor_us": f["bw_floor_s"] * 1e6, "flop_floor_us": f["flop_floor_s"] * 1e6,
                "floor_us": f["floor_s"] * 1e6,
-               "tactic": str(moe_kernels.api.choose_tactic(x0, w13, w2, w0, ids0, quant=args.quant,
-                                                           activation=act, **scales)),
+               "tactic": str(forced or moe_kernels.api.choose_tactic(
+                   x0, w13, w2, w0, ids0, quant=args.quant, activation=act, **scales)),
                "results": {"moe_kernels": timed(ours)}}
         for name, fn, why in peer_list:
             if fn is None:
