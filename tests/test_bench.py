@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+import moe_kernels
 from moe_kernels import bench, profiling
 
 
@@ -93,6 +94,14 @@ def test_format_row_names_missing_peers():
                        "vllm-triton": {"status": "not installed"}}}
     line = bench.format_row(row, ["torch._grouped_mm", "vllm-triton"])
     assert "2.00x" in line and "not installed" in line and "80%" in line
+
+
+def test_tactic_argument():
+    assert bench.parse_tactic(None) is None
+    assert bench.parse_tactic("a+b") == moe_kernels.Tactic("a", "b")
+    for bad in ("a", "a+", "a+b+c"):
+        with pytest.raises(SystemExit, match="two kernel names"):
+            bench.parse_tactic(bad)
 
 
 def test_bench_without_gpu_says_so():

@@ -67,6 +67,18 @@ def shapes_from_args(args) -> list:
     return out
 
 
+def parse_tactic(text):
+    """--tactic GEMM1+GEMM2 -> a Tactic (None when not given)."""
+    if not text:
+        return None
+    from .tactic import Tactic
+    names = text.split("+")
+    if len(names) != 2 or not all(names):
+        raise SystemExit(f"--tactic {text!r}: expected two kernel names joined by '+' "
+                         "(python -m moe_kernels info lists them)")
+    return Tactic(*names)
+
+
 def parse_tokens(text: str) -> list:
     try:
         tokens = [int(t) for t in text.split(",") if t.strip()]
@@ -254,13 +266,7 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
 
     dtype = torch.float16 if args.quant == "fp16" else torch.bfloat16  # hidden states and output
     act = Activation.parse(args.activation)
-    forced = None
-    if getattr(args, "tactic", None):
-        names = args.tactic.split("+")
-        if len(names) != 2:
-            raise SystemExit(f"--tactic {args.tactic!r}: expected GEMM1+GEMM2 kernel names "
-                             "(python -m moe_kernels info lists them)")
-        forced = moe_kernels.Tactic(*names)
+    forced = getattr(args, "tactic", None)  # a Tactic (parse_tactic) or None
     E, k, H, I = shape.experts, shape.top_k, shape.hidden, shape.inter
     gen = torch.Generator().manual_seed(0)
     weights = make_weights(args.quant, act, E, H, I)
@@ -459,6 +465,7 @@ def main(args) -> int:
     import moe_kernels
     from moe_kernels import info
 
+    args.tactic = parse_tactic(getattr(args, "tactic", None))
     if not torch.cuda.is_available():
         print("No CUDA GPU is visible, so there is nothing to time. What this build holds:\n")
         return info.main(argparse.Namespace(json=False))
