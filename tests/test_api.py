@@ -188,11 +188,15 @@ def test_default_rule_decode_kernels():
     ks = [_k("p64x128", 64, 128), _k("c128x256", 128, 256, "coop"),
           _k("d16", 16, 16, "decode"), _k("d8", 8, 16, "decode")]
     qwen3 = dict(top_k=8, num_experts=128, hidden_size=2048, gemm1_n=1536, sm_count=132)
-    assert default_tactic(ks, num_tokens=1, **qwen3) == Tactic("d8", "d8")      # 1 row per expert
-    assert default_tactic(ks, num_tokens=16, **qwen3) == Tactic("d8", "d8")     # 1
-    assert default_tactic(ks, num_tokens=128, **qwen3) == Tactic("d8", "d8")    # 8
-    assert default_tactic(ks, num_tokens=256, **qwen3).gemm1 == "p64x128"      # 16: CUTLASS
+    assert default_tactic(ks, num_tokens=1, **qwen3) == Tactic("d8", "d8")      # 8 pairs
+    assert default_tactic(ks, num_tokens=4, **qwen3) == Tactic("d8", "d8")      # 32
+    assert default_tactic(ks, num_tokens=8, **qwen3).gemm1 == "d8"              # 64: GEMM1 only
+    assert default_tactic(ks, num_tokens=8, **qwen3).gemm2 == "p64x128"
+    assert default_tactic(ks, num_tokens=16, **qwen3).gemm1 == "p64x128"       # 128: CUTLASS
     assert default_tactic(ks, num_tokens=16384, **qwen3) == Tactic("c128x256", "c128x256")
+    # 20 rows on each of 2 experts: more than one 16-token pass, the widest decode tile
+    two = dict(top_k=1, num_experts=2, hidden_size=4096, gemm1_n=28672, sm_count=132)
+    assert default_tactic(ks, num_tokens=40, **two).gemm1 == "d16"
     # no CUTLASS kernel left after the decode ones are set aside: still a choice
     assert default_tactic(ks[2:], num_tokens=4096, **qwen3).gemm1 in ("d8", "d16")
 

@@ -40,13 +40,17 @@ DECODE_ROWS = 512
 DECODE_ROWS_FP8_BLOCK = 64
 MIN_SM_FILL = 0.5
 # The "decode" schedule (our mma.sync kernel, weights read once per pass of tile_m tokens):
-# the default up to this many rows per expert.
-DECODE_KERNEL_ROWS = 8
+# the default for GEMM1 up to 64 (token, expert) pairs, for GEMM2 up to 32. H200 tuning
+# (skewed routing; Qwen3-30B-A3B fp8 and bf16, DeepSeek-V3 fp8_block, k=8) had it best in
+# GEMM1 up to 8 tokens (and 16 for Qwen3) and in GEMM2 up to 4-8 tokens; at 16+ tokens of
+# DeepSeek-V3 (1.25+ rows per expert over 100+ experts) CUTLASS's tiles were 14-40% faster.
+DECODE_PAIRS = (64, 32)  # GEMM1, GEMM2
 
 
-def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_count: int) -> KernelInfo:
+def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_count: int,
+          decode_pairs: int) -> KernelInfo:
     decode = sorted((k for k in kernels if k.schedule == "decode"), key=lambda k: k.tile[0])
-    if decode and rows_per_expert <= DECODE_KERNEL_ROWS:
+    if decode and rows_per_expert * experts_hit <= decode_pairs:
         return next((k for k in decode if k.tile[0] >= rows_per_expert), decode[-1])
     kernels = [k for k in kernels if k.schedule != "decode"] or kernels
     plain = [k for k in kernels if k.cluster == (1, 1)] or kernels
@@ -76,5 +80,5 @@ def default_tactic(kernels: list, *, num_tokens: int, top_k: int, num_experts: i
     pairs = num_tokens * top_k
     experts_hit = max(1, min(num_experts, pairs))
     rows = pairs / experts_hit
-    return Tactic(_pick(kernels, rows, gemm1_n, experts_hit, sm_count).name,
-                  _pick(kernels, rows, hidden_size, experts_hit, sm_count).name)
+    return Tactic(_pick(kernels, rows, gemm1_n, experts_hit, sm_count, DECODE_PAIRS[0]).name,
+                  _pick(kernels, rows, hidden_size, experts_hit, sm_count, DECODE_PAIRS[1]).name)
