@@ -55,7 +55,8 @@ def kernel_source(c: catalog.GemmConfig) -> str:
                 '#include "gemm/decode_gemm.cuh"\n\n'
                 f"namespace moe_kernels::{ns} {{\n"
                 f"extern const GemmKernelOps kOps_{c.name} = DecodeGemm<{CUDA_TYPES[c.act_dtype]}, "
-                f"{CUDA_TYPES[c.out]}, {str(c.mainloop == 'blockwise').lower()}, {c.tile_m}>::kOps;\n"
+                f"{CUDA_TYPES[c.out]}, {str(c.mainloop == 'blockwise').lower()}, {c.tile_m}, "
+                f"{c.tile_n}>::kOps;\n"
                 f"}}  // namespace moe_kernels::{ns}\n")
     return (HEADER +
             f'#include "gemm/{ns}/grouped_gemm.cuh"\n\n'

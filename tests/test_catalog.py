@@ -128,7 +128,7 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
                 blockwise = "true" if c.mainloop == "blockwise" else "false"
                 assert '#include "gemm/decode_gemm.cuh"' in text
                 assert f"DecodeGemm<{generate.CUDA_TYPES[c.act_dtype]}, " in text
-                assert f", {blockwise}, {c.tile_m}>::kOps" in text
+                assert f", {blockwise}, {c.tile_m}, {c.tile_n}>::kOps" in text
                 continue
             assert f'#include "gemm/{family}/grouped_gemm.cuh"' in text
             assert generate.SCHEDULE_TYPES[c.schedule] + generate.MAINLOOP_SUFFIX[c.mainloop] + ">" in text

@@ -209,9 +209,11 @@ __global__ void __launch_bounds__(kWarps * 32) decode_gemm_kernel(Params p) {
 
 }  // namespace decode
 
-template <class In, class Out, bool kBlockScaled, int kTokens>
+// kTokens, kColumns: the catalog's tile_m and tile_n (cmake/catalog.py "decode" rows).
+template <class In, class Out, bool kBlockScaled, int kTokens, int kColumns>
 struct DecodeGemm {
   static_assert(kTokens % 8 == 0, "decode GEMM: tokens per pass in multiples of 8");
+  static_assert(kColumns == decode::kRows, "decode GEMM: 16 output columns per block (one mma M)");
   static constexpr int kTiles = kTokens / 8;
 
   static size_t workspace_size(int, int) { return 0; }
