@@ -36,13 +36,15 @@ __device__ __forceinline__ float apply(float gate, float up, float alpha, float 
   return gate;  // identity
 }
 
-// One team per permuted row (a warp for rows of up to kWarpRowCols columns, 8 rows per
-// block; else the block); rows past the routed total (offsets[E]) exit at once.
+// One team per permuted row (a warp, 8 rows per block, for rows of up to kWarpRowCols
+// columns or from kWarpTeamRows rows on; else the block); rows past the routed total
+// (offsets[E]) exit at once.
 // 16-bit: out = act(g + bias). FP8: g holds raw GEMM1 accumulators, dequantized with the
 // row's input scale and the weight scale first. Both FP8 modes quantize out to E4M3
 // (quantize_row: per row, or per 128 columns for FP8_BLOCK, whose g is already dequantized).
 constexpr int64_t kWarpRowCols = 1024;  // 32 lanes x 8 columns x quantize_row's kKeep
 constexpr int kRowsPerBlock = 8;
+constexpr int64_t kWarpTeamRows = 2048;  // from this many rows, warp teams for any row length
 
 // Warp teams: at most 80 registers, so 3 blocks (24 warps) fit on an SM; the block-team
 // FP8 variants would spill at that limit.
@@ -51,7 +53,6 @@ __global__ void __launch_bounds__(256, std::is_same_v<Team, WarpTeam> ? 3 : 1)
 activation_kernel(const T* g, const T* bias, void* out, int64_t inter, const IdT* ids,
                   int64_t expert_offset, const int32_t* offsets, const int32_t* row_src,
                   int num_experts, float alpha, float limit, Fp8Scales q) {
-  pdl_begin();
   constexpr bool kWarpRows = std::is_same_v<Team, WarpTeam>;
   const Team team;
   const int64_t r = kWarpRows ? blockIdx.x * int64_t(kRowsPerBlock) + (threadIdx.x >> 5)
@@ -70,6 +71,9 @@ activation_kernel(const T* g, const T* bias, void* out, int64_t inter, const IdT
     in_scale = q.row[r];
     wscale = q.per_channel ? q.weight + e * n1 : q.weight + e;
   }
+  // Only now the wait for GEMM1: the row's expert and input scale come from routing and
+  // expand, two or more launches back (launch.cuh), so that chain of loads overlaps GEMM1.
+  pdl_begin();
 
   auto compute = [&](int64_t j, float* res) {
     Vec8<T> gate, up;
@@ -136,8 +140,10 @@ cudaError_t run(const void* g, const void* bias, void* out, int64_t max_rows, in
                   num_experts, alpha, limit, q);
   };
   // Short rows: a block-wide team would leave most of its threads idle and pay two block
-  // barriers per row for the FP8 amax.
-  if (inter <= kWarpRowCols)
+  // barriers per row for the FP8 amax. Many rows: a block per row keeps too few bytes in
+  // flight per SM (DeepSeek-V3, 4096 tokens: 3.4x the bandwidth time on H200); warps keep
+  // 8 rows per block (longer FP8 rows then read their tail twice, for the amax).
+  if (inter <= kWarpRowCols || max_rows >= kWarpTeamRows)
     return go(WarpTeam{}, static_cast<unsigned>((max_rows + kRowsPerBlock - 1) / kRowsPerBlock),
               32 * kRowsPerBlock);
   const int64_t vecs = inter / 8;

@@ -25,7 +25,6 @@ finalize_kernel(const T* y, const T* bias, const float* weights, const IdT* ids,
   int32_t* s_expert = s_meta + top_k;
   float* s_w = reinterpret_cast<float*>(s_meta + 2 * top_k);
   float* s_rscale = s_w + top_k;
-  pdl_begin();
   const int64_t t = blockIdx.x;
   for (int s = threadIdx.x; s < top_k; s += blockDim.x) {
     const int64_t p = t * top_k + s;
@@ -35,6 +34,9 @@ finalize_kernel(const T* y, const T* bias, const float* weights, const IdT* ids,
     s_expert[s] = row >= 0 && (bias || kFp8) ? static_cast<int32_t>(local_expert(ids, p, expert_offset)) : 0;
     if constexpr (kFp8) s_rscale[s] = row >= 0 ? q.row[row] : 0.f;
   }
+  // The slots' rows, weights and scales come from routing and the activation, two or more
+  // launches back (launch.cuh): read before the wait for GEMM2, which GEMM2's rows need.
+  pdl_begin();
   __syncthreads();
   const int64_t j = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * 8;
   if (j >= hidden) return;

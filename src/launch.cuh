@@ -1,9 +1,13 @@
 // Kernel launches with programmatic dependent launch (PDL, SM90+): each of our kernels may be
 // scheduled while the previous kernel on the stream is still finishing, so the launch
 // latency between the forward's steps overlaps with work. Every kernel launched this way
-// starts with pdl_begin(): it waits for the previous grid to complete (and its memory to be
-// visible) before touching any global memory, then lets the next kernel be scheduled.
-// Ordering is therefore exactly that of a plain stream; only launch gaps shrink.
+// calls pdl_begin(): it waits for the previous grid to complete (and its memory to be
+// visible), then lets the next kernel be scheduled. Since the wait comes before the
+// trigger, a kernel that runs has the grid two launches back complete: before its wait it
+// may read what was written two or more launches back (routing's lists and scales, the
+// caller's inputs, the weights), never what the previous kernel writes. The forward's first
+// kernel (routing) reads nothing before its wait. Ordering of the writes is therefore that
+// of a plain stream; only launch gaps and dependent-load chains shrink.
 // MOE_KERNELS_PDL=0 turns it off (plain launches; pdl_begin() is then a no-op).
 #pragma once
 

@@ -164,33 +164,36 @@ struct TokenRowsSink {
   }
 };
 
-// The block reads token row `src` (H % 8 == 0) once and writes it to each of the token's
-// rows of x: as is (kQuant NONE), or quantized to E4M3 once (quantize_row in vec.cuh says
-// how, per mode). `rows` is in shared memory.
+// The block reads columns [c0, c1) of token row `src` (H % 8 == 0) once and writes them to
+// each of the token's rows of x: as is (kQuant NONE), or quantized to E4M3 once
+// (quantize_row in vec.cuh says how, per mode; FP8 with a dynamic scale needs the whole
+// row, FP8_BLOCK 128-column multiples). `rows` is in shared memory.
 template <typename T, int kQuant>
 __device__ __forceinline__ void expand_token(const T* src, void* x, const int32_t* rows,
-                                             int top_k, int64_t hidden, const Fp8Scales& q) {
+                                             int top_k, int64_t hidden, int64_t c0, int64_t c1,
+                                             const Fp8Scales& q) {
   if constexpr (kQuant == MOEK_QUANT_NONE) {
     const uint4* s4 = reinterpret_cast<const uint4*>(src);
     uint4* x4 = reinterpret_cast<uint4*>(x);
     const int64_t vecs = hidden / 8;
-    for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x) {
+    for (int64_t i = c0 / 8 + threadIdx.x; i < c1 / 8; i += blockDim.x) {
       const uint4 v = s4[i];
       for (int s = 0; s < top_k; ++s)
         if (rows[s] >= 0) x4[int64_t(rows[s]) * vecs + i] = v;
     }
   } else {
+    constexpr bool kBlock = kQuant == MOEK_QUANT_FP8_BLOCK;
     quantize_row<kQuant>(
         BlockTeam{},
         [&](int64_t j, float* v) {
           Vec8<T> in;
-          in.load(src + j);
+          in.load(src + c0 + j);
 #pragma unroll
           for (int i = 0; i < 8; ++i) v[i] = in.v[i];
         },
-        hidden, q.static_out,
-        TokenRowsSink{static_cast<uint8_t*>(x), q.row_out, rows, top_k, hidden,
-                      kQuant == MOEK_QUANT_FP8_BLOCK ? hidden / 128 : 1});
+        c1 - c0, q.static_out,
+        TokenRowsSink{static_cast<uint8_t*>(x) + c0, q.row_out + (kBlock ? c0 / 128 : 0), rows,
+                      top_k, hidden, kBlock ? hidden / 128 : 1});
   }
 }
 
@@ -201,8 +204,16 @@ int expand_threads(int64_t hidden) {
   return vecs >= 256 ? 256 : static_cast<int>((vecs + 31) / 32 * 32);
 }
 
-// One block per token (rows already assigned by route_small_kernel): read the token's
-// slot rows, then expand its hidden row to them.
+// Columns per expand_kernel block: a few tokens (decode) would otherwise leave most SMs idle
+// while one block per token walks its whole row. FP8 with a dynamic per-token scale needs
+// the whole row in one block.
+constexpr int64_t kExpandChunk = 1024;  // 128 threads x 8 columns; a multiple of 128
+bool expand_splits(int quant, const Fp8Scales& q) {
+  return quant != MOEK_QUANT_FP8 || q.static_out != nullptr;
+}
+
+// Block (t, c): token t, columns [c * kExpandChunk, ...) (c = 0 only: the whole row when
+// the mode cannot split); rows already assigned by route_small_kernel.
 template <typename T, int kQuant>
 __global__ void __launch_bounds__(256)
 expand_kernel(const int32_t* pair_dst, int top_k, const T* hidden, void* x, int64_t hidden_size,
@@ -212,7 +223,9 @@ expand_kernel(const int32_t* pair_dst, int top_k, const T* hidden, void* x, int6
   const int64_t t = blockIdx.x;
   for (int s = threadIdx.x; s < top_k; s += blockDim.x) s_rows[s] = pair_dst[t * top_k + s];
   __syncthreads();
-  expand_token<T, kQuant>(hidden + t * hidden_size, x, s_rows, top_k, hidden_size, q);
+  const int64_t c0 = gridDim.y > 1 ? blockIdx.y * kExpandChunk : 0;
+  const int64_t c1 = gridDim.y > 1 && c0 + kExpandChunk < hidden_size ? c0 + kExpandChunk : hidden_size;
+  expand_token<T, kQuant>(hidden + t * hidden_size, x, s_rows, top_k, hidden_size, c0, c1, q);
 }
 
 // One block per token: its slots' threads claim their rows in the experts' blocks, then
@@ -238,7 +251,8 @@ scatter_expand_kernel(const IdT* ids, int top_k, int64_t expert_offset, int num_
     s_rows[s] = row;
   }
   __syncthreads();
-  expand_token<T, kQuant>(hidden + t * hidden_size, x, s_rows, top_k, hidden_size, q);
+  expand_token<T, kQuant>(hidden + t * hidden_size, x, s_rows, top_k, hidden_size, 0,
+                          hidden_size, q);
 }
 
 template <typename IdT, typename T, int kQuant>
@@ -255,8 +269,10 @@ cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert
                  ids, num_pairs, expert_offset, num_experts, rb.offsets, rb.row_src, rb.pair_dst,
                  g1, g2);
     if (err != cudaSuccess) return err;
-    return launch(expand_kernel<T, kQuant>, tokens, threads, rows_smem, stream, rb.pair_dst,
-                  top_k, hidden, x, hidden_size, q);
+    const bool split = expand_splits(kQuant, q) && hidden_size > kExpandChunk;
+    const dim3 grid(tokens, split ? static_cast<unsigned>((hidden_size + kExpandChunk - 1) / kExpandChunk) : 1);
+    return launch(expand_kernel<T, kQuant>, grid, split ? int(kExpandChunk / 8) : threads, rows_smem,
+                  stream, rb.pair_dst, top_k, hidden, x, hidden_size, q);
   }
   // A memset is not a kernel (no PDL): the histogram after it is launched plainly.
   err = cudaMemsetAsync(rb.counts, 0, sizeof(int32_t) * 2 * num_experts, stream);

@@ -267,6 +267,20 @@ def test_fp8_scales(granularity, static, act, error_log):
           activation=act, ref_kw=dict(activation=act))
 
 
+@pytest.mark.parametrize("T", [3, 512])
+@pytest.mark.parametrize("mode", ["bf16", "fp8", "fp8-static", "fp8_block"])
+def test_long_rows_and_wide_hidden(mode, T, error_log):
+    # I = 1280: past one warp's 1024 columns, so 3 tokens take the block-per-row activation
+    # and 2048 rows the warp-per-row one (FP8 dynamic: amax over a tail read twice).
+    # H = 1152: expand splits each token's columns over blocks (not FP8 with dynamic scales).
+    dtype = mode.split("-")[0]
+    p = make_problem(T=T, E=8, k=4, H=1152, I=1280, dtype=dtype, bias=True)
+    if mode == "fp8-static":
+        p["a13_scale"] = (p["hidden_states"].float().abs().max() / 448).reshape(1)
+        p["a2_scale"] = torch.full((1,), 0.02, device="cuda")
+    check(p, error_log, f"{mode}/long_rows/T{T}", dtype)
+
+
 @pytest.mark.parametrize("mode", FP8_MODES)
 def test_fused_moe_layer_module_fp8(mode, error_log):
     # The layer with checkpoint-style FP8 weights and scales for all experts: it keeps its

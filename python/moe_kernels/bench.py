@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 
-from .profiling import ROUTINGS, load_histogram, make_weights, routing, time_graph
+from .profiling import ROUTINGS, kernel_times, load_histogram, make_weights, routing, time_graph
 
 PRESETS = {  # DESIGN.md section 8: experts, top_k, hidden, intermediate
     "mixtral-8x7b": (8, 2, 4096, 14336),
@@ -112,6 +112,9 @@ def add_arguments(p) -> None:
                    help="also time every built kernel in each GEMM slot (the other on the default)")
     p.add_argument("--breakdown", action="store_true",
                    help="also time each step (routing, GEMM1, activation, GEMM2, finalize)")
+    p.add_argument("--kernels", action="store_true",
+                   help="also list each kernel's GPU time per forward (torch.profiler, eager calls; "
+                        "run with MOE_KERNELS_PDL=0 so that no kernel's time holds a wait)")
     p.add_argument("--json", help="write the results to this file")
     p.add_argument("--plot", help="write a plot (PNG) to this file; needs matplotlib")
     p.add_argument("--markdown", help="write the results as a Markdown table to this file")
@@ -338,6 +341,10 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
                 prefix = [timed(lambda *a, s=s: ours(*a, last_step=s), check=False)["us"] for s in (1, 2, 3, 4)]
                 prefix.append(row["results"]["moe_kernels"]["us"])
                 row["breakdown_us"] = {n: b - a for n, a, b in zip(STEPS, [0.0] + prefix[:-1], prefix)}
+            if getattr(args, "kernels", False):
+                it = iter(range(1 << 62))
+                row["kernels_us"] = kernel_times(
+                    lambda: (lambda j: ours(*sets[j], outs[j]))(next(it) % len(sets)), 4 * len(sets))
             if args.sweep:
                 row["sweep"] = _sweep(moe_kernels, row["tactic"], args.quant, ours, timed)
         report(row)
@@ -385,6 +392,8 @@ def format_row(row, peer_names) -> str:
         lines.append(f"    default {sw['default']} {sw['default_us']:.1f} us; best {sw['best']} {sw['best_us']:.1f} us")
     if "breakdown_us" in row:
         lines.append("    steps (us): " + ", ".join(f"{k} {v:.1f}" for k, v in row["breakdown_us"].items()))
+    for name, us in row.get("kernels_us", {}).items():
+        lines.append(f"    kernel {us:8.1f} us  {name}")
     return "\n".join(lines)
 
 

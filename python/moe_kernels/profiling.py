@@ -7,6 +7,7 @@ and holds neutral, finite values), routing is drawn as a router would draw it.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 
 ROUTINGS = ("uniform", "skewed", "balanced")
@@ -95,6 +96,30 @@ def time_graph(fn, replays, per_graph):
     del g
     return statistics.median(times), min(times), max(times)
 
+
+
+def kernel_times(fn, calls):
+    """Mean GPU microseconds per call of fn of each kernel it launches, from torch.profiler over
+    `calls` eager calls after one warm-up. Kernels that wait on their predecessor (PDL) count
+    the wait: set MOE_KERNELS_PDL=0 for each kernel's own time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        if us is None:
+            us = e.cuda_time_total
+        if us > 0:  # long (template) names: head and tail, so that two instances stay apart
+            name = re.sub(r"^void ", "", e.key)
+            name = name if len(name) <= 110 else f"{name[:70]} ... {name[-35:]}"
+            out[name] = out.get(name, 0.0) + us / calls
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def make_weights(quant, activation, experts, hidden, inter, *, device="cuda", seed=0):

@@ -30,7 +30,6 @@ namespace decode {
 constexpr int kWarps = 4;     // split K
 constexpr int kRows = 16;     // weight rows (output columns) per block: one mma M
 constexpr int kKBytes = 128;  // K bytes per warp step: one 128-column scale block for FP8
-constexpr int kBatch = 2;     // K steps whose loads a warp issues before using any
 
 struct Params {
   const int32_t* problem_shapes;
@@ -89,54 +88,97 @@ __device__ __forceinline__ Out to_out(float v) {
   else return __float2half(v);
 }
 
+// kBatch: K steps whose loads a warp issues before using any. With one token tile all of a
+// 32 KB block tile (16 rows x 2 KB) is in flight at once; two tiles need the registers.
+template <int kTiles>
+constexpr int batch_steps() { return kTiles == 1 ? 4 : 2; }
+
+// One block's 16 output columns of group g: its pointers, and the loads of one batch.
+template <class In, bool kBlockScaled, int kTiles>
+struct GroupTile {
+  static constexpr int kBatch = batch_steps<kTiles>();
+  using Weights = uint4[kBatch][2][2];  // [step][64-byte half][row r, r + 8]
+
+  int g, n, k_steps;
+  int64_t k_bytes;
+  bool w_ok[2];
+  const char* w_row[2];
+  const float* sfb;
+
+  // Reads only what routing wrote (shapes, pointers) and the weights' own scales: callable
+  // before the wait for the previous kernel (see decode_gemm_kernel).
+  __device__ __forceinline__ GroupTile(const Params& p, int group) : g(group) {
+    n = p.problem_shapes[3 * g + 1];
+    const int k = p.problem_shapes[3 * g + 2];
+    k_bytes = int64_t(k) * sizeof(In);
+    k_steps = static_cast<int>((k_bytes + kKBytes - 1) / kKBytes);
+    const int n0 = blockIdx.x * kRows, r = (threadIdx.x & 31) >> 2;
+    const char* b = static_cast<const char*>(p.ptr_b[g]);
+    const int64_t ldb = p.stride_b[g] * sizeof(In);
+    w_ok[0] = n0 + r < n;
+    w_ok[1] = n0 + r + 8 < n;
+    w_row[0] = b + (n0 + r) * ldb;
+    w_row[1] = b + (n0 + r + 8) * ldb;
+    sfb = nullptr;
+    if constexpr (kBlockScaled) sfb = p.ptr_sfb[g] + int64_t(n0 / 128) * k_steps;
+  }
+  __device__ __forceinline__ bool has_columns() const { return int(blockIdx.x) * kRows < n; }
+
+  // The weights of steps s0, s0 + kWarps, ... (kBatch of them); past K: zeros.
+  __device__ __forceinline__ void load_weights(int s0, Weights& w) const {
+    const int q = threadIdx.x & 3;
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int s = s0 + i * kWarps;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t off = int64_t(s) * kKBytes + 64 * h + 16 * q;
+        const bool in_k = s < k_steps && off < k_bytes;  // k_bytes % 16 == 0
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          w[i][h][j] = in_k && w_ok[j] ? load_stream(w_row[j] + off) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+};
+
 // kTiles: 8-token mma tiles kept in registers per pass over the weights (a group with more
 // rows makes more passes). kBlockScaled: fp8_block, A scales [M, K/128] and B scales
 // [N/128, K/128] applied to each 128-column partial sum; else raw fp32 sums (the fp8 path's
-// scales are applied by the next step, as with the CUTLASS kernels).
+// scales are applied by the next step, as with the CUTLASS kernels). `w` holds the first
+// batch of weights when `preloaded`.
 template <class In, class Out, bool kBlockScaled, int kTiles>
-__device__ __forceinline__ void group_tile(const Params& p, int g,
+__device__ __forceinline__ void group_tile(const Params& p, const GroupTile<In, kBlockScaled, kTiles>& t,
+                                           typename GroupTile<In, kBlockScaled, kTiles>::Weights& w,
+                                           bool preloaded,
                                            float (&partial)[kWarps][kTiles * 8][kRows + 1]) {
-  const int m_rows = p.problem_shapes[3 * g], n = p.problem_shapes[3 * g + 1];
-  const int k = p.problem_shapes[3 * g + 2];
+  constexpr int kBatch = GroupTile<In, kBlockScaled, kTiles>::kBatch;
+  const int g = t.g, n = t.n, k_steps = t.k_steps;
+  const int m_rows = p.problem_shapes[3 * g];
   const int n0 = blockIdx.x * kRows;
-  if (n0 >= n) return;  // the same for the whole block
-
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int r = lane >> 2, q = lane & 3;  // mma group (row / token) and lane within it
-  const int64_t k_bytes = int64_t(k) * sizeof(In);
-  const int k_steps = static_cast<int>((k_bytes + kKBytes - 1) / kKBytes);
   const char* a = static_cast<const char*>(p.ptr_a[g]);
-  const char* b = static_cast<const char*>(p.ptr_b[g]);
-  const int64_t lda = p.stride_a[g] * sizeof(In), ldb = p.stride_b[g] * sizeof(In);
-  // This lane's two weight rows (r and r + 8 of the tile); rows past N read nothing.
-  const bool w_ok[2] = {n0 + r < n, n0 + r + 8 < n};
-  const char* w_row[2] = {b + (n0 + r) * ldb, b + (n0 + r + 8) * ldb};
-  const float* sfa = nullptr;
-  const float* sfb = nullptr;
-  if constexpr (kBlockScaled) {
-    sfa = p.ptr_sfa[g];
-    sfb = p.ptr_sfb[g] + int64_t(n0 / 128) * k_steps;
-  }
+  const int64_t lda = p.stride_a[g] * sizeof(In);
+  const float* sfa = kBlockScaled ? p.ptr_sfa[g] : nullptr;
 
   for (int m0 = 0; m0 < m_rows; m0 += kTiles * 8) {
     float acc[kTiles][4] = {};
     for (int s0 = warp; s0 < k_steps; s0 += kWarps * kBatch) {
-      uint4 w[kBatch][2][2];        // [step][64-byte half][row r, r + 8]
-      uint4 x[kBatch][2][kTiles];   // [step][half][token tile]: token m0 + 8t + r
+      if (!preloaded) t.load_weights(s0, w);
+      preloaded = false;
+      uint4 x[kBatch][2][kTiles];  // [step][half][token tile]: token m0 + 8u + r
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
         const int s = s0 + i * kWarps;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int64_t off = int64_t(s) * kKBytes + 64 * h + 16 * q;
-          const bool in_k = s < k_steps && off < k_bytes;  // k_bytes % 16 == 0
+          const bool in_k = s < k_steps && off < t.k_bytes;
 #pragma unroll
-          for (int j = 0; j < 2; ++j)
-            w[i][h][j] = in_k && w_ok[j] ? load_stream(w_row[j] + off) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-          for (int t = 0; t < kTiles; ++t) {
-            const int m = m0 + 8 * t + r;
-            x[i][h][t] = in_k && m < m_rows
+          for (int u = 0; u < kTiles; ++u) {
+            const int m = m0 + 8 * u + r;
+            x[i][h][u] = in_k && m < m_rows
                              ? __ldg(reinterpret_cast<const uint4*>(a + m * lda + off))
                              : make_uint4(0, 0, 0, 0);
           }
@@ -150,37 +192,37 @@ __device__ __forceinline__ void group_tile(const Params& p, int g,
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            const uint32_t wa[4] = {word(w[i][h][0], 2 * u), word(w[i][h][1], 2 * u),
-                                    word(w[i][h][0], 2 * u + 1), word(w[i][h][1], 2 * u + 1)};
+          for (int v = 0; v < 2; ++v) {
+            const uint32_t wa[4] = {word(w[i][h][0], 2 * v), word(w[i][h][1], 2 * v),
+                                    word(w[i][h][0], 2 * v + 1), word(w[i][h][1], 2 * v + 1)};
 #pragma unroll
-            for (int t = 0; t < kTiles; ++t)
-              mma<In>(kBlockScaled ? part[t] : acc[t], wa, word(x[i][h][t], 2 * u),
-                      word(x[i][h][t], 2 * u + 1));
+            for (int u = 0; u < kTiles; ++u)
+              mma<In>(kBlockScaled ? part[u] : acc[u], wa, word(x[i][h][u], 2 * v),
+                      word(x[i][h][u], 2 * v + 1));
           }
         if constexpr (kBlockScaled) {
-          const float ws = sfb[s];
+          const float ws = t.sfb[s];
 #pragma unroll
-          for (int t = 0; t < kTiles; ++t) {
+          for (int u = 0; u < kTiles; ++u) {
             // c0/c2 are token 2q of the tile, c1/c3 token 2q + 1 (rows r and r + 8).
-            const int m = m0 + 8 * t + 2 * q;
+            const int m = m0 + 8 * u + 2 * q;
             const float s0a = m < m_rows ? sfa[int64_t(m) * k_steps + s] * ws : 0.f;
             const float s1a = m + 1 < m_rows ? sfa[int64_t(m + 1) * k_steps + s] * ws : 0.f;
-            acc[t][0] += part[t][0] * s0a;
-            acc[t][1] += part[t][1] * s1a;
-            acc[t][2] += part[t][2] * s0a;
-            acc[t][3] += part[t][3] * s1a;
+            acc[u][0] += part[u][0] * s0a;
+            acc[u][1] += part[u][1] * s1a;
+            acc[u][2] += part[u][2] * s0a;
+            acc[u][3] += part[u][3] * s1a;
           }
         }
       }
     }
     // c0: (row r, token 2q), c1: (r, 2q + 1), c2: (r + 8, 2q), c3: (r + 8, 2q + 1).
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      partial[warp][8 * t + 2 * q][r] = acc[t][0];
-      partial[warp][8 * t + 2 * q + 1][r] = acc[t][1];
-      partial[warp][8 * t + 2 * q][r + 8] = acc[t][2];
-      partial[warp][8 * t + 2 * q + 1][r + 8] = acc[t][3];
+    for (int u = 0; u < kTiles; ++u) {
+      partial[warp][8 * u + 2 * q][r] = acc[u][0];
+      partial[warp][8 * u + 2 * q + 1][r] = acc[u][1];
+      partial[warp][8 * u + 2 * q][r + 8] = acc[u][2];
+      partial[warp][8 * u + 2 * q + 1][r + 8] = acc[u][3];
     }
     __syncthreads();
     Out* d = static_cast<Out*>(p.ptr_d[g]);
@@ -190,7 +232,7 @@ __device__ __forceinline__ void group_tile(const Params& p, int g,
       if (m0 + tok < m_rows && n0 + col < n) {
         float v = 0.f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) v += partial[w][tok][col];
+        for (int ww = 0; ww < kWarps; ++ww) v += partial[ww][tok][col];
         d[int64_t(m0 + tok) * ldd + n0 + col] = to_out<Out>(v);
       }
     }
@@ -198,13 +240,31 @@ __device__ __forceinline__ void group_tile(const Params& p, int g,
   }
 }
 
+// Before the wait for the previous kernel (PDL), a block reads the active-group list, its
+// group's shapes and pointers and issues its first batch of weight loads: all written by
+// routing, two or more launches back, so complete and visible once this grid runs (launch.cuh).
+// The weight stream thus starts while the previous kernel (expand or activation) finishes.
 template <class In, class Out, bool kBlockScaled, int kTiles>
 __global__ void __launch_bounds__(kWarps * 32) decode_gemm_kernel(Params p) {
+  using Tile = GroupTile<In, kBlockScaled, kTiles>;
   __shared__ float partial[kWarps][kTiles * 8][kRows + 1];
-  pdl_begin();
   const int active = p.active_groups[0];
-  for (int y = blockIdx.y; y < active; y += gridDim.y)  // gridDim.y is capped at 65535
-    group_tile<In, Out, kBlockScaled, kTiles>(p, p.active_groups[1 + y], partial);
+  typename Tile::Weights w;
+  bool preloaded = false;
+  if (int(blockIdx.y) < active) {
+    const Tile first(p, p.active_groups[1 + blockIdx.y]);
+    if (first.has_columns()) {
+      first.load_weights(threadIdx.x >> 5, w);
+      preloaded = true;
+    }
+  }
+  pdl_begin();
+  for (int y = blockIdx.y; y < active; y += gridDim.y) {  // gridDim.y is capped at 65535
+    const Tile t(p, p.active_groups[1 + y]);
+    if (!t.has_columns()) continue;  // the same for the whole block
+    group_tile<In, Out, kBlockScaled, kTiles>(p, t, w, preloaded, partial);
+    preloaded = false;
+  }
 }
 
 }  // namespace decode
