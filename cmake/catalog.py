@@ -24,10 +24,10 @@ DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cut
 
 # Schedules by arch family: the names used in kernel names and the catalog. "decode" is our
 # own kernel for a few rows per expert (src/gemm/decode_gemm.cuh: mma.sync with the weights
-# as the 16-row operand, tile_m tokens per pass, 16 output columns per block); the others
-# are CUTLASS's.
+# as the 16-row operand, tile_m tokens per pass; tile_n output columns per block: 16 with
+# K split over its 4 warps, or 64, 16 per warp); the others are CUTLASS's.
 SCHEDULES = {"sm90": ("pingpong", "coop", "decode"), "sm100": ("1sm", "2sm")}
-DECODE_TILE_N = 16
+DECODE_TILE_N = (16, 64)
 
 # FP8 mainloops (SM90). "": partial sums promoted to fp32 every few k-blocks (accurate for
 # long K). "fastaccum": the tensor core's own accumulator all the way (what vLLM and
@@ -83,7 +83,7 @@ class GemmConfig:
         assert not self.mainloop or (self.act_dtype == "e4m3" and family == "sm90"), \
             f"{self.name}: FP8 mainloop variants are for SM90 E4M3 kernels"
         if self.schedule == "decode":
-            assert self.tile_n == DECODE_TILE_N and self.tile_m % 8 == 0, f"{self.name}: decode tile"
+            assert self.tile_n in DECODE_TILE_N and self.tile_m % 8 == 0, f"{self.name}: decode tile"
             assert (self.cluster_m, self.cluster_n) == (1, 1), f"{self.name}: decode has no clusters"
             assert self.mainloop != "fastaccum", f"{self.name}: decode accumulates in fp32 (mma.sync)"
             return
@@ -166,7 +166,7 @@ _SM90_FP8_BLOCK_MINIMAL = _SM90_FP8_BLOCK_FULL[:2]
 
 # Decode: 8 or 16 tokens per pass over an expert's weights (in registers); more rows make
 # more passes, so these are for a few rows per expert only. K steps of 128 bytes.
-_SM90_DECODE = [(8, 16, 128, 1, 1, "decode"), (16, 16, 128, 1, 1, "decode")]
+_SM90_DECODE = [(m, n, 128, 1, 1, "decode") for m in (8, 16) for n in DECODE_TILE_N]
 
 # SM100: 1-CTA tiles for decode and moderate M, 2-CTA (256-row) tiles for prefill. A first,
 # untuned set (no B200 to measure on yet), for bf16/fp16 (K=64) and fp8 (K=128).

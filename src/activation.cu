@@ -36,15 +36,13 @@ __device__ __forceinline__ float apply(float gate, float up, float alpha, float 
   return gate;  // identity
 }
 
-// One team per permuted row (a warp, 8 rows per block, for rows of up to kWarpRowCols
-// columns or from kWarpTeamRows rows on; else the block); rows past the routed total
-// (offsets[E]) exit at once.
+// One team per permuted row (a warp for rows of up to kWarpRowCols columns, 8 rows per
+// block; else the block); rows past the routed total (offsets[E]) exit at once.
 // 16-bit: out = act(g + bias). FP8: g holds raw GEMM1 accumulators, dequantized with the
 // row's input scale and the weight scale first. Both FP8 modes quantize out to E4M3
 // (quantize_row: per row, or per 128 columns for FP8_BLOCK, whose g is already dequantized).
 constexpr int64_t kWarpRowCols = 1024;  // 32 lanes x 8 columns x quantize_row's kKeep
 constexpr int kRowsPerBlock = 8;
-constexpr int64_t kWarpTeamRows = 2048;  // from this many rows, warp teams for any row length
 
 // Warp teams: at most 80 registers, so 3 blocks (24 warps) fit on an SM; the block-team
 // FP8 variants would spill at that limit.
@@ -140,10 +138,8 @@ cudaError_t run(const void* g, const void* bias, void* out, int64_t max_rows, in
                   num_experts, alpha, limit, q);
   };
   // Short rows: a block-wide team would leave most of its threads idle and pay two block
-  // barriers per row for the FP8 amax. Many rows: a block per row keeps too few bytes in
-  // flight per SM (DeepSeek-V3, 4096 tokens: 3.4x the bandwidth time on H200); warps keep
-  // 8 rows per block (longer FP8 rows then read their tail twice, for the amax).
-  if (inter <= kWarpRowCols || max_rows >= kWarpTeamRows)
+  // barriers per row for the FP8 amax.
+  if (inter <= kWarpRowCols)
     return go(WarpTeam{}, static_cast<unsigned>((max_rows + kRowsPerBlock - 1) / kRowsPerBlock),
               32 * kRowsPerBlock);
   const int64_t vecs = inter / 8;

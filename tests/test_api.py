@@ -199,6 +199,12 @@ def test_default_rule_decode_kernels():
     assert default_tactic(ks, num_tokens=40, **two).gemm1 == "d16"
     # no CUTLASS kernel left after the decode ones are set aside: still a choice
     assert default_tactic(ks[2:], num_tokens=4096, **qwen3).gemm1 in ("d8", "d16")
+    # 64-column blocks once there are 4 per SM: DeepSeek-V3 one token, GEMM2 (8 x 7168 / 64 =
+    # 896 blocks) but not GEMM1 (8 x 4096 / 64 = 512 < 4 x 132)
+    wide = ks + [_k("d8w", 8, 64, "decode"), _k("d16w", 16, 64, "decode")]
+    dsv3 = dict(top_k=8, num_experts=256, hidden_size=7168, gemm1_n=4096, sm_count=132)
+    assert default_tactic(wide, num_tokens=1, **dsv3) == Tactic("d8", "d8w")
+    assert default_tactic(wide, num_tokens=1, **qwen3) == Tactic("d8", "d8")
 
 
 def naive_moe(x, w13, w2, wts, ids, act, b13=None, b2=None):

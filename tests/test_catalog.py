@@ -73,7 +73,7 @@ _DECODE_ROW = dict(_SM90_ROW, tile_m=8, tile_n=16, schedule="decode")
     (_SM100_ROW, dict(schedule="2sm", tile_m=64, cluster_m=2)),   # 32 rows per CTA
     (_SM100_ROW, dict(schedule="1sm", tile_m=256)),          # one CTA does at most 128 rows
     (_SM100_ROW, dict(_E4M3, tile_k=64)),                    # 64 bytes of K
-    (_DECODE_ROW, dict(tile_n=32)),                          # 16 weight rows per block
+    (_DECODE_ROW, dict(tile_n=32)),                          # 16 (split K) or 64 columns
     (_DECODE_ROW, dict(tile_m=12)),                          # whole 8-token mma tiles
     (_DECODE_ROW, dict(cluster_n=2)),
     (_DECODE_ROW, dict(_E4M3, tile_k=128, mainloop="fastaccum")),  # it accumulates in fp32

@@ -45,13 +45,21 @@ MIN_SM_FILL = 0.5
 # GEMM1 up to 8 tokens (and 16 for Qwen3) and in GEMM2 up to 4-8 tokens; at 16+ tokens of
 # DeepSeek-V3 (1.25+ rows per expert over 100+ experts) CUTLASS's tiles were 14-40% faster.
 DECODE_PAIRS = (64, 32)  # GEMM1, GEMM2
+# Decode blocks of 64 columns (a warp per 16, each over all of K) once there are enough of
+# them for 4 per SM (their occupancy); below that, 16 columns with K split over the 4 warps,
+# so that a few experts' weights still spread over every SM.
+DECODE_WIDE_BLOCKS_PER_SM = 4
 
 
 def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_count: int,
           decode_pairs: int) -> KernelInfo:
     decode = sorted((k for k in kernels if k.schedule == "decode"), key=lambda k: k.tile[0])
     if decode and rows_per_expert * experts_hit <= decode_pairs:
-        return next((k for k in decode if k.tile[0] >= rows_per_expert), decode[-1])
+        tm = next((k.tile[0] for k in decode if k.tile[0] >= rows_per_expert), decode[-1].tile[0])
+        same_m = sorted((k for k in decode if k.tile[0] == tm), key=lambda k: k.tile[1])
+        wide = [k for k in same_m if k.tile[1] > same_m[0].tile[1] and
+                math.ceil(n / k.tile[1]) * experts_hit >= DECODE_WIDE_BLOCKS_PER_SM * sm_count]
+        return wide[-1] if wide else same_m[0]
     kernels = [k for k in kernels if k.schedule != "decode"] or kernels
     plain = [k for k in kernels if k.cluster == (1, 1)] or kernels
     decode_rows = DECODE_ROWS_FP8_BLOCK if all(k.quant == "fp8_block" for k in plain) else DECODE_ROWS

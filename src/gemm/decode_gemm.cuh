@@ -1,12 +1,13 @@
 // A grouped GEMM for decode: a few rows per expert, where the time is the weights' bytes.
 // The catalog's "decode" schedule (cmake/catalog.py); same interface as the CUTLASS kernels.
 //
-// Swapped operands: the weights are mma.sync's A operand (16 weight rows per block) and the
-// tokens its N operand (8 per mma), so a single token wastes 7/8 of an mma, not 63/64 of a
-// wgmma tile. Each block owns 16 output columns of one expert; its 4 warps split K and add
-// their partial sums in shared memory. Weight bytes are read once, straight from global
-// memory into registers (16 bytes per lane per load, several loads in flight per lane).
-// Tokens and scales are small and re-read from L1/L2.
+// Swapped operands: the weights are mma.sync's A operand (16 weight rows per warp tile) and
+// the tokens its N operand (8 per mma), so a single token wastes 7/8 of an mma, not 63/64 of
+// a wgmma tile. A block owns 16 output columns of one expert, its 4 warps splitting K and
+// adding their partial sums in shared memory, or 64 columns, 16 per warp over all of K
+// (DecodeGemm says when each). Weight bytes are read once, straight from global memory into
+// registers (16 bytes per lane per load, several loads in flight per lane). Tokens and
+// scales are small and re-read from L1/L2.
 //
 // K order: mma.sync wants each lane to hold bytes 4q..4q+3 and 16+4q..16+4q+3 of a 32-byte
 // K step (q = lane % 4). A dot product does not care about the order of K, so lane q instead
@@ -27,9 +28,10 @@
 namespace moe_kernels {
 namespace decode {
 
-constexpr int kWarps = 4;     // split K
-constexpr int kRows = 16;     // weight rows (output columns) per block: one mma M
+constexpr int kWarps = 4;     // per block
+constexpr int kRows = 16;     // weight rows (output columns) per warp tile: one mma M
 constexpr int kKBytes = 128;  // K bytes per warp step: one 128-column scale block for FP8
+constexpr int kBatch = 2;     // K steps whose loads a warp issues before using any
 
 struct Params {
   const int32_t* problem_shapes;
@@ -88,18 +90,16 @@ __device__ __forceinline__ Out to_out(float v) {
   else return __float2half(v);
 }
 
-// kBatch: K steps whose loads a warp issues before using any. With one token tile all of a
-// 32 KB block tile (16 rows x 2 KB) is in flight at once; two tiles need the registers.
-template <int kTiles>
-constexpr int batch_steps() { return kTiles == 1 ? 4 : 2; }
-
-// One block's 16 output columns of group g: its pointers, and the loads of one batch.
-template <class In, bool kBlockScaled, int kTiles>
-struct GroupTile {
-  static constexpr int kBatch = batch_steps<kTiles>();
+// One warp's 16 output columns of group g (weight rows n0 .. n0 + 15): its pointers, and the
+// weight loads of one batch. Split K (16 columns per block): the block's 4 warps share the
+// columns and take K steps warp, warp + 4, ...; else (64 per block) each warp owns 16 columns
+// and takes every K step.
+template <class In, bool kBlockScaled, bool kSplitK>
+struct WarpTile {
   using Weights = uint4[kBatch][2][2];  // [step][64-byte half][row r, r + 8]
+  static constexpr int kStepStride = kSplitK ? kWarps : 1;
 
-  int g, n, k_steps;
+  int g, n, n0, k_steps;
   int64_t k_bytes;
   bool w_ok[2];
   const char* w_row[2];
@@ -107,12 +107,13 @@ struct GroupTile {
 
   // Reads only what routing wrote (shapes, pointers) and the weights' own scales: callable
   // before the wait for the previous kernel (see decode_gemm_kernel).
-  __device__ __forceinline__ GroupTile(const Params& p, int group) : g(group) {
+  __device__ __forceinline__ WarpTile(const Params& p, int group) : g(group) {
     n = p.problem_shapes[3 * g + 1];
     const int k = p.problem_shapes[3 * g + 2];
     k_bytes = int64_t(k) * sizeof(In);
     k_steps = static_cast<int>((k_bytes + kKBytes - 1) / kKBytes);
-    const int n0 = blockIdx.x * kRows, r = (threadIdx.x & 31) >> 2;
+    n0 = kSplitK ? blockIdx.x * kRows : (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kRows;
+    const int r = (threadIdx.x & 31) >> 2;
     const char* b = static_cast<const char*>(p.ptr_b[g]);
     const int64_t ldb = p.stride_b[g] * sizeof(In);
     w_ok[0] = n0 + r < n;
@@ -122,14 +123,15 @@ struct GroupTile {
     sfb = nullptr;
     if constexpr (kBlockScaled) sfb = p.ptr_sfb[g] + int64_t(n0 / 128) * k_steps;
   }
-  __device__ __forceinline__ bool has_columns() const { return int(blockIdx.x) * kRows < n; }
+  __device__ __forceinline__ bool has_columns() const { return n0 < n; }
+  __device__ __forceinline__ int first_step() const { return kSplitK ? threadIdx.x >> 5 : 0; }
 
-  // The weights of steps s0, s0 + kWarps, ... (kBatch of them); past K: zeros.
+  // The weights of steps s0, s0 + kStepStride, ... (kBatch of them); past K: zeros.
   __device__ __forceinline__ void load_weights(int s0, Weights& w) const {
     const int q = threadIdx.x & 3;
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
-      const int s = s0 + i * kWarps;
+      const int s = s0 + i * kStepStride;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t off = int64_t(s) * kKBytes + 64 * h + 16 * q;
@@ -142,139 +144,167 @@ struct GroupTile {
   }
 };
 
-// kTiles: 8-token mma tiles kept in registers per pass over the weights (a group with more
-// rows makes more passes). kBlockScaled: fp8_block, A scales [M, K/128] and B scales
+// The warp's sums over its K steps for tokens m0 .. m0 + 8 * kTiles - 1 of the group:
+// acc[u] = c0..c3 of mma tile u. kBlockScaled: fp8_block, A scales [M, K/128] and B scales
 // [N/128, K/128] applied to each 128-column partial sum; else raw fp32 sums (the fp8 path's
 // scales are applied by the next step, as with the CUTLASS kernels). `w` holds the first
 // batch of weights when `preloaded`.
-template <class In, class Out, bool kBlockScaled, int kTiles>
-__device__ __forceinline__ void group_tile(const Params& p, const GroupTile<In, kBlockScaled, kTiles>& t,
-                                           typename GroupTile<In, kBlockScaled, kTiles>::Weights& w,
-                                           bool preloaded,
-                                           float (&partial)[kWarps][kTiles * 8][kRows + 1]) {
-  constexpr int kBatch = GroupTile<In, kBlockScaled, kTiles>::kBatch;
-  const int g = t.g, n = t.n, k_steps = t.k_steps;
-  const int m_rows = p.problem_shapes[3 * g];
-  const int n0 = blockIdx.x * kRows;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int r = lane >> 2, q = lane & 3;  // mma group (row / token) and lane within it
-  const char* a = static_cast<const char*>(p.ptr_a[g]);
-  const int64_t lda = p.stride_a[g] * sizeof(In);
-  const float* sfa = kBlockScaled ? p.ptr_sfa[g] : nullptr;
-
-  for (int m0 = 0; m0 < m_rows; m0 += kTiles * 8) {
-    float acc[kTiles][4] = {};
-    for (int s0 = warp; s0 < k_steps; s0 += kWarps * kBatch) {
-      if (!preloaded) t.load_weights(s0, w);
-      preloaded = false;
-      uint4 x[kBatch][2][kTiles];  // [step][half][token tile]: token m0 + 8u + r
+template <class In, bool kBlockScaled, bool kSplitK, int kTiles>
+__device__ __forceinline__ void warp_sums(const WarpTile<In, kBlockScaled, kSplitK>& t,
+                                          const char* a, int64_t lda, const float* sfa,
+                                          int m0, int m_rows,
+                                          typename WarpTile<In, kBlockScaled, kSplitK>::Weights& w,
+                                          bool preloaded, float (&acc)[kTiles][4]) {
+  constexpr int kStride = WarpTile<In, kBlockScaled, kSplitK>::kStepStride;
+  const int lane = threadIdx.x & 31, r = lane >> 2, q = lane & 3;
+  for (int s0 = t.first_step(); s0 < t.k_steps; s0 += kStride * kBatch) {
+    if (!preloaded) t.load_weights(s0, w);
+    preloaded = false;
+    uint4 x[kBatch][2][kTiles];  // [step][half][token tile]: token m0 + 8u + r
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const int s = s0 + i * kWarps;
+    for (int i = 0; i < kBatch; ++i) {
+      const int s = s0 + i * kStride;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t off = int64_t(s) * kKBytes + 64 * h + 16 * q;
-          const bool in_k = s < k_steps && off < t.k_bytes;
+      for (int h = 0; h < 2; ++h) {
+        const int64_t off = int64_t(s) * kKBytes + 64 * h + 16 * q;
+        const bool in_k = s < t.k_steps && off < t.k_bytes;
 #pragma unroll
-          for (int u = 0; u < kTiles; ++u) {
-            const int m = m0 + 8 * u + r;
-            x[i][h][u] = in_k && m < m_rows
-                             ? __ldg(reinterpret_cast<const uint4*>(a + m * lda + off))
-                             : make_uint4(0, 0, 0, 0);
-          }
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const int s = s0 + i * kWarps;
-        if (s >= k_steps) break;  // the same for the whole warp
-        float part[kTiles][4] = {};
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int v = 0; v < 2; ++v) {
-            const uint32_t wa[4] = {word(w[i][h][0], 2 * v), word(w[i][h][1], 2 * v),
-                                    word(w[i][h][0], 2 * v + 1), word(w[i][h][1], 2 * v + 1)};
-#pragma unroll
-            for (int u = 0; u < kTiles; ++u)
-              mma<In>(kBlockScaled ? part[u] : acc[u], wa, word(x[i][h][u], 2 * v),
-                      word(x[i][h][u], 2 * v + 1));
-          }
-        if constexpr (kBlockScaled) {
-          const float ws = t.sfb[s];
-#pragma unroll
-          for (int u = 0; u < kTiles; ++u) {
-            // c0/c2 are token 2q of the tile, c1/c3 token 2q + 1 (rows r and r + 8).
-            const int m = m0 + 8 * u + 2 * q;
-            const float s0a = m < m_rows ? sfa[int64_t(m) * k_steps + s] * ws : 0.f;
-            const float s1a = m + 1 < m_rows ? sfa[int64_t(m + 1) * k_steps + s] * ws : 0.f;
-            acc[u][0] += part[u][0] * s0a;
-            acc[u][1] += part[u][1] * s1a;
-            acc[u][2] += part[u][2] * s0a;
-            acc[u][3] += part[u][3] * s1a;
-          }
+        for (int u = 0; u < kTiles; ++u) {
+          const int m = m0 + 8 * u + r;
+          x[i][h][u] = in_k && m < m_rows
+                           ? __ldg(reinterpret_cast<const uint4*>(a + m * lda + off))
+                           : make_uint4(0, 0, 0, 0);
         }
       }
     }
-    // c0: (row r, token 2q), c1: (r, 2q + 1), c2: (r + 8, 2q), c3: (r + 8, 2q + 1).
 #pragma unroll
-    for (int u = 0; u < kTiles; ++u) {
-      partial[warp][8 * u + 2 * q][r] = acc[u][0];
-      partial[warp][8 * u + 2 * q + 1][r] = acc[u][1];
-      partial[warp][8 * u + 2 * q][r + 8] = acc[u][2];
-      partial[warp][8 * u + 2 * q + 1][r + 8] = acc[u][3];
-    }
-    __syncthreads();
-    Out* d = static_cast<Out*>(p.ptr_d[g]);
-    const int64_t ldd = p.stride_d[g];
-    for (int i = threadIdx.x; i < kTiles * 8 * kRows; i += kWarps * 32) {
-      const int tok = i / kRows, col = i % kRows;
-      if (m0 + tok < m_rows && n0 + col < n) {
-        float v = 0.f;
+    for (int i = 0; i < kBatch; ++i) {
+      const int s = s0 + i * kStride;
+      if (s >= t.k_steps) break;  // the same for the whole warp
+      float part[kTiles][4] = {};
 #pragma unroll
-        for (int ww = 0; ww < kWarps; ++ww) v += partial[ww][tok][col];
-        d[int64_t(m0 + tok) * ldd + n0 + col] = to_out<Out>(v);
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {
+          const uint32_t wa[4] = {word(w[i][h][0], 2 * v), word(w[i][h][1], 2 * v),
+                                  word(w[i][h][0], 2 * v + 1), word(w[i][h][1], 2 * v + 1)};
+#pragma unroll
+          for (int u = 0; u < kTiles; ++u)
+            mma<In>(kBlockScaled ? part[u] : acc[u], wa, word(x[i][h][u], 2 * v),
+                    word(x[i][h][u], 2 * v + 1));
+        }
+      if constexpr (kBlockScaled) {
+        const float ws = t.sfb[s];
+#pragma unroll
+        for (int u = 0; u < kTiles; ++u) {
+          // c0/c2 are token 2q of the tile, c1/c3 token 2q + 1 (rows r and r + 8).
+          const int m = m0 + 8 * u + 2 * q;
+          const float s0a = m < m_rows ? sfa[int64_t(m) * t.k_steps + s] * ws : 0.f;
+          const float s1a = m + 1 < m_rows ? sfa[int64_t(m + 1) * t.k_steps + s] * ws : 0.f;
+          acc[u][0] += part[u][0] * s0a;
+          acc[u][1] += part[u][1] * s1a;
+          acc[u][2] += part[u][2] * s0a;
+          acc[u][3] += part[u][3] * s1a;
+        }
       }
     }
-    __syncthreads();  // `partial` is reused by the next pass
   }
 }
 
-// Before the wait for the previous kernel (PDL), a block reads the active-group list, its
+// All passes (kTiles * 8 tokens each) of one group over the tile's weights, and the stores.
+// Split K: the warps' sums are added in shared memory (`partial`), then stored by the block;
+// else each lane stores its own sums: c0 (row r, token 2q), c1 (r, 2q + 1), c2 (r + 8, 2q),
+// c3 (r + 8, 2q + 1) of each mma tile.
+template <class In, class Out, bool kBlockScaled, bool kSplitK, int kTiles>
+__device__ __forceinline__ void group_tile(const Params& p, const WarpTile<In, kBlockScaled, kSplitK>& t,
+                                           typename WarpTile<In, kBlockScaled, kSplitK>::Weights& w,
+                                           bool preloaded,
+                                           float (&partial)[kSplitK ? kWarps : 1][kTiles * 8][kRows + 1]) {
+  const int g = t.g, n = t.n, n0 = t.n0;
+  const int m_rows = p.problem_shapes[3 * g];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int r = lane >> 2, q = lane & 3;
+  const char* a = static_cast<const char*>(p.ptr_a[g]);
+  const int64_t lda = p.stride_a[g] * sizeof(In);
+  const float* sfa = kBlockScaled ? p.ptr_sfa[g] : nullptr;
+  Out* d = static_cast<Out*>(p.ptr_d[g]);
+  const int64_t ldd = p.stride_d[g];
+
+  for (int m0 = 0; m0 < m_rows; m0 += kTiles * 8) {
+    float acc[kTiles][4] = {};
+    warp_sums<In, kBlockScaled, kSplitK, kTiles>(t, a, lda, sfa, m0, m_rows, w, preloaded, acc);
+    preloaded = false;
+    if constexpr (kSplitK) {
+#pragma unroll
+      for (int u = 0; u < kTiles; ++u) {
+        partial[warp][8 * u + 2 * q][r] = acc[u][0];
+        partial[warp][8 * u + 2 * q + 1][r] = acc[u][1];
+        partial[warp][8 * u + 2 * q][r + 8] = acc[u][2];
+        partial[warp][8 * u + 2 * q + 1][r + 8] = acc[u][3];
+      }
+      __syncthreads();
+      for (int i = threadIdx.x; i < kTiles * 8 * kRows; i += kWarps * 32) {
+        const int tok = i / kRows, col = i % kRows;
+        if (m0 + tok < m_rows && n0 + col < n) {
+          float v = 0.f;
+#pragma unroll
+          for (int ww = 0; ww < kWarps; ++ww) v += partial[ww][tok][col];
+          d[int64_t(m0 + tok) * ldd + n0 + col] = to_out<Out>(v);
+        }
+      }
+      __syncthreads();  // `partial` is reused by the next pass
+    } else {
+#pragma unroll
+      for (int u = 0; u < kTiles; ++u)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int m = m0 + 8 * u + 2 * q + (c & 1), col = n0 + r + 8 * (c >> 1);
+          if (m < m_rows && col < n) d[int64_t(m) * ldd + col] = to_out<Out>(acc[u][c]);
+        }
+    }
+  }
+}
+
+// Before the wait for the previous kernel (PDL), a warp reads the active-group list, its
 // group's shapes and pointers and issues its first batch of weight loads: all written by
 // routing, two or more launches back, so complete and visible once this grid runs (launch.cuh).
 // The weight stream thus starts while the previous kernel (expand or activation) finishes.
-template <class In, class Out, bool kBlockScaled, int kTiles>
+template <class In, class Out, bool kBlockScaled, bool kSplitK, int kTiles>
 __global__ void __launch_bounds__(kWarps * 32) decode_gemm_kernel(Params p) {
-  using Tile = GroupTile<In, kBlockScaled, kTiles>;
-  __shared__ float partial[kWarps][kTiles * 8][kRows + 1];
+  using Tile = WarpTile<In, kBlockScaled, kSplitK>;
+  __shared__ float partial[kSplitK ? kWarps : 1][kTiles * 8][kRows + 1];
   const int active = p.active_groups[0];
   typename Tile::Weights w;
   bool preloaded = false;
   if (int(blockIdx.y) < active) {
     const Tile first(p, p.active_groups[1 + blockIdx.y]);
     if (first.has_columns()) {
-      first.load_weights(threadIdx.x >> 5, w);
+      first.load_weights(first.first_step(), w);
       preloaded = true;
     }
   }
   pdl_begin();
   for (int y = blockIdx.y; y < active; y += gridDim.y) {  // gridDim.y is capped at 65535
     const Tile t(p, p.active_groups[1 + y]);
-    if (!t.has_columns()) continue;  // the same for the whole block
-    group_tile<In, Out, kBlockScaled, kTiles>(p, t, w, preloaded, partial);
+    // Split K: the same for the whole block (it syncs); else per warp.
+    if (t.has_columns())
+      group_tile<In, Out, kBlockScaled, kSplitK, kTiles>(p, t, w, preloaded, partial);
     preloaded = false;
   }
 }
 
 }  // namespace decode
 
-// kTokens, kColumns: the catalog's tile_m and tile_n (cmake/catalog.py "decode" rows).
+// kTokens, kColumns: the catalog's tile_m and tile_n (cmake/catalog.py "decode" rows). 16
+// columns per block: split K over its warps (for few, long tiles: more blocks to fill the
+// SMs); 64: a warp per 16 columns over all of K (for many tiles: no block-wide sum).
 template <class In, class Out, bool kBlockScaled, int kTokens, int kColumns>
 struct DecodeGemm {
   static_assert(kTokens % 8 == 0, "decode GEMM: tokens per pass in multiples of 8");
-  static_assert(kColumns == decode::kRows, "decode GEMM: 16 output columns per block (one mma M)");
+  static_assert(kColumns == decode::kRows || kColumns == decode::kRows * decode::kWarps,
+                "decode GEMM: 16 (split K) or 64 (a warp each) output columns per block");
   static constexpr int kTiles = kTokens / 8;
+  static constexpr bool kSplitK = kColumns == decode::kRows;
 
   static size_t workspace_size(int, int) { return 0; }
 
@@ -285,10 +315,10 @@ struct DecodeGemm {
     }
     decode::Params p{a.problem_shapes, a.active_groups, a.ptr_a, a.stride_a, a.ptr_b,
                      a.stride_b, a.ptr_d, a.stride_d, a.ptr_sfa, a.ptr_sfb};
-    const dim3 grid(static_cast<unsigned>((a.n + decode::kRows - 1) / decode::kRows),
+    const dim3 grid(static_cast<unsigned>((a.n + kColumns - 1) / kColumns),
                     static_cast<unsigned>(a.max_active_groups < 65535 ? a.max_active_groups
                                                                       : 65535));
-    const cudaError_t e = launch(decode::decode_gemm_kernel<In, Out, kBlockScaled, kTiles>, grid,
+    const cudaError_t e = launch(decode::decode_gemm_kernel<In, Out, kBlockScaled, kSplitK, kTiles>, grid,
                                  decode::kWarps * 32, 0, a.stream, p);
     if (e != cudaSuccess) {
       snprintf(err, errlen, "decode GEMM launch: %s", cudaGetErrorString(e));
@@ -299,7 +329,7 @@ struct DecodeGemm {
 
   static constexpr GemmKernelOps kOps{
       &run, &workspace_size,
-      static_cast<int>(sizeof(float) * decode::kWarps * kTiles * 8 * (decode::kRows + 1))};
+      static_cast<int>(sizeof(float) * (kSplitK ? decode::kWarps : 1) * kTiles * 8 * (decode::kRows + 1))};
 };
 
 }  // namespace moe_kernels
