@@ -40,11 +40,11 @@ DECODE_ROWS = 512
 DECODE_ROWS_FP8_BLOCK = 64
 MIN_SM_FILL = 0.5
 # The "decode" schedule (our mma.sync kernel, weights read once per pass of tile_m tokens):
-# the default for GEMM1 up to 64 (token, expert) pairs, for GEMM2 up to 32. H200 tuning
-# (skewed routing; Qwen3-30B-A3B fp8 and bf16, DeepSeek-V3 fp8_block, k=8) had it best in
-# GEMM1 up to 8 tokens (and 16 for Qwen3) and in GEMM2 up to 4-8 tokens; at 16+ tokens of
-# DeepSeek-V3 (1.25+ rows per expert over 100+ experts) CUTLASS's tiles were 14-40% faster.
-DECODE_PAIRS = (64, 32)  # GEMM1, GEMM2
+# the default for both GEMMs up to 64 (token, expert) pairs. H200 (Qwen3-30B-A3B fp8 and
+# bf16, DeepSeek-V3 fp8_block, k=8), with the 64-column blocks: best or within noise in both
+# slots up to 8 tokens; at 16 tokens best for Qwen3 (uniform routing: 125 vs 131-143 us with
+# CUTLASS in either slot) but 3-4% behind CUTLASS's 64x128 for DeepSeek-V3.
+DECODE_PAIRS = (64, 64)  # GEMM1, GEMM2
 # Decode blocks of 64 columns (a warp per 16, each over all of K) once there are enough of
 # them for 4 per SM (their occupancy); below that, 16 columns with K split over the 4 warps,
 # so that a few experts' weights still spread over every SM.
