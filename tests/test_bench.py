@@ -104,6 +104,22 @@ def test_tactic_argument():
             bench.parse_tactic(bad)
 
 
+def test_git_commit_marks_a_changed_tree(tmp_path):
+    def git(*a):
+        subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+    assert bench.git_commit(cwd=tmp_path) == "unknown"
+    git("init", "-q")
+    (tmp_path / "f").write_text("1")
+    git("add", "f")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    head = bench.git_commit(cwd=tmp_path)
+    assert len(head) == 40 and not head.endswith("-dirty")
+    (tmp_path / "g").write_text("untracked files do not count")
+    assert bench.git_commit(cwd=tmp_path) == head
+    (tmp_path / "f").write_text("2")
+    assert bench.git_commit(cwd=tmp_path) == head + "-dirty"
+
+
 def test_bench_without_gpu_says_so():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")

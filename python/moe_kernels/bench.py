@@ -458,15 +458,24 @@ def _environment():
                                 capture_output=True, text=True, timeout=20).stdout.split("\n")[0].strip()
     except (OSError, subprocess.SubprocessError):
         driver = "unknown"
-    commit = os.environ.get("MOE_KERNELS_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                    timeout=20).stdout.strip() or "unknown"
-        except (OSError, subprocess.SubprocessError):
-            commit = "unknown"
+    commit = os.environ.get("MOE_KERNELS_COMMIT") or git_commit()
     return {"gpu": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__,
             "cuda": torch.version.cuda, "commit": commit}
+
+
+def git_commit(cwd=None) -> str:
+    """HEAD of the current directory's checkout, with "-dirty" when tracked files differ from
+    it (a copied tree under an old .git must not pass for that commit); "unknown" outside git."""
+    try:
+        def git(*a):
+            return subprocess.run(["git", *a], capture_output=True, text=True, timeout=20, cwd=cwd)
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0 or not head.stdout.strip():
+            return "unknown"
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return head.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def main(args) -> int:
