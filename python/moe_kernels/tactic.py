@@ -40,10 +40,11 @@ DECODE_ROWS = 512
 DECODE_ROWS_FP8_BLOCK = 64
 MIN_SM_FILL = 0.5
 # The "decode" schedule (our mma.sync kernel, weights read once per pass of tile_m tokens):
-# the default for both GEMMs up to 64 (token, expert) pairs. H200 (Qwen3-30B-A3B fp8 and
-# bf16, DeepSeek-V3 fp8_block, k=8), with the 64-column blocks: best or within noise in both
-# slots up to 8 tokens; at 16 tokens best for Qwen3 (uniform routing: 125 vs 131-143 us with
-# CUTLASS in either slot) but 3-4% behind CUTLASS's 64x128 for DeepSeek-V3.
+# the default for both GEMMs up to 64 (token, expert) pairs. H200 with the 64-column blocks
+# (Qwen3-30B-A3B fp8, DeepSeek-V3 fp8_block, k=8; bf16 last tuned with 16-column ones only):
+# best or within noise in both slots up to 8 tokens; at 16 tokens best for Qwen3 (uniform
+# routing: 125 vs 131-143 us with CUTLASS in either slot) but 3-4% behind CUTLASS's 64x128
+# for DeepSeek-V3.
 DECODE_PAIRS = (64, 64)  # GEMM1, GEMM2
 # Decode blocks of 64 columns (a warp per 16, each over all of K) once there are enough of
 # them for 4 per SM (their occupancy); below that, 16 columns with K split over the 4 warps,
