@@ -267,12 +267,14 @@ def test_fp8_scales(granularity, static, act, error_log):
           activation=act, ref_kw=dict(activation=act))
 
 
-@pytest.mark.parametrize("T", [3, 512])
+@pytest.mark.parametrize("T", [3, 512, 1024])
 @pytest.mark.parametrize("mode", ["bf16", "fp8", "fp8-static", "fp8_block"])
 def test_long_rows_and_wide_hidden(mode, T, error_log):
-    # I = 1280: past one warp's 1024 columns, so the activation takes a block per row (12 and
-    # 2048 rows). H = 1152: expand splits each token's columns over blocks of 1024, the last
-    # one 128 wide (not FP8 with dynamic scales, which needs the whole row).
+    # I = 1280: past the 1024 columns a warp holds at once. FP8 with one scale per row takes a
+    # block per row; bf16 and fp8_block a block per row for few rows (12 and 2048) and a warp
+    # per row, in two rounds, from 4096 rows on (T = 1024, top-4). H = 1152: expand splits each
+    # token's columns over blocks of 1024, the last one 128 wide (not FP8 with dynamic scales,
+    # which needs the whole row).
     dtype = mode.split("-")[0]
     p = make_problem(T=T, E=8, k=4, H=1152, I=1280, dtype=dtype, bias=True)
     if mode == "fp8-static":
