@@ -79,6 +79,26 @@ def _check_tactic(tactic, T=16):
     assert rel_error(out, reference_out(p)) < TOLERANCE["bf16"]
 
 
+def test_confirm_retimes_the_finalists_interleaved():
+    # "a" had a lucky first timing; timed again it is slower than "b". "d" is no finalist.
+    first = {"a+a": 100.0, "b+b": 101.0, "c+c": 105.0, "d+d": 200.0}
+    again = {"a+a": iter([112.0, 110.0, 111.0]), "b+b": iter([101.0, 102.0, 100.0]),
+             "c+c": iter([104.0, 106.0, 105.0])}
+    calls = []
+
+    def time_again(key):
+        calls.append(key)
+        return next(again[key])
+    ranked = tuning.confirm(first, time_again, finalists=3, rounds=3)
+    assert calls == ["a+a", "b+b", "c+c"] * 3  # round-robin, so drift hits all alike
+    assert list(ranked) == ["b+b", "c+c", "a+a"]
+    assert ranked["b+b"] == 101.0 and ranked["a+a"] == 110.5  # medians of 4 timings each
+
+
+def test_confirm_with_one_candidate_times_nothing_again():
+    assert tuning.confirm({"a+a": 5.0}, lambda k: pytest.fail("timed again")) == {"a+a": 5.0}
+
+
 @pytest.mark.gpu
 def test_list_tactics_reports_filtered():
     ts = moe_kernels.list_tactics("bf16")
