@@ -81,8 +81,10 @@ class GemmConfig:
         family = ARCHS[self.arch]["family"]
         assert self.schedule in SCHEDULES[family], f"{self.name}: not a {family} schedule"
         assert self.mainloop in MAINLOOPS, f"{self.name}: mainloop"
-        assert not self.mainloop or (self.act_dtype == "e4m3" and family == "sm90"), \
-            f"{self.name}: FP8 mainloop variants are for SM90 E4M3 kernels"
+        assert not self.mainloop or self.act_dtype == "e4m3", f"{self.name}: mainloops are for E4M3"
+        # SM100's FP8 MMA accumulates in fp32 (no fast-accumulation variant); blockwise is
+        # CUTLASS's block-scaled mainloop there as on SM90.
+        assert family == "sm90" or self.mainloop in ("", "blockwise"), f"{self.name}: SM90 mainloop"
         if self.schedule == "decode":
             assert self.tile_n in DECODE_TILE_N and self.tile_m % 8 == 0, f"{self.name}: decode tile"
             assert (self.cluster_m, self.cluster_n) == (1, 1), f"{self.name}: decode has no clusters"
@@ -167,8 +169,7 @@ _SM90_FP8_BLOCK_MINIMAL = _SM90_FP8_BLOCK_FULL[:2]
 
 # Decode: 8 or 16 tokens per pass over an expert's weights (in registers); more rows make
 # more passes, so these are for a few rows per expert only. K steps of 128 bytes. On SM100
-# (mma.sync is there too; compiled, not yet run on a B200) for the modes that have CUTLASS
-# kernels there: bf16, fp16, fp8 (no fp8_block).
+# too (mma.sync is there; compiled, not yet run on a B200), for every mode.
 _DECODE = [(m, n, 128, 1, 1, "decode") for m in (8, 16) for n in DECODE_TILE_N]
 
 # SM100: 1-CTA tiles for decode and moderate M, 2-CTA (256-row) tiles for prefill. A first,
@@ -184,20 +185,28 @@ _SM100_MINIMAL = [
     (128, 256, 0, 1, 1, "1sm"),
     (256, 256, 0, 2, 1, "2sm"),
 ]
+# fp8_block on SM100 (compiled, not run): tile_n of one 128-column weight-scale block.
+_SM100_FP8_BLOCK_FULL = [
+    (128, 128, 128, 1, 1, "1sm", "blockwise"),
+    (256, 128, 128, 2, 1, "2sm", "blockwise"),
+]
+_SM100_FP8_BLOCK_MINIMAL = _SM100_FP8_BLOCK_FULL[:1]
 
 
-def _subset(sm90_16bit, sm90_fp8, sm100):
+def _subset(sm90_16bit, sm90_fp8, sm100, sm100_fp8_block):
     rows = []
     for d in ("bf16", "fp16"):
         rows += _rows("90a", d, sm90_16bit + _k(_DECODE, 64)) + _rows("100a", d, _k(sm100 + _DECODE, 64))
     fp8_decode = _DECODE + [(*t, "blockwise") for t in _DECODE]
     return (rows + _rows("90a", "e4m3", sm90_fp8 + fp8_decode, out="bf16")
-            + _rows("100a", "e4m3", _k(sm100, 128) + _DECODE, out="bf16"))
+            + _rows("100a", "e4m3", _k(sm100, 128) + sm100_fp8_block + fp8_decode, out="bf16"))
 
 
 CATALOG = {
-    "full": _subset(_SM90_16BIT_FULL, _SM90_FP8_FULL + _SM90_FP8_BLOCK_FULL, _SM100_FULL),
-    "minimal": _subset(_SM90_16BIT_MINIMAL, _SM90_FP8_MINIMAL + _SM90_FP8_BLOCK_MINIMAL, _SM100_MINIMAL),
+    "full": _subset(_SM90_16BIT_FULL, _SM90_FP8_FULL + _SM90_FP8_BLOCK_FULL, _SM100_FULL,
+                    _SM100_FP8_BLOCK_FULL),
+    "minimal": _subset(_SM90_16BIT_MINIMAL, _SM90_FP8_MINIMAL + _SM90_FP8_BLOCK_MINIMAL, _SM100_MINIMAL,
+                       _SM100_FP8_BLOCK_MINIMAL),
 }
 
 

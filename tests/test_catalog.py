@@ -77,7 +77,8 @@ _DECODE_ROW = dict(_SM90_ROW, tile_m=8, tile_n=16, schedule="decode")
     (_DECODE_ROW, dict(tile_m=12)),                          # whole 8-token mma tiles
     (_DECODE_ROW, dict(cluster_n=2)),
     (_DECODE_ROW, dict(_E4M3, tile_k=128, mainloop="fastaccum")),  # it accumulates in fp32
-    (_DECODE_ROW, dict(_E4M3, tile_k=128, arch="100a", mainloop="blockwise")),  # fp8_block: SM90 only
+    (_SM100_ROW, dict(_E4M3, tile_k=128, mainloop="fastaccum")),  # an SM90 mainloop
+    (_SM100_ROW, dict(_E4M3, tile_k=128, mainloop="blockwise", tile_n=64)),  # splits a block
 ])
 def test_illegal_rows_are_rejected(base, bad):
     catalog.GemmConfig(**base).check()  # the base row itself is legal

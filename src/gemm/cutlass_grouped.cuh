@@ -5,7 +5,9 @@
 // names its arch tag and schedules; the generated files instantiate one config each.
 // Block-scaled schedules (Schedule::kBlockScaled, fp8_block) also read per-group scale
 // pointers: A scales per row per 128 of K ([M_g, K/128], row-major), B scales per 128x128
-// block ([N/128, K/128], row-major: DeepSeek's weight_scale_inv as stored).
+// block ([N/128, K/128], row-major: DeepSeek's weight_scale_inv as stored). SM90's mainloop
+// derives each group's scale layout from its problem shape; SM100's reads one per group from
+// device memory, which write_scale_layouts fills in the workspace before each GEMM.
 #pragma once
 
 #include <cstdio>
@@ -24,6 +26,31 @@
 
 namespace moe_kernels {
 
+// Scale granularity (M, N, K) = (1, 128, 128), both scale tensors K-major, per arch family.
+template <class ArchTag>
+struct BlockScaleConfig {
+  using type = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K,
+                                                          cute::GMMA::Major::K>;
+  static constexpr bool kLayoutsOnDevice = false;
+};
+template <>
+struct BlockScaleConfig<cutlass::arch::Sm100> {
+  using type = cutlass::detail::Sm100BlockwiseScaleConfig<1, 128, 128, cute::UMMA::Major::K,
+                                                           cute::UMMA::Major::K>;
+  static constexpr bool kLayoutsOnDevice = true;
+};
+
+// Each group's scale layouts from its problem shape (routing writes the shapes on the device).
+template <class ScaleConfig, class LayoutSFA, class LayoutSFB>
+__global__ void write_scale_layouts(const int32_t* shapes, int groups, LayoutSFA* sfa,
+                                    LayoutSFB* sfb) {
+  for (int g = blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += gridDim.x * blockDim.x) {
+    const auto mnkl = cute::make_shape(shapes[3 * g], shapes[3 * g + 1], shapes[3 * g + 2], 1);
+    sfa[g] = ScaleConfig::tile_atom_to_shape_SFA(mnkl);
+    sfb[g] = ScaleConfig::tile_atom_to_shape_SFB(mnkl);
+  }
+}
+
 // Schedule: a struct naming the family's Mainloop and Epilogue schedule tags.
 template <class ArchTag, class ElementA, class ElementB, class ElementD, int TileM, int TileN,
           int TileK, int ClusterM, int ClusterN, class Schedule>
@@ -38,11 +65,10 @@ struct CutlassGroupedGemm {
   static constexpr int kAlignB = 128 / cutlass::sizeof_bits<ElementB>::value;
   static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
   static constexpr bool kBlockScaled = Schedule::kBlockScaled;
-  // Scale granularity (M, N, K) = (1, 128, 128), both scale tensors K-major.
-  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<
-      1, 128, 128, cute::GMMA::Major::K, cute::GMMA::Major::K>;
+  using ScaleConfig = typename BlockScaleConfig<ArchTag>::type;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+  static constexpr bool kLayoutsOnDevice = kBlockScaled && BlockScaleConfig<ArchTag>::kLayoutsOnDevice;
   using StrideArgA = cute::conditional_t<kBlockScaled, cute::tuple<LayoutA*, LayoutSFA*>, LayoutA*>;
   using StrideArgB = cute::conditional_t<kBlockScaled, cute::tuple<LayoutB*, LayoutSFB*>, LayoutB*>;
 
@@ -72,6 +98,16 @@ struct CutlassGroupedGemm {
   static_assert(sizeof(typename ProblemShape::UnderlyingProblemShape) == 3 * sizeof(int32_t),
                 "problem shape layout changed");
 
+  // Bytes at the workspace's start for the per-group scale layouts (SM100 fp8_block), 256-aligned.
+  static size_t layout_bytes(int num_groups) {
+    if constexpr (!kLayoutsOnDevice) return 0;
+    return (size_t(num_groups) * (sizeof(LayoutSFA) + sizeof(LayoutSFB)) + 255) / 256 * 256;
+  }
+  static LayoutSFA* layouts_sfa(const GroupedGemmArgs& a) { return reinterpret_cast<LayoutSFA*>(a.workspace); }
+  static LayoutSFB* layouts_sfb(const GroupedGemmArgs& a) {
+    return reinterpret_cast<LayoutSFB*>(static_cast<char*>(a.workspace) + sizeof(LayoutSFA) * a.num_groups);
+  }
+
   static typename Gemm::Arguments make_arguments(const GroupedGemmArgs& a) {
     cutlass::KernelHardwareInfo hw;
     hw.device_id = a.device;
@@ -92,6 +128,10 @@ struct CutlassGroupedGemm {
       // pointers are per group.
       args.mainloop.ptr_SFA = a.ptr_sfa;
       args.mainloop.ptr_SFB = a.ptr_sfb;
+      if constexpr (kLayoutsOnDevice) {
+        args.mainloop.layout_SFA = layouts_sfa(a);
+        args.mainloop.layout_SFB = layouts_sfb(a);
+      }
     }
     args.epilogue.ptr_D = reinterpret_cast<ElementD**>(a.ptr_d);
     args.epilogue.dD = reinterpret_cast<StrideD*>(a.stride_d);
@@ -105,7 +145,7 @@ struct CutlassGroupedGemm {
     GroupedGemmArgs a{};
     a.num_groups = num_groups;
     a.sm_count = sm_count;
-    return Gemm::get_workspace_size(make_arguments(a));
+    return layout_bytes(num_groups) + Gemm::get_workspace_size(make_arguments(a));
   }
 
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
@@ -116,7 +156,15 @@ struct CutlassGroupedGemm {
       snprintf(err, errlen, "CUTLASS can_implement failed: %s", cutlassGetStatusString(st));
       return MOEK_UNSUPPORTED;
     }
-    st = gemm.initialize(args, a.workspace, a.stream);
+    if constexpr (kLayoutsOnDevice) {
+      write_scale_layouts<ScaleConfig><<<(a.num_groups + 127) / 128, 128, 0, a.stream>>>(
+          a.problem_shapes, a.num_groups, layouts_sfa(a), layouts_sfb(a));
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+        snprintf(err, errlen, "scale layouts launch: %s", cudaGetErrorString(e));
+        return MOEK_CUDA_ERROR;
+      }
+    }
+    st = gemm.initialize(args, static_cast<char*>(a.workspace) + layout_bytes(a.num_groups), a.stream);
     if (st != cutlass::Status::kSuccess) {
       snprintf(err, errlen, "CUTLASS initialize failed: %s", cutlassGetStatusString(st));
       return MOEK_CUDA_ERROR;

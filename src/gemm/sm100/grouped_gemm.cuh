@@ -18,6 +18,18 @@ struct TwoSm {
   static constexpr bool kBlockScaled = false;
 };
 
+// fp8_block: scales per 1x128 of A and 128x128 of B applied in the mainloop.
+struct OneSmBlockwise {
+  using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedBlockwise1SmSm100;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecialized1Sm;
+  static constexpr bool kBlockScaled = true;
+};
+struct TwoSmBlockwise {
+  using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedBlockwise2SmSm100;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm;
+  static constexpr bool kBlockScaled = true;
+};
+
 template <class A, class B, class D, int TM, int TN, int TK, int CM, int CN, class Schedule>
 using GroupedGemm = CutlassGroupedGemm<cutlass::arch::Sm100, A, B, D, TM, TN, TK, CM, CN, Schedule>;
 
