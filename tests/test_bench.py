@@ -96,6 +96,20 @@ def test_format_row_names_missing_peers():
     assert "2.00x" in line and "not installed" in line and "80%" in line
 
 
+def test_short_kernel_names_stay_distinct():
+    # Two decode kernels differ only in template arguments near the end of their names; a
+    # fixed head-and-tail cut once showed them as one kernel with the sum of both times.
+    a = ("void moe_kernels::decode::decode_gemm_kernel<__nv_fp8_e4m3, __nv_bfloat16, true, true, 2>"
+         "(moe_kernels::decode::Params)")
+    b = a.replace("true, true, 2", "true, false, 1")
+    mangled = "_ZN7cutlass13device_kernelI" + "X" * 300 + "{}" + "EEEvNT_6ParamsE"
+    names = [a, b, mangled.format("AAAA"), mangled.format("BBBB")]
+    short = profiling.short_kernel_names(names)
+    assert short[a] == "decode::decode_gemm_kernel<__nv_fp8_e4m3, __nv_bfloat16, true, true, 2>"
+    assert len(set(short.values())) == len(names)
+    assert all(len(v) <= 110 for v in short.values())
+
+
 def test_tactic_argument():
     assert bench.parse_tactic(None) is None
     assert bench.parse_tactic("a+b") == moe_kernels.Tactic("a", "b")

@@ -117,16 +117,40 @@ def kernel_times(fn, calls):
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-    out = {}
+    totals = {}
     for e in prof.key_averages():
         us = getattr(e, "device_time_total", None)
         if us is None:
             us = e.cuda_time_total
-        if us > 0:  # long (template) names: head and tail, so that two instances stay apart
-            name = re.sub(r"^void ", "", e.key)
-            name = name if len(name) <= 110 else f"{name[:70]} ... {name[-35:]}"
-            out[name] = out.get(name, 0.0) + us / calls
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+        if us > 0:
+            totals[e.key] = totals.get(e.key, 0.0) + us / calls
+    short = short_kernel_names(totals)
+    return {short[k]: us for k, us in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
+def short_kernel_names(names, width=110) -> dict:
+    """{full name: a readable name of at most about `width` characters}, distinct per kernel:
+    without "void", the parameter list and our namespaces; a longer one keeps its head and a
+    tail that grows until no two kernels share a short name (two decode kernels differ only
+    in template arguments near the end)."""
+    def tidy(n):
+        n = re.sub(r"^void ", "", n)
+        n = re.sub(r"\((?:[^()]|\([^()]*\))*\)$", "", n)  # the parameter list
+        return n.replace("moe_kernels::", "").replace("(anonymous namespace)::", "")
+    names = list(names)
+    tidied = {n: tidy(n) for n in names}
+    if len(set(tidied.values())) < len(names):
+        tidied = {n: n for n in names}  # the parameter lists were what told them apart
+    out, tail = {}, 35
+    while True:
+        out = {n: t if len(t) <= width else f"{t[:width - tail - 5]} ... {t[-tail:]}"
+               for n, t in tidied.items()}
+        if len(set(out.values())) == len(out) or tail >= width:
+            break
+        tail += 15
+    if len(set(out.values())) < len(out):  # still equal: number them
+        out = {n: f"{s} #{i}" for i, (n, s) in enumerate(out.items())}
+    return out
 
 
 def make_weights(quant, activation, experts, hidden, inter, *, device="cuda", seed=0):
