@@ -158,3 +158,23 @@ def test_tiny_bench_run(tmp_path):
         assert set(row["breakdown_us"]) == set(bench.STEPS)
         if hasattr(torch, "_grouped_mm"):
             assert row["results"]["torch._grouped_mm"]["status"] == "ok"
+
+
+def test_profile_without_gpu_says_so():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    r = subprocess.run([sys.executable, "-m", "moe_kernels", "profile", "--tokens", "1"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "nothing to profile" in r.stderr
+
+
+@pytest.mark.gpu
+def test_tiny_profile_run():
+    # Runs the forwards (what ncu or nsys would capture); without a profiler attached the
+    # start/stop calls do nothing.
+    r = subprocess.run([sys.executable, "-m", "moe_kernels", "profile", "--experts", "8", "--top-k", "2",
+                        "--hidden", "256", "--intermediate", "128", "--tokens", "1,64", "--quant", "fp8",
+                        "--forwards", "2"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [ln for ln in r.stdout.splitlines() if "forward(s) in the profiled range" in ln]
+    assert len(lines) == 2 and all("2 forward(s)" in ln and "+" in ln for ln in lines)

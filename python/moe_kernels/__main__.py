@@ -1,4 +1,4 @@
-"""Command line: `python -m moe_kernels info | bench | tune`."""
+"""Command line: `python -m moe_kernels info | bench | profile | tune`."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +12,8 @@ def main(argv=None) -> int:
     p_info.add_argument("--json", action="store_true", help="machine-readable output")
     from . import bench, tuning
     bench.add_arguments(sub.add_parser("bench", help="time the fused layer against its floors and peers"))
+    bench.add_profile_arguments(sub.add_parser(
+        "profile", help="forwards between cudaProfilerStart/Stop, for ncu or nsys"))
     tuning.add_arguments(sub.add_parser("tune", help="tune tactics per token bucket in a child process"))
     args = parser.parse_args(argv)
     if args.command == "info":
@@ -19,6 +21,8 @@ def main(argv=None) -> int:
         return info.main(args)
     if args.command == "tune":
         return tuning.main(args)
+    if args.command == "profile":
+        return bench.profile_main(args)
     return bench.main(args)
 
 

@@ -90,6 +90,23 @@ def parse_tokens(text: str) -> list:
 
 
 def add_arguments(p) -> None:
+    add_problem_arguments(p)
+    p.add_argument("--replays", type=int, default=30, help="timed graph replays per point")
+    p.add_argument("--no-peers", action="store_true", help="time moe_kernels only")
+    p.add_argument("--sweep", action="store_true",
+                   help="also time every built kernel in each GEMM slot (the other on the default)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also time each step (routing, GEMM1, activation, GEMM2, finalize)")
+    p.add_argument("--kernels", action="store_true",
+                   help="also list each kernel's GPU time per forward (torch.profiler, eager calls; "
+                        "run with MOE_KERNELS_PDL=0 so that no kernel's time holds a wait)")
+    p.add_argument("--json", help="write the results to this file")
+    p.add_argument("--plot", help="write a plot (PNG) to this file; needs matplotlib")
+    p.add_argument("--markdown", help="write the results as a Markdown table to this file")
+
+
+def add_problem_arguments(p) -> None:
+    """The shapes, inputs and tactic of the points (bench and profile)."""
     p.add_argument("--preset", action="append", help=f"model shape, repeatable: {', '.join(PRESETS)}")
     p.add_argument("--experts", type=int)
     p.add_argument("--top-k", dest="top_k", type=int)
@@ -104,20 +121,8 @@ def add_arguments(p) -> None:
     p.add_argument("--skew", type=float, default=1.2, help="Zipf exponent for --routing skewed")
     p.add_argument("--routing-file", help="JSON list of per-expert token counts from a real trace "
                                           "(or {\"counts\": [...]}); overrides --routing")
-    p.add_argument("--replays", type=int, default=30, help="timed graph replays per point")
-    p.add_argument("--no-peers", action="store_true", help="time moe_kernels only")
-    p.add_argument("--tactic", help="time this GEMM1+GEMM2 pair (kernel names joined by '+') "
+    p.add_argument("--tactic", help="run this GEMM1+GEMM2 pair (kernel names joined by '+') "
                    "instead of the tuned or default choice")
-    p.add_argument("--sweep", action="store_true",
-                   help="also time every built kernel in each GEMM slot (the other on the default)")
-    p.add_argument("--breakdown", action="store_true",
-                   help="also time each step (routing, GEMM1, activation, GEMM2, finalize)")
-    p.add_argument("--kernels", action="store_true",
-                   help="also list each kernel's GPU time per forward (torch.profiler, eager calls; "
-                        "run with MOE_KERNELS_PDL=0 so that no kernel's time holds a wait)")
-    p.add_argument("--json", help="write the results to this file")
-    p.add_argument("--plot", help="write a plot (PNG) to this file; needs matplotlib")
-    p.add_argument("--markdown", help="write the results as a Markdown table to this file")
 
 
 # ---- floors --------------------------------------------------------------------------------
@@ -479,6 +484,64 @@ def git_commit(cwd=None) -> str:
         return head.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def add_profile_arguments(p) -> None:
+    add_problem_arguments(p)
+    p.add_argument("--forwards", type=int, default=1, help="forwards inside the profiled range per point")
+
+
+def profile_main(args) -> int:
+    """`python -m moe_kernels profile`: per point, a few warm-up forwards, then `--forwards`
+    forwards between cudaProfilerStart and cudaProfilerStop (eager, not graphs), for
+    `ncu --profile-from-start off ...` or `nsys profile --capture-range=cudaProfilerApi ...`."""
+    import torch
+    import moe_kernels
+    from moe_kernels.modes import Activation
+
+    if not torch.cuda.is_available():
+        print("No CUDA GPU is visible, so there is nothing to profile.", file=sys.stderr)
+        return 2
+    if args.forwards < 1:
+        raise SystemExit(f"--forwards {args.forwards}: expected a positive count")
+    tactic = parse_tactic(args.tactic)
+    tokens = parse_tokens(args.tokens)
+    act = Activation.parse(args.activation)
+    dtype = torch.float16 if args.quant == "fp16" else torch.bfloat16
+    try:
+        counts = load_histogram(args.routing_file) if args.routing_file else None
+    except ValueError as e:
+        raise SystemExit(f"--routing-file: {e}") from None
+    gen = torch.Generator().manual_seed(0)
+    for s in shapes_from_args(args):
+        if counts is not None and len(counts) != s.experts:
+            raise SystemExit(f"--routing-file has {len(counts)} experts, {s.name} has {s.experts}")
+        weights = make_weights(args.quant, act, s.experts, s.hidden, s.inter)
+        scales = {n: weights[n] for n in ("w13_scale", "w2_scale") if weights.get(n) is not None}
+        for T in tokens:
+            ids, wts = routing(T, s.experts, s.top_k, args.routing, skew=args.skew, counts=counts,
+                               gen=gen, device="cuda")
+            x = torch.randn(T, s.hidden, device="cuda", dtype=dtype)
+            ws = torch.empty(moe_kernels.workspace_size(T, s.top_k, s.experts, s.hidden, s.inter,
+                                                        quant=args.quant, activation=act),
+                             dtype=torch.uint8, device="cuda")
+            out = torch.empty(T, s.hidden, device="cuda", dtype=dtype)
+            call = dict(quant=args.quant, activation=act, workspace=ws, out=out, **scales)
+            chosen = tactic or moe_kernels.api.choose_tactic(x, weights["w13"], weights["w2"], wts,
+                                                             ids, quant=args.quant, activation=act,
+                                                             **scales)
+            for _ in range(3):
+                moe_kernels.fused_moe(x, weights["w13"], weights["w2"], wts, ids, tactic=chosen, **call)
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
+            for _ in range(args.forwards):
+                moe_kernels.fused_moe(x, weights["w13"], weights["w2"], wts, ids, tactic=chosen, **call)
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+            print(f"{s.name}, {T} tokens, {args.quant}: {args.forwards} forward(s) in the profiled "
+                  f"range, tactic {chosen}", flush=True)
+        del weights
+    return 0
 
 
 def main(args) -> int:
