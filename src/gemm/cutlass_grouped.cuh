@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdio>
+#include <type_traits>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -69,6 +70,11 @@ struct CutlassGroupedGemm {
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
   static constexpr bool kLayoutsOnDevice = kBlockScaled && BlockScaleConfig<ArchTag>::kLayoutsOnDevice;
+  // write_scale_layouts stores them as plain values, the SFB array right after the SFA one.
+  static_assert(!kLayoutsOnDevice || (std::is_trivially_copyable_v<LayoutSFA> &&
+                                      std::is_trivially_copyable_v<LayoutSFB> &&
+                                      sizeof(LayoutSFA) % alignof(LayoutSFB) == 0),
+                "scale layouts: plain values packed back to back");
   using StrideArgA = cute::conditional_t<kBlockScaled, cute::tuple<LayoutA*, LayoutSFA*>, LayoutA*>;
   using StrideArgB = cute::conditional_t<kBlockScaled, cute::tuple<LayoutB*, LayoutSFB*>, LayoutB*>;
 
