@@ -130,8 +130,8 @@ struct CutlassGroupedGemm {
     args.mainloop.ptr_B = reinterpret_cast<const ElementB**>(a.ptr_b);
     args.mainloop.dB = reinterpret_cast<StrideB*>(a.stride_b);
     if constexpr (kBlockScaled) {
-      // The mainloop derives each group's scale layout from its problem shape; only the
-      // pointers are per group.
+      // Per-group scale pointers; the layouts are derived from each group's shape by SM90's
+      // mainloop, or read from the workspace on SM100 (see run).
       args.mainloop.ptr_SFA = a.ptr_sfa;
       args.mainloop.ptr_SFB = a.ptr_sfb;
       if constexpr (kLayoutsOnDevice) {
