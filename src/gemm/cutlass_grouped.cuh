@@ -52,7 +52,16 @@ __global__ void write_scale_layouts(const int32_t* shapes, int groups, LayoutSFA
   }
 }
 
-// Schedule: a struct naming the family's Mainloop and Epilogue schedule tags.
+// A family's schedule: its CUTLASS mainloop and epilogue tags, and whether the mainloop
+// applies block scales (fp8_block). The families (gemm/sm90, gemm/sm100) name theirs.
+template <class MainloopTag, class EpilogueTag, bool kBlock = false>
+struct Schedule {
+  using Mainloop = MainloopTag;
+  using Epilogue = EpilogueTag;
+  static constexpr bool kBlockScaled = kBlock;
+};
+
+// Schedule: one of the families' Schedule instances (gemm/sm90, gemm/sm100).
 template <class ArchTag, class ElementA, class ElementB, class ElementD, int TileM, int TileN,
           int TileK, int ClusterM, int ClusterN, class Schedule>
 struct CutlassGroupedGemm {

@@ -7,28 +7,15 @@
 
 namespace moe_kernels::sm100 {
 
-struct OneSm {
-  using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecialized1SmSm100;
-  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecialized1Sm;
-  static constexpr bool kBlockScaled = false;
-};
-struct TwoSm {
-  using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmSm100;
-  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm;
-  static constexpr bool kBlockScaled = false;
-};
-
+using OneSm = Schedule<cutlass::gemm::KernelPtrArrayTmaWarpSpecialized1SmSm100,
+                       cutlass::epilogue::PtrArrayTmaWarpSpecialized1Sm>;
+using TwoSm = Schedule<cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmSm100,
+                       cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm>;
 // fp8_block: scales per 1x128 of A and 128x128 of B applied in the mainloop.
-struct OneSmBlockwise {
-  using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedBlockwise1SmSm100;
-  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecialized1Sm;
-  static constexpr bool kBlockScaled = true;
-};
-struct TwoSmBlockwise {
-  using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedBlockwise2SmSm100;
-  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm;
-  static constexpr bool kBlockScaled = true;
-};
+using OneSmBlockwise = Schedule<cutlass::gemm::KernelPtrArrayTmaWarpSpecializedBlockwise1SmSm100,
+                                cutlass::epilogue::PtrArrayTmaWarpSpecialized1Sm, true>;
+using TwoSmBlockwise = Schedule<cutlass::gemm::KernelPtrArrayTmaWarpSpecializedBlockwise2SmSm100,
+                                cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm, true>;
 
 template <class A, class B, class D, int TM, int TN, int TK, int CM, int CN, class Schedule>
 using GroupedGemm = CutlassGroupedGemm<cutlass::arch::Sm100, A, B, D, TM, TN, TK, CM, CN, Schedule>;

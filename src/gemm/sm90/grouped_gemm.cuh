@@ -6,12 +6,6 @@
 
 namespace moe_kernels::sm90 {
 
-template <class MainloopTag, class EpilogueTag, bool kBlock = false>
-struct Schedule {
-  using Mainloop = MainloopTag;
-  using Epilogue = EpilogueTag;
-  static constexpr bool kBlockScaled = kBlock;
-};
 using PingpongEpilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 using CooperativeEpilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 
