@@ -1,8 +1,9 @@
 """FP8 (E4M3) quantization: the one definition that the kernels, `prepare` and `reference`
 follow, so tests compare like with like.
 
-- Values are divided by their scale, saturated to +-448 (never inf/NaN), and rounded to
-  nearest-even E4M3. Dequantization multiplies back: x ~= q * scale.
+- Values are multiplied by the float32 reciprocal of their scale (x * (1 / scale), as the
+  kernels do: one division per group, not per value), saturated to +-448 (never inf/NaN),
+  and rounded to nearest-even E4M3. Dequantization multiplies back: x ~= q * scale.
 - A dynamic scale is amax / 448 over its group (a token row, a 128-wide slice of one, a
   weight tensor, channel or 128x128 block); a group of zeros gets scale 1.0, so it
   quantizes to zeros and never divides by zero.
@@ -21,8 +22,9 @@ def scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """E4M3 of x / scale, saturating; `scale` broadcasts against x."""
-    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    """E4M3 of x * (1 / scale), saturating; `scale` broadcasts against x."""
+    inv = 1.0 / torch.as_tensor(scale, dtype=torch.float32, device=x.device)
+    return (x.float() * inv).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -124,18 +124,23 @@ struct WarpTile {
     if constexpr (kBlockScaled) sfb = p.ptr_sfb[g] + int64_t(n0 / 128) * k_steps;
   }
   __device__ __forceinline__ bool has_columns() const { return n0 < n; }
+  // Lane q's 16 bytes of half h (64 bytes) of K step s, for weight and token rows alike: the
+  // byte offset into a row, and whether it lies inside K (k_bytes % 16 == 0: wholly or not).
+  __device__ __forceinline__ bool k_piece(int s, int h, int64_t& off) const {
+    off = int64_t(s) * kKBytes + 64 * h + 16 * (threadIdx.x & 3);
+    return s < k_steps && off < k_bytes;
+  }
   __device__ __forceinline__ int first_step() const { return kSplitK ? threadIdx.x >> 5 : 0; }
 
   // The weights of steps s0, s0 + kStepStride, ... (kBatch of them); past K: zeros.
   __device__ __forceinline__ void load_weights(int s0, Weights& w) const {
-    const int q = threadIdx.x & 3;
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int s = s0 + i * kStepStride;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t off = int64_t(s) * kKBytes + 64 * h + 16 * q;
-        const bool in_k = s < k_steps && off < k_bytes;  // k_bytes % 16 == 0
+        int64_t off;
+        const bool in_k = k_piece(s, h, off);
 #pragma unroll
         for (int j = 0; j < 2; ++j)
           w[i][h][j] = in_k && w_ok[j] ? load_stream(w_row[j] + off) : make_uint4(0, 0, 0, 0);
@@ -166,8 +171,8 @@ __device__ __forceinline__ void warp_sums(const WarpTile<In, kBlockScaled, kSpli
       const int s = s0 + i * kStride;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t off = int64_t(s) * kKBytes + 64 * h + 16 * q;
-        const bool in_k = s < t.k_steps && off < t.k_bytes;
+        int64_t off;
+        const bool in_k = t.k_piece(s, h, off);
 #pragma unroll
         for (int u = 0; u < kTiles; ++u) {
           const int m = m0 + 8 * u + r;
