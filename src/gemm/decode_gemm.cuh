@@ -19,9 +19,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-#include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <type_traits>
 
 #include "gemm/grouped_gemm.h"
@@ -92,10 +90,10 @@ __device__ __forceinline__ Out to_out(float v) {
   else return __float2half(v);
 }
 
-// One warp's 16 output columns of group g in the block's column tile (weight rows n0 .. n0 +
-// 15): its pointers, and the weight loads of one batch. Split K (16 columns per block): the
-// block's 4 warps share the columns and take K steps warp, warp + 4, ...; else (64 per
-// block) each warp owns 16 columns and takes every K step.
+// One warp's 16 output columns of group g (weight rows n0 .. n0 + 15): its pointers, and the
+// weight loads of one batch. Split K (16 columns per block): the block's 4 warps share the
+// columns and take K steps warp, warp + 4, ...; else (64 per block) each warp owns 16 columns
+// and takes every K step.
 template <class In, bool kBlockScaled, bool kSplitK>
 struct WarpTile {
   using Weights = uint4[kBatch][2][2];  // [step][64-byte half][row r, r + 8]
@@ -109,12 +107,12 @@ struct WarpTile {
 
   // Reads only what routing wrote (shapes, pointers) and the weights' own scales: callable
   // before the wait for the previous kernel (see decode_gemm_kernel).
-  __device__ __forceinline__ WarpTile(const Params& p, int group, int tile) : g(group) {
+  __device__ __forceinline__ WarpTile(const Params& p, int group) : g(group) {
     n = p.problem_shapes[3 * g + 1];
     const int k = p.problem_shapes[3 * g + 2];
     k_bytes = int64_t(k) * sizeof(In);
     k_steps = static_cast<int>((k_bytes + kKBytes - 1) / kKBytes);
-    n0 = kSplitK ? tile * kRows : (tile * kWarps + (threadIdx.x >> 5)) * kRows;
+    n0 = kSplitK ? blockIdx.x * kRows : (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kRows;
     const int r = (threadIdx.x & 31) >> 2;
     const char* b = static_cast<const char*>(p.ptr_b[g]);
     const int64_t ldb = p.stride_b[g] * sizeof(In);
@@ -221,17 +219,14 @@ __device__ __forceinline__ void warp_sums(const WarpTile<In, kBlockScaled, kSpli
 // All passes (kTiles * 8 tokens each) of one group over the tile's weights, and the stores.
 // Split K: the warps' sums are added in shared memory (`partial`), then stored by the block;
 // else each lane stores its own sums: c0 (row r, token 2q), c1 (r, 2q + 1), c2 (r + 8, 2q),
-// c3 (r + 8, 2q + 1) of each mma tile. Once the last pass has used `w`, prefetch(w) may load
-// the first batch of the warp's next tile into it, so that those loads are in flight during
-// the stores and the next tile's start; returns what prefetch returned (whether it did).
-template <class In, class Out, bool kBlockScaled, bool kSplitK, int kTiles, class Prefetch>
-__device__ __forceinline__ bool group_tile(const Params& p, const WarpTile<In, kBlockScaled, kSplitK>& t,
+// c3 (r + 8, 2q + 1) of each mma tile.
+template <class In, class Out, bool kBlockScaled, bool kSplitK, int kTiles>
+__device__ __forceinline__ void group_tile(const Params& p, const WarpTile<In, kBlockScaled, kSplitK>& t,
                                            typename WarpTile<In, kBlockScaled, kSplitK>::Weights& w,
-                                           bool preloaded, Prefetch prefetch,
+                                           bool preloaded,
                                            float (&partial)[kSplitK ? kWarps : 1][kTiles * 8][kRows + 1]) {
   const int g = t.g, n = t.n, n0 = t.n0;
   const int m_rows = p.problem_shapes[3 * g];
-  if (m_rows <= 0) return prefetch(w);  // active groups have rows; w must still hold what we say
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int r = lane >> 2, q = lane & 3;
   const char* a = static_cast<const char*>(p.ptr_a[g]);
@@ -244,7 +239,6 @@ __device__ __forceinline__ bool group_tile(const Params& p, const WarpTile<In, k
     float acc[kTiles][4] = {};
     warp_sums<In, kBlockScaled, kSplitK, kTiles>(t, a, lda, sfa, m0, m_rows, w, preloaded, acc);
     preloaded = false;
-    if (m0 + kTiles * 8 >= m_rows) preloaded = prefetch(w);
     if constexpr (kSplitK) {
 #pragma unroll
       for (int u = 0; u < kTiles; ++u) {
@@ -274,53 +268,33 @@ __device__ __forceinline__ bool group_tile(const Params& p, const WarpTile<In, k
         }
     }
   }
-  return preloaded;
 }
 
-// The first batch of work item i's weights into w, if there is such an item and the warp has
-// columns in it.
-template <class Tile>
-__device__ __forceinline__ bool load_first(const Params& p, int i, int items, int tiles_n,
-                                           typename Tile::Weights& w) {
-  if (i >= items) return false;
-  const Tile t(p, p.active_groups[1 + i / tiles_n], i % tiles_n);
-  if (t.has_columns()) t.load_weights(t.first_step(), w);
-  return t.has_columns();
-}
-
-// A persistent grid: block b takes the work items b, b + gridDim.x, ... of the active
-// groups' column tiles (item = active-group index x tiles_n + column tile), so each block
-// pays its start once and keeps its weight stream going from one tile into the next.
 // Before the wait for the previous kernel (PDL), a warp reads the active-group list, its
-// first tile's shapes and pointers and issues that tile's first batch of weight loads: all
-// written by routing, two or more launches back, so complete and visible once this grid runs
-// (launch.cuh). The weight stream thus starts while the previous kernel (expand or
-// activation) finishes.
+// group's shapes and pointers and issues its first batch of weight loads: all written by
+// routing, two or more launches back, so complete and visible once this grid runs (launch.cuh).
+// The weight stream thus starts while the previous kernel (expand or activation) finishes.
 template <class In, class Out, bool kBlockScaled, bool kSplitK, int kTiles>
-__global__ void __launch_bounds__(kWarps * 32) decode_gemm_kernel(Params p, int tiles_n) {
+__global__ void __launch_bounds__(kWarps * 32) decode_gemm_kernel(Params p) {
   using Tile = WarpTile<In, kBlockScaled, kSplitK>;
   __shared__ float partial[kSplitK ? kWarps : 1][kTiles * 8][kRows + 1];
-  const int items = p.active_groups[0] * tiles_n;
-  int item = blockIdx.x;
-  if (item >= items) {
-    pdl_begin();
-    return;
-  }
+  const int active = p.active_groups[0];
   typename Tile::Weights w;
-  bool preloaded = load_first<Tile>(p, item, items, tiles_n, w);
-  pdl_begin();
-  for (; item < items; item += gridDim.x) {
-    const int following = item + int(gridDim.x);
-    const Tile t(p, p.active_groups[1 + item / tiles_n], item % tiles_n);
-    // Split K: has_columns is the same for the whole block (it syncs); else per warp.
-    if (t.has_columns()) {
-      preloaded = group_tile<In, Out, kBlockScaled, kSplitK, kTiles>(
-          p, t, w, preloaded,
-          [=, &p](typename Tile::Weights& into) { return load_first<Tile>(p, following, items, tiles_n, into); },
-          partial);
-    } else {
-      preloaded = load_first<Tile>(p, following, items, tiles_n, w);
+  bool preloaded = false;
+  if (int(blockIdx.y) < active) {
+    const Tile first(p, p.active_groups[1 + blockIdx.y]);
+    if (first.has_columns()) {
+      first.load_weights(first.first_step(), w);
+      preloaded = true;
     }
+  }
+  pdl_begin();
+  for (int y = blockIdx.y; y < active; y += gridDim.y) {  // gridDim.y is capped at 65535
+    const Tile t(p, p.active_groups[1 + y]);
+    // Split K: the same for the whole block (it syncs); else per warp.
+    if (t.has_columns())
+      group_tile<In, Out, kBlockScaled, kSplitK, kTiles>(p, t, w, preloaded, partial);
+    preloaded = false;
   }
 }
 
@@ -337,37 +311,20 @@ struct DecodeGemm {
   static constexpr int kTiles = kTokens / 8;
   static constexpr bool kSplitK = kColumns == decode::kRows;
 
-  static constexpr auto kKernel = decode::decode_gemm_kernel<In, Out, kBlockScaled, kSplitK, kTiles>;
-
   static size_t workspace_size(int, int) { return 0; }
 
-  // Resident blocks per SM (registers and shared memory decide), queried once.
-  static int blocks_per_sm() {
-    static const int n = [] {
-      int b = 0;
-      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kKernel, decode::kWarps * 32, 0) ==
-                     cudaSuccess && b > 0 ? b : 1;
-    }();
-    return n;
-  }
-
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
-    const int64_t tiles_n = (a.n + kColumns - 1) / kColumns;
-    if (a.n <= 0 || a.max_active_groups <= 0 || !a.active_groups || a.sm_count <= 0 ||
-        tiles_n * a.max_active_groups > INT32_MAX) {
-      snprintf(err, errlen, "decode GEMM: needs N, the active-group list and its bound, the SM count, "
-               "and fewer than 2^31 column tiles in all");
+    if (a.n <= 0 || a.max_active_groups <= 0 || !a.active_groups) {
+      snprintf(err, errlen, "decode GEMM: needs N, the active-group list and its bound");
       return MOEK_INVALID_ARGUMENT;
     }
     decode::Params p{a.problem_shapes, a.active_groups, a.ptr_a, a.stride_a, a.ptr_b,
                      a.stride_b, a.ptr_d, a.stride_d, a.ptr_sfa, a.ptr_sfb};
-    // One wave of persistent blocks, or fewer when there are fewer items (at most, every
-    // group has rows).
-    int64_t blocks = std::min<int64_t>(tiles_n * a.max_active_groups, int64_t(a.sm_count) * blocks_per_sm());
-    if (const char* v = getenv("MOE_KERNELS_DECODE_GRID"); v && v[0] == 'a')  // TEMPORARY A/B switch
-      blocks = tiles_n * a.max_active_groups;
-    const cudaError_t e = launch(kKernel, dim3(static_cast<unsigned>(blocks)), decode::kWarps * 32, 0,
-                                 a.stream, p, static_cast<int>(tiles_n));
+    const dim3 grid(static_cast<unsigned>((a.n + kColumns - 1) / kColumns),
+                    static_cast<unsigned>(a.max_active_groups < 65535 ? a.max_active_groups
+                                                                      : 65535));
+    const cudaError_t e = launch(decode::decode_gemm_kernel<In, Out, kBlockScaled, kSplitK, kTiles>, grid,
+                                 decode::kWarps * 32, 0, a.stream, p);
     if (e != cudaSuccess) {
       snprintf(err, errlen, "decode GEMM launch: %s", cudaGetErrorString(e));
       return MOEK_CUDA_ERROR;
