@@ -21,6 +21,7 @@ if [ -z "${MOE_KERNELS_ARCHS:-}" ]; then
   case "$cc" in
     90) MOE_KERNELS_ARCHS=90a ;;
     100) MOE_KERNELS_ARCHS=100a ;;
+    103) MOE_KERNELS_ARCHS=103a ;;
     *) echo "ci/gpu-tests.sh: no catalog arch for compute capability $cc (cmake/catalog.py ARCHS)" >&2; exit 2 ;;
   esac
 fi

@@ -15,8 +15,11 @@ ARCHS = {
     # lib: the per-arch library suffix; cc: the compute capability it runs on;
     # family: the source folder src/gemm/<family> and C++ namespace of its GEMM template.
     "90a": {"lib": "sm90a", "cc": (9, 0), "family": "sm90"},
-    # B200/GB200. Compiled and disassembled in this project, not yet run on such a GPU.
+    # B200/GB200 and B300/GB300: the same sources and tiles (family sm100), one library each,
+    # since "a" machine code runs only on its own compute capability. Compiled and
+    # disassembled in this project, not yet run on such a GPU.
     "100a": {"lib": "sm100a", "cc": (10, 0), "family": "sm100"},
+    "103a": {"lib": "sm103a", "cc": (10, 3), "family": "sm100"},
 }
 
 # Element types by the name used in kernel names, with their CUTLASS spelling.
@@ -194,12 +197,15 @@ _SM100_FP8_BLOCK_MINIMAL = _SM100_FP8_BLOCK_FULL[:1]
 
 
 def _subset(sm90_16bit, sm90_fp8, sm100, sm100_fp8_block):
-    rows = []
-    for d in ("bf16", "fp16"):
-        rows += _rows("90a", d, sm90_16bit + _k(_DECODE, 64)) + _rows("100a", d, _k(sm100 + _DECODE, 64))
     fp8_decode = _DECODE + [(*t, "blockwise") for t in _DECODE]
-    return (rows + _rows("90a", "e4m3", sm90_fp8 + fp8_decode, out="bf16")
-            + _rows("100a", "e4m3", _k(sm100, 128) + sm100_fp8_block + fp8_decode, out="bf16"))
+    rows = _rows("90a", "e4m3", sm90_fp8 + fp8_decode, out="bf16")
+    for d in ("bf16", "fp16"):
+        rows += _rows("90a", d, sm90_16bit + _k(_DECODE, 64))
+    for arch in (a for a, v in ARCHS.items() if v["family"] == "sm100"):
+        rows += _rows(arch, "e4m3", _k(sm100, 128) + sm100_fp8_block + fp8_decode, out="bf16")
+        for d in ("bf16", "fp16"):
+            rows += _rows(arch, d, _k(sm100 + _DECODE, 64))
+    return rows
 
 
 CATALOG = {
@@ -220,6 +226,7 @@ def select(subset: str, archs: list[str]) -> list[GemmConfig]:
     configs = sorted(c for c in CATALOG[subset] if c.arch in archs)
     for c in configs:
         c.check()
-    names = [c.name for c in configs]
-    assert len(names) == len(set(names)), "duplicate kernel names in the catalog"
+    # Names are unique per arch (a library); archs of one family share them.
+    keys = [(c.arch, c.name) for c in configs]
+    assert len(keys) == len(set(keys)), "duplicate kernel names in the catalog"
     return configs

@@ -25,14 +25,23 @@ generate = _load("generate_kernels")
 def test_every_row_is_legal_and_names_unique():
     for subset in catalog.CATALOG:
         configs = catalog.select(subset, list(catalog.ARCHS))
-        names = [c.name for c in configs]
-        assert len(names) == len(set(names))
+        keys = [(c.arch, c.name) for c in configs]  # unique within each arch's library
+        assert len(keys) == len(set(keys))
         assert configs
 
 
+def test_archs_of_a_family_build_the_same_kernels():
+    by_arch = {}
+    for c in catalog.CATALOG["full"]:
+        by_arch.setdefault(c.arch, set()).add(c.name)
+    for family in catalog.SCHEDULES:
+        sets = [by_arch[a] for a, v in catalog.ARCHS.items() if v["family"] == family]
+        assert sets and all(s == sets[0] for s in sets), family
+
+
 def test_minimal_is_a_subset_of_full():
-    full = {c.name for c in catalog.CATALOG["full"]}
-    assert {c.name for c in catalog.CATALOG["minimal"]} <= full
+    full = {(c.arch, c.name) for c in catalog.CATALOG["full"]}
+    assert {(c.arch, c.name) for c in catalog.CATALOG["minimal"]} <= full
 
 
 def test_full_catalog_is_deliberate_size():
@@ -143,10 +152,10 @@ def test_built_registry_matches_build_info_and_catalog():
     assert info["catalog"] in catalog.CATALOG
     libs = {lib["arch"]: [k.name for k in lib["kernels"]] for lib in _native.libraries()}
     assert libs == info["archs"]
-    expected = {c.name: c for c in catalog.CATALOG[info["catalog"]]}
+    expected = {(catalog.ARCHS[c.arch]["lib"], c.name): c for c in catalog.CATALOG[info["catalog"]]}
     for lib in _native.libraries():
         for k in lib["kernels"]:
-            c = expected[k.name]
+            c = expected[lib["arch"], k.name]
             assert (k.tile, k.cluster, k.schedule, k.act_dtype, k.quant) == (
                 (c.tile_m, c.tile_n, c.tile_k), (c.cluster_m, c.cluster_n), c.schedule, c.act_dtype,
                 c.quant)
