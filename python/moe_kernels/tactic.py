@@ -41,7 +41,7 @@ DECODE_ROWS_FP8_BLOCK = 64
 MIN_SM_FILL = 0.5
 # The "decode" schedule (our mma.sync kernel, weights read once per pass of tile_m tokens):
 # the default for both GEMMs up to 64 (token, expert) pairs. H200 with the 64-column blocks
-# (Qwen3-30B-A3B fp8, DeepSeek-V3 fp8_block, k=8; bf16 last tuned with 16-column ones only):
+# (Qwen3-30B-A3B fp8, DeepSeek-V3 fp8_block, k=8):
 # best or within noise in both slots up to 8 tokens; at 16 tokens best for Qwen3 (uniform
 # routing: 125 vs 131-143 us with CUTLASS in either slot) but 3-4% behind CUTLASS's 64x128
 # for DeepSeek-V3.
