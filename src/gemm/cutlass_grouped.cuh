@@ -52,20 +52,13 @@ __global__ void write_scale_layouts(const int32_t* shapes, int groups, LayoutSFA
   }
 }
 
-template <class Op>
-using AsBuilt = Op;
-
-// A family's schedule: its CUTLASS mainloop and epilogue tags, whether the mainloop applies
-// block scales (fp8_block), and what wraps the built mainloop collective (a subclass with
-// our own consumer loop, or AsBuilt). The families (gemm/sm90, gemm/sm100) name theirs.
-template <class MainloopTag, class EpilogueTag, bool kBlock = false,
-          template <class> class MainloopWrap = AsBuilt>
+// A family's schedule: its CUTLASS mainloop and epilogue tags, and whether the mainloop
+// applies block scales (fp8_block). The families (gemm/sm90, gemm/sm100) name theirs.
+template <class MainloopTag, class EpilogueTag, bool kBlock = false>
 struct Schedule {
   using Mainloop = MainloopTag;
   using Epilogue = EpilogueTag;
   static constexpr bool kBlockScaled = kBlock;
-  template <class BuiltOp>
-  using MainloopOp = MainloopWrap<BuiltOp>;
 };
 
 // Schedule: one of the families' Schedule instances (gemm/sm90, gemm/sm100).
@@ -100,12 +93,12 @@ struct CutlassGroupedGemm {
       void, LayoutD*, kAlignD, ElementD, LayoutD*, kAlignD, typename Schedule::Epilogue,
       cutlass::epilogue::fusion::LinearCombination<ElementD, float>>::CollectiveOp;
 
-  using CollectiveMainloop = typename Schedule::template MainloopOp<typename cutlass::gemm::collective::CollectiveBuilder<
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       ArchTag, cutlass::arch::OpClassTensorOp, ElementA, StrideArgA, kAlignA, ElementB, StrideArgB,
       kAlignB, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      typename Schedule::Mainloop>::CollectiveOp>;
+      typename Schedule::Mainloop>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop,
                                                       CollectiveEpilogue>;

@@ -3,7 +3,6 @@
 #pragma once
 
 #include "gemm/cutlass_grouped.cuh"
-#include "gemm/sm90/blockwise_mainloop.cuh"
 
 namespace moe_kernels::sm90 {
 
@@ -18,14 +17,11 @@ using PingpongFastAccum =
     Schedule<cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8FastAccum, PingpongEpilogue>;
 using CooperativeFastAccum = Schedule<
     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum, CooperativeEpilogue>;
-// ... or scales per 128 of K applied to the fp32 partial sums (fp8_block), with our consumer
-// loop that scales one k block while the next one's wgmmas run (blockwise_mainloop.cuh).
-using PingpongBlockwise =
-    Schedule<cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise, PingpongEpilogue,
-             true, OverlappedBlockwiseMma>;
-using CooperativeBlockwise =
-    Schedule<cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise,
-             CooperativeEpilogue, true, OverlappedBlockwiseMma>;
+// ... or scales per 128 of K applied to the fp32 partial sums (fp8_block).
+using PingpongBlockwise = Schedule<
+    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise, PingpongEpilogue, true>;
+using CooperativeBlockwise = Schedule<
+    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise, CooperativeEpilogue, true>;
 
 template <class A, class B, class D, int TM, int TN, int TK, int CM, int CN, class Schedule>
 using GroupedGemm = CutlassGroupedGemm<cutlass::arch::Sm90, A, B, D, TM, TN, TK, CM, CN, Schedule>;
