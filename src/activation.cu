@@ -141,13 +141,14 @@ cudaError_t run(const void* g, const void* bias, void* out, int64_t max_rows, in
                   static_cast<const IdT*>(ids), expert_offset, rb.offsets, rb.row_src,
                   num_experts, alpha, limit, q);
   };
-  // A warp per row, unless the row is long and (a) needs a row-wide amax (FP8 with one
-  // dynamic scale per row: a warp would compute columns past kWarpRowCols twice) or (b) the
-  // rows are few: a warp walks its row's columns alone (DeepSeek-V3 fp8_block, I = 2048, on
-  // H200: one token 13 us with a warp per row, 4 us with a block; 128 tokens 16 vs 11 us;
-  // 1024 tokens 77 vs 94 us; 4096 tokens 200 vs 264 us).
-  const bool warp_rows = inter <= kWarpRowCols ||
-                         (kQuant != MOEK_QUANT_FP8 && max_rows >= kWarpRowsFrom);
+  // A warp per row, unless the row is long and the rows are few: a warp walks its row's
+  // columns alone (DeepSeek-V3 fp8_block, I = 2048, on H200: one token 13 us with a warp per
+  // row, 4 us with a block; 128 tokens 16 vs 11 us; 1024 tokens 77 vs 94 us; 4096 tokens
+  // 200 vs 264 us). FP8 with one dynamic scale per row computes the columns past
+  // kWarpRowCols twice in a warp (for the amax, then to store), and still gains from many
+  // rows on: a block per row holds one block per SM (156 registers), which took 3.0 ms for
+  // DeepSeek-V3's shape at 16384 tokens against 0.5 ms for fp8_block's warps.
+  const bool warp_rows = inter <= kWarpRowCols || max_rows >= kWarpRowsFrom;
   if (warp_rows)
     return go(WarpTeam{}, static_cast<unsigned>((max_rows + kRowsPerBlock - 1) / kRowsPerBlock),
               32 * kRowsPerBlock);

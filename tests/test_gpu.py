@@ -270,9 +270,9 @@ def test_fp8_scales(granularity, static, act, error_log):
 @pytest.mark.parametrize("T", [3, 512, 1024])
 @pytest.mark.parametrize("mode", ["bf16", "fp8", "fp8-static", "fp8_block"])
 def test_long_rows_and_wide_hidden(mode, T, error_log):
-    # I = 1280: past the 1024 columns a warp holds at once. FP8 with one scale per row takes a
-    # block per row; bf16 and fp8_block a block per row for few rows (12 and 2048) and a warp
-    # per row, in two rounds, from 4096 rows on (T = 1024, top-4). H = 1152: expand splits each
+    # I = 1280: past the 1024 columns a warp holds at once. A block per row for few rows (12
+    # and 2048) and a warp per row, in two rounds, from 4096 rows on (T = 1024, top-4; FP8 with
+    # a dynamic scale per row computes the last 256 columns twice). H = 1152: expand splits each
     # token's columns over blocks of 1024, the last one 128 wide (not FP8 with dynamic scales,
     # which needs the whole row).
     dtype = mode.split("-")[0]
