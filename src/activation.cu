@@ -39,8 +39,8 @@ __device__ __forceinline__ float apply(float gate, float up, float alpha, float 
   return gate;  // identity
 }
 
-// One team per permuted row (a warp, 8 rows per block; or the block, for long rows that
-// need a row-wide amax or are few: see run); rows past the routed total (offsets[E]) exit.
+// One team per permuted row (a warp, 8 rows per block; or the block, for long rows that are
+// few: see run); rows past the routed total (offsets[E]) exit.
 // 16-bit: out = act(g + bias). FP8: g holds raw GEMM1 accumulators, dequantized with the
 // row's input scale and the weight scale first. Both FP8 modes quantize out to E4M3
 // (quantize_row: per row, or per 128 columns for FP8_BLOCK, whose g is already dequantized).

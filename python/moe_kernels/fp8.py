@@ -3,7 +3,8 @@ follow, so tests compare like with like.
 
 - Values are multiplied by the float32 reciprocal of their scale (x * (1 / scale), as the
   kernels do: a correctly rounded reciprocal per 8 values, not a division per value),
-  saturated to +-448 (never inf/NaN), and rounded to nearest-even E4M3. Dequantization multiplies back: x ~= q * scale.
+  saturated to +-448 (never inf/NaN), and rounded to nearest-even E4M3. Dequantization
+  multiplies back: x ~= q * scale.
 - A dynamic scale is amax / 448 over its group (a token row, a 128-wide slice of one, a
   weight tensor, channel or 128x128 block); a group of zeros gets scale 1.0, so it
   quantizes to zeros and never divides by zero.
