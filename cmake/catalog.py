@@ -29,8 +29,9 @@ DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cut
 # own kernel for a few rows per expert (src/gemm/decode_gemm.cuh: mma.sync with the weights
 # as the 16-row operand, tile_m tokens per pass; tile_n output columns per block: 16 with
 # K split over its 4 warps, or 64, 16 per warp), the same source for both families; the
-# others are CUTLASS's.
-SCHEDULES = {"sm90": ("pingpong", "coop", "decode"), "sm100": ("1sm", "2sm", "decode")}
+# others are CUTLASS's. "coop_swapab": CUTLASS's cooperative schedule with the weights as the
+# wgmma's A operand (M = tile_n) and the tile_m tokens as its N, for a few rows per expert.
+SCHEDULES = {"sm90": ("pingpong", "coop", "coop_swapab", "decode"), "sm100": ("1sm", "2sm", "decode")}
 DECODE_TILE_N = (16, 64)
 
 # FP8 mainloops (SM90). "": partial sums promoted to fp32 every few k-blocks (accurate for
@@ -57,6 +58,10 @@ class GemmConfig:
     @property
     def out(self) -> str:
         return self.out_dtype or self.act_dtype
+
+    @property
+    def swapped(self) -> bool:
+        return self.schedule.endswith("_swapab")
 
     @property
     def quant(self) -> str:
@@ -96,10 +101,13 @@ class GemmConfig:
         # Block scales cover 128 output columns; a tile must not split one.
         assert self.mainloop != "blockwise" or self.tile_n % 128 == 0, f"{self.name}: blockwise tile_n"
         if family == "sm90":
+            # wgmma's M: the weights' rows (tile_n) when swapped, whose N is then tile_m.
+            m = self.tile_n if self.swapped else self.tile_m
             # Cooperative splits the M tile across two consumer warpgroups of 64 rows each.
-            assert self.schedule != "coop" or self.tile_m % 128 == 0, f"{self.name}: coop needs tile_m % 128"
+            assert not self.schedule.startswith("coop") or m % 128 == 0, f"{self.name}: coop needs M % 128"
             # Ping-pong gives each consumer warpgroup a whole tile; 64 rows is one wgmma M.
-            assert self.tile_m % 64 == 0, f"{self.name}: wgmma M is 64"
+            assert m % 64 == 0, f"{self.name}: wgmma M is 64"
+            assert not self.swapped or self.tile_m % 8 == 0, f"{self.name}: wgmma N is a multiple of 8"
         else:
             # tcgen05 MMA M is 64 or 128 per CTA; a 2-CTA MMA spans a CTA pair along M.
             per_cta = self.tile_m // (2 if self.schedule == "2sm" else 1)
@@ -169,6 +177,17 @@ _SM90_FP8_BLOCK_FULL = [
     (128, 128, 128, 1, 2, "coop", "blockwise"),
 ]
 _SM90_FP8_BLOCK_MINIMAL = _SM90_FP8_BLOCK_FULL[:2]
+# fp8_block swap-AB: tile_m tokens per tile as the wgmma's N, tile_n = 128 weight rows (one
+# scale block) as its M, so a few tokens per expert pad 8 or 16 columns, not 64 rows. H200,
+# DeepSeek-V3 (sweep, uniform routing): in both GEMMs faster than our decode kernel and the
+# 64x128 ping-pong at 1 and 16 tokens (whole layer 108.0 vs 114.7 us, 1041.8 vs 1077.3 us).
+# Measured and dropped: a ping-pong variant (no faster); per-tensor fp8 with fast or promoted
+# accumulation (Qwen3-30B-A3B, 1 and 16 tokens: 35 vs 28 us and 123-145 vs 118 us behind
+# the decode kernel).
+_SM90_FP8_BLOCK_SWAPAB = [
+    (8, 128, 128, 1, 1, "coop_swapab", "blockwise"),
+    (16, 128, 128, 1, 1, "coop_swapab", "blockwise"),
+]
 
 # Decode: 8 or 16 tokens per pass over an expert's weights (in registers); more rows make
 # more passes, so these are for a few rows per expert only. K steps of 128 bytes. On SM100
@@ -209,9 +228,10 @@ def _subset(sm90_16bit, sm90_fp8, sm100, sm100_fp8_block):
 
 
 CATALOG = {
-    "full": _subset(_SM90_16BIT_FULL, _SM90_FP8_FULL + _SM90_FP8_BLOCK_FULL, _SM100_FULL,
+    "full": _subset(_SM90_16BIT_FULL, _SM90_FP8_FULL + _SM90_FP8_BLOCK_FULL + _SM90_FP8_BLOCK_SWAPAB, _SM100_FULL,
                     _SM100_FP8_BLOCK_FULL),
-    "minimal": _subset(_SM90_16BIT_MINIMAL, _SM90_FP8_MINIMAL + _SM90_FP8_BLOCK_MINIMAL, _SM100_MINIMAL,
+    "minimal": _subset(_SM90_16BIT_MINIMAL, _SM90_FP8_MINIMAL + _SM90_FP8_BLOCK_MINIMAL + _SM90_FP8_BLOCK_SWAPAB[:1],
+                       _SM100_MINIMAL,
                        _SM100_FP8_BLOCK_MINIMAL),
 }
 

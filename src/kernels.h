@@ -12,7 +12,8 @@ namespace moe_kernels {
 // Block-scaled GEMMs (fp8_block) also get scale pointers: SFA_e = sfa_base + offsets[e] rows
 // of sf_k floats, SFB_e = sfb_base + e * sf_n * sf_k.
 struct GroupSetup {
-  int32_t* problem_shapes;  // [E][3]
+  int32_t* problem_shapes;  // [E][3]: (M, N, K)
+  int32_t* problem_shapes_t;  // [E][3]: (N, M, K), for the swap-AB kernels
   const void** ptr_a;
   int64_t* stride_a;
   const void** ptr_b;

@@ -43,6 +43,9 @@ __device__ __forceinline__ void fill_group(const GroupSetup& g, int e, int32_t r
   g.problem_shapes[3 * e + 0] = rows;
   g.problem_shapes[3 * e + 1] = static_cast<int32_t>(g.n);
   g.problem_shapes[3 * e + 2] = static_cast<int32_t>(g.k);
+  g.problem_shapes_t[3 * e + 0] = static_cast<int32_t>(g.n);
+  g.problem_shapes_t[3 * e + 1] = rows;
+  g.problem_shapes_t[3 * e + 2] = static_cast<int32_t>(g.k);
   g.ptr_a[e] = g.a_base + int64_t(row_offset) * g.k * g.a_bytes;
   g.ptr_b[e] = g.b_base + int64_t(e) * g.n * g.k * g.b_bytes;
   g.ptr_d[e] = g.d_base + int64_t(row_offset) * g.n * g.d_bytes;

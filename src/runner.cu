@@ -125,10 +125,10 @@ struct Layout {
   size_t total;
 };
 
-// Per GEMM: E problem shapes, then 8 arrays of E pointers or strides (A, B, D pointers and
-// strides, and the block scales' pointers).
+// Per GEMM: E problem shapes, the same transposed (swap-AB kernels), then 8 arrays of E
+// pointers or strides (A, B, D pointers and strides, and the block scales' pointers).
 size_t group_block_bytes(int64_t e) {
-  return align_up(12 * e) + 8 * align_up(8 * e);
+  return 2 * align_up(12 * e) + 8 * align_up(8 * e);
 }
 
 int validate_shape(const moek_shape& s, char* err, size_t errlen) {
@@ -197,6 +197,8 @@ GroupSetup group_setup(char* ws, size_t at, int64_t e, const void* a, const void
   g.active = active;
   g.problem_shapes = reinterpret_cast<int32_t*>(p);
   p += align_up(12 * e);
+  g.problem_shapes_t = reinterpret_cast<int32_t*>(p);
+  p += align_up(12 * e);
   auto next = [&]() { char* q = p; p += align_up(8 * e); return q; };
   g.ptr_a = reinterpret_cast<const void**>(next());
   g.stride_a = reinterpret_cast<int64_t*>(next());
@@ -230,6 +232,7 @@ GroupedGemmArgs gemm_args(const GroupSetup& g, int e, int64_t rows, void* ws, in
   a.max_active_groups = static_cast<int>(std::min<int64_t>(e, rows));
   a.n = g.n;
   a.problem_shapes = g.problem_shapes;
+  a.problem_shapes_t = g.problem_shapes_t;
   a.ptr_a = g.ptr_a;
   a.stride_a = g.stride_a;
   a.ptr_b = g.ptr_b;

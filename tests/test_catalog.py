@@ -61,6 +61,8 @@ def test_names_are_stable():
     f = catalog.GemmConfig("90a", "e4m3", "e4m3", 128, 128, 128, 1, 1, "coop", "bf16", "blockwise")
     assert f.name == "sm90_e4m3xe4m3_bf16_128x128x128_1x1_coop_blockwise"
     assert (c.quant, f.quant, dataclasses.replace(f, mainloop="fastaccum").quant) == ("bf16", "fp8_block", "fp8")
+    s = dataclasses.replace(f, tile_m=8, schedule="coop_swapab")
+    assert s.name == "sm90_e4m3xe4m3_bf16_8x128x128_1x1_coop_swapab_blockwise" and s.swapped
 
 
 _SM90_ROW = dict(arch="90a", act_dtype="bf16", weight_dtype="bf16", tile_m=128, tile_n=128,
@@ -68,6 +70,8 @@ _SM90_ROW = dict(arch="90a", act_dtype="bf16", weight_dtype="bf16", tile_m=128, 
 _SM100_ROW = dict(_SM90_ROW, arch="100a", tile_n=256, schedule="1sm")
 _E4M3 = dict(act_dtype="e4m3", weight_dtype="e4m3", out_dtype="bf16")
 _DECODE_ROW = dict(_SM90_ROW, tile_m=8, tile_n=16, schedule="decode")
+_SWAP_ROW = dict(_SM90_ROW, **_E4M3, tile_k=128, tile_m=8, tile_n=128, schedule="coop_swapab",
+                 mainloop="blockwise")
 
 
 @pytest.mark.parametrize("base,bad", [
@@ -88,6 +92,9 @@ _DECODE_ROW = dict(_SM90_ROW, tile_m=8, tile_n=16, schedule="decode")
     (_DECODE_ROW, dict(_E4M3, tile_k=128, mainloop="fastaccum")),  # it accumulates in fp32
     (_SM100_ROW, dict(_E4M3, tile_k=128, mainloop="fastaccum")),  # an SM90 mainloop
     (_SM100_ROW, dict(_E4M3, tile_k=128, mainloop="blockwise", tile_n=64)),  # splits a block
+    (_SWAP_ROW, dict(tile_n=64)),                            # wgmma M = tile_n: coop needs 128
+    (_SWAP_ROW, dict(tile_m=12)),                            # wgmma N = tile_m: multiples of 8
+    (_SM100_ROW, dict(_E4M3, tile_k=128, tile_m=8, tile_n=128, schedule="coop_swapab")),  # SM90 only
 ])
 def test_illegal_rows_are_rejected(base, bad):
     catalog.GemmConfig(**base).check()  # the base row itself is legal

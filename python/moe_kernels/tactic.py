@@ -50,10 +50,18 @@ DECODE_PAIRS = (64, 64)  # GEMM1, GEMM2
 # them for 4 per SM (their occupancy); below that, 16 columns with K split over the 4 warps,
 # so that a few experts' weights still spread over every SM.
 DECODE_WIDE_BLOCKS_PER_SM = 4
+# Swap-AB CUTLASS kernels (catalog "coop_swapab", fp8_block): the default up to this many rows
+# per expert, before the decode kernel. DeepSeek-V3 on H200 (sweep, uniform routing): best in
+# both GEMMs at 1 and 16 tokens (1 and ~1.3 rows per expert); untimed beyond a few rows, hence
+# the small bound.
+SWAP_AB_ROWS = 8
 
 
 def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_count: int,
           decode_pairs: int) -> KernelInfo:
+    swap = sorted((k for k in kernels if k.schedule.endswith("_swapab")), key=lambda k: k.tile[0])
+    if swap and rows_per_expert <= SWAP_AB_ROWS:
+        return next((k for k in swap if k.tile[0] >= rows_per_expert), swap[-1])
     decode = sorted((k for k in kernels if k.schedule == "decode"), key=lambda k: k.tile[0])
     if decode and rows_per_expert * experts_hit <= decode_pairs:
         tm = next((k.tile[0] for k in decode if k.tile[0] >= rows_per_expert), decode[-1].tile[0])
@@ -61,7 +69,7 @@ def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_co
         wide = [k for k in same_m if k.tile[1] > same_m[0].tile[1] and
                 math.ceil(n / k.tile[1]) * experts_hit >= DECODE_WIDE_BLOCKS_PER_SM * sm_count]
         return wide[-1] if wide else same_m[0]
-    kernels = [k for k in kernels if k.schedule != "decode"] or kernels
+    kernels = [k for k in kernels if k.schedule != "decode" and not k.schedule.endswith("_swapab")] or kernels
     plain = [k for k in kernels if k.cluster == (1, 1)] or kernels
     decode_rows = DECODE_ROWS_FP8_BLOCK if all(k.quant == "fp8_block" for k in plain) else DECODE_ROWS
     if rows_per_expert <= decode_rows:

@@ -8,6 +8,10 @@
 // block ([N/128, K/128], row-major: DeepSeek's weight_scale_inv as stored). SM90's mainloop
 // derives each group's scale layout from its problem shape; SM100's reads one per group from
 // device memory, which write_scale_layouts fills in the workspace before each GEMM.
+// Swap-AB schedules (Schedule::kSwapAB, for a few rows per expert) compute D_g^T = B_g x A_g^T
+// instead: the weights are the wgmma's 64/128-row A operand and the tokens its narrow N, so a
+// handful of tokens does not pad a 64-row tile; D^T is stored column-major, which is D
+// row-major. The catalog's tile_m/tile_n stay those of D (tokens, output columns).
 #pragma once
 
 #include <cstdio>
@@ -27,15 +31,16 @@
 
 namespace moe_kernels {
 
-// Scale granularity (M, N, K) = (1, 128, 128), both scale tensors K-major, per arch family.
-template <class ArchTag>
+// Scale granularity (M, N, K) = (1, 128, 128), both scale tensors K-major, per arch family;
+// swapped (SM90): (128, 1, 128), the weights' 128x128 blocks on the A side.
+template <class ArchTag, bool kSwapAB = false>
 struct BlockScaleConfig {
-  using type = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K,
-                                                          cute::GMMA::Major::K>;
+  using type = cutlass::detail::Sm90BlockwiseScaleConfig<kSwapAB ? 128 : 1, kSwapAB ? 1 : 128, 128,
+                                                          cute::GMMA::Major::K, cute::GMMA::Major::K>;
   static constexpr bool kLayoutsOnDevice = false;
 };
 template <>
-struct BlockScaleConfig<cutlass::arch::Sm100> {
+struct BlockScaleConfig<cutlass::arch::Sm100, false> {
   using type = cutlass::detail::Sm100BlockwiseScaleConfig<1, 128, 128, cute::UMMA::Major::K,
                                                            cute::UMMA::Major::K>;
   static constexpr bool kLayoutsOnDevice = true;
@@ -52,30 +57,39 @@ __global__ void write_scale_layouts(const int32_t* shapes, int groups, LayoutSFA
   }
 }
 
-// A family's schedule: its CUTLASS mainloop and epilogue tags, and whether the mainloop
-// applies block scales (fp8_block). The families (gemm/sm90, gemm/sm100) name theirs.
-template <class MainloopTag, class EpilogueTag, bool kBlock = false>
+// A family's schedule: its CUTLASS mainloop and epilogue tags, whether the mainloop applies
+// block scales (fp8_block) and whether A and B trade places (see the top). The families
+// (gemm/sm90, gemm/sm100) name theirs.
+template <class MainloopTag, class EpilogueTag, bool kBlock = false, bool kSwap = false>
 struct Schedule {
   using Mainloop = MainloopTag;
   using Epilogue = EpilogueTag;
   static constexpr bool kBlockScaled = kBlock;
+  static constexpr bool kSwapAB = kSwap;
 };
 
 // Schedule: one of the families' Schedule instances (gemm/sm90, gemm/sm100).
 template <class ArchTag, class ElementA, class ElementB, class ElementD, int TileM, int TileN,
           int TileK, int ClusterM, int ClusterN, class Schedule>
 struct CutlassGroupedGemm {
+  static constexpr bool kSwapAB = Schedule::kSwapAB;
+  static_assert(!kSwapAB || std::is_same_v<ElementA, ElementB>, "swap-AB: one input type");
+  static_assert(!kSwapAB || std::is_same_v<ArchTag, cutlass::arch::Sm90>, "swap-AB: SM90 schedules");
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
-  using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>;
+  // CUTLASS's M and N: the weights' rows first when swapped.
+  using TileShape = cute::Shape<cute::Int<kSwapAB ? TileN : TileM>, cute::Int<kSwapAB ? TileM : TileN>,
+                                cute::Int<TileK>>;
   using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>;
-  using LayoutA = cutlass::layout::RowMajor;     // activations [M, K]
-  using LayoutB = cutlass::layout::ColumnMajor;  // weights [N, K], K contiguous
-  using LayoutD = cutlass::layout::RowMajor;     // [M, N]
+  // Both inputs K-major whichever is A: activations [M, K] and weights [N, K].
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutB = cutlass::layout::ColumnMajor;
+  // D [M, N] row-major; swapped, CUTLASS's D^T [N, M] column-major (the same bytes).
+  using LayoutD = cute::conditional_t<kSwapAB, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
   static constexpr int kAlignA = 128 / cutlass::sizeof_bits<ElementA>::value;
   static constexpr int kAlignB = 128 / cutlass::sizeof_bits<ElementB>::value;
   static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
   static constexpr bool kBlockScaled = Schedule::kBlockScaled;
-  using ScaleConfig = typename BlockScaleConfig<ArchTag>::type;
+  using ScaleConfig = typename BlockScaleConfig<ArchTag, kSwapAB>::type;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
   static constexpr bool kLayoutsOnDevice = kBlockScaled && BlockScaleConfig<ArchTag>::kLayoutsOnDevice;
@@ -132,17 +146,18 @@ struct CutlassGroupedGemm {
     // Shapes live on the device only: no host sync, graph-safe.
     args.problem_shape = {
         a.num_groups,
-        reinterpret_cast<typename ProblemShape::UnderlyingProblemShape*>(a.problem_shapes),
+        reinterpret_cast<typename ProblemShape::UnderlyingProblemShape*>(
+            kSwapAB ? a.problem_shapes_t : a.problem_shapes),
         nullptr};
-    args.mainloop.ptr_A = reinterpret_cast<const ElementA**>(a.ptr_a);
-    args.mainloop.dA = reinterpret_cast<StrideA*>(a.stride_a);
-    args.mainloop.ptr_B = reinterpret_cast<const ElementB**>(a.ptr_b);
-    args.mainloop.dB = reinterpret_cast<StrideB*>(a.stride_b);
+    args.mainloop.ptr_A = reinterpret_cast<const ElementA**>(kSwapAB ? a.ptr_b : a.ptr_a);
+    args.mainloop.dA = reinterpret_cast<StrideA*>(kSwapAB ? a.stride_b : a.stride_a);
+    args.mainloop.ptr_B = reinterpret_cast<const ElementB**>(kSwapAB ? a.ptr_a : a.ptr_b);
+    args.mainloop.dB = reinterpret_cast<StrideB*>(kSwapAB ? a.stride_a : a.stride_b);
     if constexpr (kBlockScaled) {
       // Per-group scale pointers; the layouts are derived from each group's shape by SM90's
       // mainloop, or read from the workspace on SM100 (see run).
-      args.mainloop.ptr_SFA = a.ptr_sfa;
-      args.mainloop.ptr_SFB = a.ptr_sfb;
+      args.mainloop.ptr_SFA = kSwapAB ? a.ptr_sfb : a.ptr_sfa;
+      args.mainloop.ptr_SFB = kSwapAB ? a.ptr_sfa : a.ptr_sfb;
       if constexpr (kLayoutsOnDevice) {
         args.mainloop.layout_SFA = layouts_sfa(a);
         args.mainloop.layout_SFB = layouts_sfb(a);

@@ -15,6 +15,7 @@ namespace moe_kernels {
 struct GroupedGemmArgs {
   int num_groups;
   int32_t* problem_shapes;  // [num_groups][3] = (M, N, K)
+  int32_t* problem_shapes_t;  // [num_groups][3] = (N, M, K): for kernels that swap A and B
   const void** ptr_a;
   int64_t* stride_a;        // leading dimension of each A_g
   const void** ptr_b;

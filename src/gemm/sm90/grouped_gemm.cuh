@@ -23,6 +23,12 @@ using PingpongBlockwise = Schedule<
 using CooperativeBlockwise = Schedule<
     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise, CooperativeEpilogue, true>;
 
+// Swap-AB (few rows per expert; src/gemm/cutlass_grouped.cuh): the same mainloops with the
+// weights as the wgmma's A operand.
+template <class S>
+using SwapAB = Schedule<typename S::Mainloop, typename S::Epilogue, S::kBlockScaled, true>;
+using CooperativeSwapABBlockwise = SwapAB<CooperativeBlockwise>;  // the catalog's coop_swapab rows
+
 template <class A, class B, class D, int TM, int TN, int TK, int CM, int CN, class Schedule>
 using GroupedGemm = CutlassGroupedGemm<cutlass::arch::Sm90, A, B, D, TM, TN, TK, CM, CN, Schedule>;
 
