@@ -96,6 +96,18 @@ def test_format_row_names_missing_peers():
     assert "2.00x" in line and "not installed" in line and "80%" in line
 
 
+@pytest.mark.parametrize("peers", [{}, {"torch._grouped_mm": {"status": "ok", "us": 25.0}}])
+def test_markdown_columns_line_up(peers):
+    row = {"preset": "p", "tokens": 1, "experts_hit": 2.0, "bw_floor_us": 10.0, "flop_floor_us": 1.0,
+           "results": {"moe_kernels": {"status": "ok", "us": 12.5, "tb_s": 3.0, "tflop_s": 1.0,
+                                       "of_floor": 0.8}, **peers}}
+    result = {"gpu": "g", "driver": "d", "torch": "t", "cuda": "c", "version": "v", "commit": "x",
+              "quant": "bf16", "activation": "swiglu", "routing": "uniform", "copy_bw_bytes_s": 1e12,
+              "gemm_flop_s": 1e15, "rows": [row]}
+    table = [line for line in bench.markdown(result).splitlines() if line.startswith("|")]
+    assert len({line.count("|") for line in table}) == 1 and table[0].count("|") == 10 + len(peers)
+
+
 def test_short_kernel_names_stay_distinct():
     # Two decode kernels differ only in template arguments near the end of their names; a
     # fixed head-and-tail cut once showed them as one kernel with the sum of both times.

@@ -420,8 +420,8 @@ def markdown(result) -> str:
            f"{result['activation']}, routing {result['routing']}. Measured ceilings: copy "
            f"{result['copy_bw_bytes_s'] / 1e12:.2f} TB/s, dense GEMM {result['gemm_flop_s'] / 1e12:.0f} TFLOP/s.",
            "",
-           "| preset | tokens | experts hit | bw floor us | FLOP floor us | ours us | TB/s | TFLOP/s | of floor | "
-           + " | ".join(f"{p} us (speedup)" for p in peers_) + " |",
+           "| " + " | ".join(["preset", "tokens", "experts hit", "bw floor us", "FLOP floor us", "ours us",
+                              "TB/s", "TFLOP/s", "of floor"] + [f"{p} us (speedup)" for p in peers_]) + " |",
            "|---" * (9 + len(peers_)) + "|"]
     for r in rows:
         o = r["results"]["moe_kernels"]

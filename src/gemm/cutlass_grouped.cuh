@@ -9,7 +9,7 @@
 // derives each group's scale layout from its problem shape; SM100's reads one per group from
 // device memory, which write_scale_layouts fills in the workspace before each GEMM.
 // Swap-AB schedules (Schedule::kSwapAB, for a few rows per expert) compute D_g^T = B_g x A_g^T
-// instead: the weights are the wgmma's 64/128-row A operand and the tokens its narrow N, so a
+// instead: the weights are the wgmma's A operand (tile_n rows) and the tokens its narrow N, so a
 // handful of tokens does not pad a 64-row tile; D^T is stored column-major, which is D
 // row-major. The catalog's tile_m/tile_n stay those of D (tokens, output columns).
 #pragma once
