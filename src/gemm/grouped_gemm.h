@@ -37,6 +37,7 @@ struct GroupedGemmArgs {
 };
 
 struct GemmKernelOps {
+  // NULL for the catalog's "gemv" entries: not grouped GEMMs, the runner's small-batch path.
   int (*run)(const GroupedGemmArgs& args, char* err, size_t errlen);
   size_t (*workspace_size)(int num_groups, int sm_count);
   int smem_bytes;
@@ -46,6 +47,9 @@ struct KernelEntry {
   moek_kernel_info info;
   const GemmKernelOps* ops;
 };
+
+// The registry's "gemv" entries all point here (runner.cu).
+extern const GemmKernelOps kGemvOps;
 
 // Generated registry (<arch>/registry.cpp).
 extern const KernelEntry kKernels[];

@@ -1,0 +1,401 @@
+// The small-batch path (the catalog's "gemv" schedule): the whole forward in two kernels that
+// work on each (token, slot) pair directly, for a few tokens, where the grouped path's six
+// launches (routing, expand, GEMM1, activation, GEMM2, finalize) cost more than the weights.
+//
+//   gemv_up:   a[p, j] = act(x_t . W13[e, j] + b, x_t . W13[e, I + j] + b)   (GEMM1 + activation)
+//   gemv_down: out[t, n] = sum over slots, in slot order, of w[t, s] * (a[p_s] . W2[e_s, n] + b)
+//              (GEMM2 + finalize)
+//
+// No sort and no permuted copies: a pair's expert weights are read by the blocks of that pair
+// (a weight read twice when two of the tokens pick one expert: meant for a few tokens). Each
+// warp computes whole dot products: lane l loads bytes 16l..16l+15 of each 512-byte step of a
+// weight row (16-byte loads, several steps in flight), and the other operand (the token row or
+// the slots' activation rows) sits in shared memory as floats, permuted so that the lanes'
+// 16-byte reads of one step are contiguous (no bank conflicts).
+//
+// Quantization matches the grouped path and moe_kernels.fp8: GEMM1's input is quantized per
+// token (or statically, or per 128 columns for FP8_BLOCK) by every block while it stages the
+// row; the activation is written as float with each block's amax, and gemv_down quantizes the
+// slots' rows with the scale those amaxes give before it uses them.
+#include <cuda_fp8.h>
+
+#include <type_traits>
+
+#include "activations.cuh"
+#include "kernels.h"
+#include "launch.cuh"
+#include "vec.cuh"
+
+namespace moe_kernels {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kUnroll = 4;  // 16-byte loads per lane and row issued before any is used
+
+// Weights of type W: 16 bytes hold kVals values; a warp step covers kStep values of a row.
+template <typename W> constexpr int kVals = 16 / int(sizeof(W));
+template <typename W> constexpr int kStep = 32 * kVals<W>;
+
+// The shared-memory float4 slot of values k..k+3 (k % 4 == 0) of a staged row: lane-major
+// within a step, so that lane l's kVals values of step i are kVals/4 float4s, each read by
+// the 32 lanes at consecutive addresses.
+template <typename W>
+__device__ __forceinline__ int64_t slot4(int64_t k) {
+  const int64_t i = k / kStep<W>, rem = k % kStep<W>;
+  return (i * (kVals<W> / 4) + (rem % kVals<W>) / 4) * 32 + rem / kVals<W>;
+}
+
+// A row's padded length in the staged layout.
+template <typename W>
+__host__ __device__ __forceinline__ int64_t padded(int64_t n) {
+  return (n + kStep<W> - 1) / kStep<W> * kStep<W>;
+}
+
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// sum_i w_i * x_i over the kVals weights in `raw` and lane `lane`'s values of step `step`
+// of a staged row `xs` (float4 units).
+template <typename W>
+__device__ __forceinline__ float dot16(const uint4& raw, const float4* xs, int64_t step, int lane) {
+  constexpr int kQ = kVals<W> / 4;
+  float x[kVals<W>];
+#pragma unroll
+  for (int q = 0; q < kQ; ++q) {
+    const float4 v = xs[(step * kQ + q) * 32 + lane];
+    x[4 * q] = v.x, x[4 * q + 1] = v.y, x[4 * q + 2] = v.z, x[4 * q + 3] = v.w;
+  }
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (std::is_same_v<W, __nv_fp8_e4m3>) {
+      const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[i] & 0xffffu), __NV_E4M3);
+      const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[i] >> 16), __NV_E4M3);
+      const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+      s0 = fmaf(a.x, x[4 * i], s0);
+      s1 = fmaf(a.y, x[4 * i + 1], s1);
+      s0 = fmaf(b.x, x[4 * i + 2], s0);
+      s1 = fmaf(b.y, x[4 * i + 3], s1);
+    } else if constexpr (std::is_same_v<W, __nv_bfloat16>) {
+      s0 = fmaf(__uint_as_float(words[i] << 16), x[2 * i], s0);
+      s1 = fmaf(__uint_as_float(words[i] & 0xffff0000u), x[2 * i + 1], s1);
+    } else {
+      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
+      s0 = fmaf(a.x, x[2 * i], s0);
+      s1 = fmaf(a.y, x[2 * i + 1], s1);
+    }
+  }
+  return s0 + s1;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+  return v;
+}
+
+// Four floats as E4M3 with `scale` (to_fp8x8's rounding and saturation), and back to floats.
+__device__ __forceinline__ float4 fp8_round4(float4 v, float scale) {
+  const float in[8] = {v.x, v.y, v.z, v.w, 0.f, 0.f, 0.f, 0.f};
+  const uint2 q = to_fp8x8(in, scale);
+  const float2 a = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(q.x & 0xffffu), __NV_E4M3)));
+  const float2 b = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(q.x >> 16), __NV_E4M3)));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+
+template <typename IdT>
+__device__ __forceinline__ int64_t pair_expert(const void* ids, int64_t pair, int64_t offset, int experts) {
+  const int64_t e = local_expert(static_cast<const IdT*>(ids), pair, offset);
+  return e >= 0 && e < experts ? e : -1;
+}
+
+// Block (pair, column block): the pair's token row staged (and quantized) in shared memory,
+// then each warp computes cols_per_warp columns j of a (gate row j and up row I + j).
+template <typename T, typename W, int kQuant, typename IdT>
+__global__ void __launch_bounds__(kThreads) gemv_up_kernel(GemvArgs g, int cols_per_warp) {
+  constexpr bool kBlock = kQuant == MOEK_QUANT_FP8_BLOCK;
+  extern __shared__ float4 smem[];
+  const int64_t H = g.hidden, I = g.inter, padded_h = padded<W>(H);
+  float4* xs = smem;
+  float* x_scales = reinterpret_cast<float*>(smem + padded_h / 4);  // FP8_BLOCK: per 128
+  float* warp_amax = x_scales + (kBlock ? H / 128 : 1);
+  // The forward's first kernel: nothing is read before the wait (launch.cuh).
+  pdl_begin();
+  const int64_t pair = blockIdx.x;
+  const int64_t e = pair_expert<IdT>(g.ids, pair, g.expert_offset, g.num_experts);
+  if (e < 0) return;  // the whole block: an expert of another rank, or none
+  const int64_t t = pair / g.top_k;
+
+  // Stage x_t: raw floats and the amax (FP8), then quantized in place.
+  const T* xrow = static_cast<const T*>(g.hidden_states) + t * H;
+  float amax = 0.f;
+  for (int64_t c = threadIdx.x; c < H / 8; c += kThreads) {
+    Vec8<T> v;
+    v.load(xrow + c * 8);
+    xs[slot4<W>(c * 8)] = make_float4(v.v[0], v.v[1], v.v[2], v.v[3]);
+    xs[slot4<W>(c * 8 + 4)] = make_float4(v.v[4], v.v[5], v.v[6], v.v[7]);
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v.v[i]));
+    if constexpr (kBlock) {  // 16 threads hold a 128-column group (kThreads % 16 == 0, H % 128 == 0)
+      m = half_warp_amax(m);
+      if ((threadIdx.x & 15) == 0) x_scales[c / 16] = fp8_scale(m);
+    }
+    amax = fmaxf(amax, m);
+  }
+  for (int64_t k = H + 4 * threadIdx.x; k < padded_h; k += 4 * kThreads) xs[slot4<W>(k)] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if constexpr (kQuant != MOEK_QUANT_NONE) {
+    float scale = 1.f;
+    if constexpr (kQuant == MOEK_QUANT_FP8) scale = g.a13_scale ? *g.a13_scale : fp8_scale(block_amax(amax));
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < H / 8; c += kThreads) {
+      const float s = kBlock ? x_scales[c / 16] : scale;
+      xs[slot4<W>(c * 8)] = fp8_round4(xs[slot4<W>(c * 8)], s);
+      xs[slot4<W>(c * 8 + 4)] = fp8_round4(xs[slot4<W>(c * 8 + 4)], s);
+    }
+    if constexpr (kQuant == MOEK_QUANT_FP8) if (threadIdx.x == 0) x_scales[0] = scale;
+  }
+  __syncthreads();
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const bool gated = is_gated(g.activation);
+  const int64_t n1 = gated ? 2 * I : I, steps = padded_h / kStep<W>, chunks = H / kVals<W>;
+  const W* w = static_cast<const W*>(g.w13) + e * n1 * H;
+  const int64_t sf_k = H / 128, sf_n = (n1 + 127) / 128;  // FP8_BLOCK weight scales
+  float my_amax = 0.f;
+  for (int c = 0; c < cols_per_warp; ++c) {
+    const int64_t j = (int64_t(blockIdx.y) * cols_per_warp + c) * kWarps + warp;
+    const int64_t rows[2] = {j, I + j};
+    const int nrows = gated ? 2 : 1;
+    float acc[2] = {0.f, 0.f};
+    for (int64_t s0 = 0; s0 < steps; s0 += kUnroll) {
+      uint4 raw[2][kUnroll];
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t chunk = (s0 + u) * 32 + lane;
+          raw[r][u] = r < nrows && chunk < chunks ? load_stream(w + rows[r] * H + chunk * kVals<W>)
+                                                  : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t s = s0 + u;
+        if (s >= steps) break;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          if (r >= nrows) break;
+          const float d = dot16<W>(raw[r][u], xs, s, lane);
+          if constexpr (kBlock) {
+            const int64_t chunk = s * 32 + lane;
+            if (chunk < chunks) {
+              const int64_t grp = chunk * kVals<W> / 128;
+              acc[r] = fmaf(d, x_scales[grp] * g.w13_scale[(e * sf_n + rows[r] / 128) * sf_k + grp], acc[r]);
+            }
+          } else {
+            acc[r] += d;
+          }
+        }
+      }
+    }
+    float v0 = warp_sum(acc[0]), v1 = gated ? warp_sum(acc[1]) : 0.f;
+    if (lane == 0) {
+      if constexpr (kQuant == MOEK_QUANT_FP8) {
+        const float* ws = g.w13_scale + (g.w13_per_channel ? e * n1 : e);
+        v0 *= x_scales[0] * ws[g.w13_per_channel ? rows[0] : 0];
+        if (gated) v1 *= x_scales[0] * ws[g.w13_per_channel ? rows[1] : 0];
+      }
+      if (g.w13_bias) {
+        const T* b = static_cast<const T*>(g.w13_bias) + e * n1;
+        v0 += Vec8<T>::to_float(b[rows[0]]);
+        if (gated) v1 += Vec8<T>::to_float(b[rows[1]]);
+      }
+      const float y = apply_act(g.activation, v0, v1, g.act_alpha, g.act_limit);
+      g.a[pair * I + j] = y;
+      my_amax = fmaxf(my_amax, fabsf(y));
+    }
+  }
+  if (g.a_amax) {  // the block's amax, for gemv_down's dynamic scales
+    if (lane == 0) warp_amax[warp] = my_amax;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float m = 0.f;
+      for (int i = 0; i < kWarps; ++i) m = fmaxf(m, warp_amax[i]);
+      g.a_amax[pair * gridDim.y + blockIdx.y] = m;
+    }
+  }
+}
+
+// Block (token, column block): the token's local slots listed, their activation rows staged
+// (and quantized) in shared memory, then each warp computes cols_per_warp output columns n,
+// going over (slot, step) items kUnroll at a time.
+template <typename T, typename W, int kQuant, typename IdT>
+__global__ void __launch_bounds__(kThreads)
+gemv_down_kernel(GemvArgs g, int cols_per_warp, int up_blocks) {
+  constexpr bool kBlock = kQuant == MOEK_QUANT_FP8_BLOCK;
+  extern __shared__ float4 smem[];
+  const int64_t H = g.hidden, I = g.inter, padded_i = padded<W>(I), k = g.top_k;
+  const int64_t groups = kBlock ? I / 128 : 1;
+  float4* as = smem;                                            // [k][padded_i / 4]
+  float* a_scales = reinterpret_cast<float*>(smem + k * padded_i / 4);  // [k][groups]
+  float* s_w = a_scales + k * groups;                           // [k] routing weights
+  int32_t* s_e = reinterpret_cast<int32_t*>(s_w + k);           // [k] local experts
+  int32_t* s_slot = s_e + k;                                    // [k] their slots
+  int32_t* s_count = s_slot + k;
+  const int64_t t = blockIdx.x;
+  // The slots and weights are the caller's, two launches back: read before the wait.
+  if (threadIdx.x == 0) {
+    int n = 0;
+    for (int64_t s = 0; s < k; ++s) {
+      const int64_t e = pair_expert<IdT>(g.ids, t * k + s, g.expert_offset, g.num_experts);
+      if (e < 0) continue;
+      s_e[n] = static_cast<int32_t>(e);
+      s_slot[n] = static_cast<int32_t>(s);
+      s_w[n] = g.topk_weights[t * k + s];
+      ++n;
+    }
+    *s_count = n;
+  }
+  pdl_begin();
+  __syncthreads();
+  const int nl = *s_count;
+  // Each local slot's scales (FP8): static, or from gemv_up's block amaxes (per 128 columns:
+  // the blocks of that group; a block covers 8 * cols_per_warp columns, which divide 128).
+  if constexpr (kQuant != MOEK_QUANT_NONE) {
+    const int64_t per_group = kBlock ? up_blocks / groups : up_blocks;
+    for (int64_t i = threadIdx.x; i < nl * groups; i += kThreads) {
+      const int64_t li = i / groups, grp = i % groups, pair = t * k + s_slot[li];
+      float scale;
+      if (!kBlock && g.a2_scale) {
+        scale = *g.a2_scale;
+      } else {
+        float m = 0.f;
+        for (int64_t b = grp * per_group; b < (grp + 1) * per_group; ++b) m = fmaxf(m, g.a_amax[pair * up_blocks + b]);
+        scale = fp8_scale(m);
+      }
+      a_scales[i] = scale;
+    }
+    __syncthreads();
+  }
+  for (int64_t i = threadIdx.x; i < nl * (padded_i / 4); i += kThreads) {
+    const int64_t li = i / (padded_i / 4), kk = 4 * (i % (padded_i / 4));
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (kk < I) {
+      v = *reinterpret_cast<const float4*>(g.a + (t * k + s_slot[li]) * I + kk);
+      if constexpr (kQuant != MOEK_QUANT_NONE) v = fp8_round4(v, a_scales[li * groups + (kBlock ? kk / 128 : 0)]);
+    }
+    as[li * (padded_i / 4) + slot4<W>(kk)] = v;
+  }
+  __syncthreads();
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t steps = padded_i / kStep<W>, chunks = I / kVals<W>, items = nl * steps;
+  const W* w2 = static_cast<const W*>(g.w2);
+  const int64_t sf_k = I / 128, sf_n = (H + 127) / 128;  // FP8_BLOCK weight scales
+  for (int c = 0; c < cols_per_warp; ++c) {
+    const int64_t n = (int64_t(blockIdx.y) * cols_per_warp + c) * kWarps + warp;
+    float acc = 0.f;
+    for (int64_t i0 = 0; i0 < items; i0 += kUnroll) {
+      uint4 raw[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = i0 + u, li = i / steps, chunk = (i % steps) * 32 + lane;
+        raw[u] = i < items && chunk < chunks
+                     ? load_stream(w2 + (int64_t(s_e[li]) * H + n) * I + chunk * kVals<W>)
+                     : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = i0 + u;
+        if (i >= items) break;
+        const int64_t li = i / steps, s = i % steps, chunk = s * 32 + lane;
+        const float d = dot16<W>(raw[u], as + li * (padded_i / 4), s, lane);
+        const int64_t e = s_e[li];
+        float scale = s_w[li];
+        if constexpr (kBlock) {
+          if (chunk >= chunks) continue;
+          const int64_t grp = chunk * kVals<W> / 128;
+          scale *= a_scales[li * groups + grp] * g.w2_scale[(e * sf_n + n / 128) * sf_k + grp];
+        } else if constexpr (kQuant == MOEK_QUANT_FP8) {
+          scale *= a_scales[li] * g.w2_scale[g.w2_per_channel ? e * H + n : e];
+        }
+        acc = fmaf(d, scale, acc);
+      }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) {
+      if (g.w2_bias)
+        for (int li = 0; li < nl; ++li)
+          acc += s_w[li] * Vec8<T>::to_float(static_cast<const T*>(g.w2_bias)[int64_t(s_e[li]) * H + n]);
+      static_cast<T*>(g.out)[t * H + n] = Vec8<T>::from_float(acc);
+    }
+  }
+}
+
+// Columns per warp: the most (up to 4) that still leave 1.5 blocks per SM, a block covering
+// 8 * cols_per_warp columns that divide n (and 128, for FP8_BLOCK's group amaxes).
+int cols_per_warp(int64_t n, int64_t rows, int sm_count) {
+  for (int c = 4; c > 1; c /= 2)
+    if (n % (kWarps * c) == 0 && (n / (kWarps * c)) * rows * 2 >= 3 * int64_t(sm_count)) return c;
+  return 1;
+}
+
+template <typename T, typename W, int kQuant, typename IdT>
+cudaError_t run(const GemvArgs& g, int last_kernel, cudaStream_t stream) {
+  const int64_t pairs = g.num_tokens * g.top_k;
+  const int up_cpw = cols_per_warp(g.inter, pairs, g.sm_count);
+  const int up_blocks = static_cast<int>(g.inter / (kWarps * up_cpw));
+  auto up = gemv_up_kernel<T, W, kQuant, IdT>;
+  const size_t up_smem = gemv_smem_bytes(g, true, sizeof(W));
+  if (up_smem > 48 * 1024)
+    if (cudaError_t e = cudaFuncSetAttribute(up, cudaFuncAttributeMaxDynamicSharedMemorySize, int(up_smem))) return e;
+  GemvArgs ga = g;
+  if (kQuant == MOEK_QUANT_NONE || (kQuant == MOEK_QUANT_FP8 && g.a2_scale)) ga.a_amax = nullptr;
+  if (cudaError_t e = launch(up, dim3(unsigned(pairs), unsigned(up_blocks)), kThreads, up_smem, stream, ga, up_cpw))
+    return e;
+  if (last_kernel < 2) return cudaSuccess;
+  const int down_cpw = cols_per_warp(g.hidden, g.num_tokens, g.sm_count);
+  auto down = gemv_down_kernel<T, W, kQuant, IdT>;
+  const size_t down_smem = gemv_smem_bytes(g, false, sizeof(W));
+  if (down_smem > 48 * 1024)
+    if (cudaError_t e = cudaFuncSetAttribute(down, cudaFuncAttributeMaxDynamicSharedMemorySize, int(down_smem))) return e;
+  return launch(down, dim3(unsigned(g.num_tokens), unsigned(g.hidden / (kWarps * down_cpw))), kThreads,
+                down_smem, stream, ga, down_cpw, up_blocks);
+}
+
+}  // namespace
+
+size_t gemv_smem_bytes(const GemvArgs& g, bool up, int weight_bytes) {
+  const int64_t step = 32 * 16 / weight_bytes;
+  auto pad = [&](int64_t n) { return (n + step - 1) / step * step; };
+  const bool block = g.quant == MOEK_QUANT_FP8_BLOCK;
+  if (up) return sizeof(float) * (pad(g.hidden) + (block ? g.hidden / 128 : 1) + kWarps);
+  const int64_t groups = block ? g.inter / 128 : 1;
+  return sizeof(float) * g.top_k * (pad(g.inter) + groups + 3) + sizeof(int32_t);
+}
+
+cudaError_t launch_gemv(const GemvArgs& g, int last_kernel, cudaStream_t stream) {
+  auto by_id = [&](auto t, auto w, auto quant) {
+    using T = decltype(t);
+    using W = decltype(w);
+    return g.ids_int64 ? run<T, W, decltype(quant)::value, int64_t>(g, last_kernel, stream)
+                       : run<T, W, decltype(quant)::value, int32_t>(g, last_kernel, stream);
+  };
+  using Q = std::integral_constant<int, MOEK_QUANT_FP8>;
+  using QB = std::integral_constant<int, MOEK_QUANT_FP8_BLOCK>;
+  using QN = std::integral_constant<int, MOEK_QUANT_NONE>;
+  switch (g.quant) {
+    // The FP8 modes have bf16 activations and output (the catalog's FP8 kernels, api.py).
+    case MOEK_QUANT_FP8: return g.fp16 ? cudaErrorInvalidValue : by_id(__nv_bfloat16{}, __nv_fp8_e4m3{}, Q{});
+    case MOEK_QUANT_FP8_BLOCK: return g.fp16 ? cudaErrorInvalidValue : by_id(__nv_bfloat16{}, __nv_fp8_e4m3{}, QB{});
+    default: return g.fp16 ? by_id(__half{}, __half{}, QN{}) : by_id(__nv_bfloat16{}, __nv_bfloat16{}, QN{});
+  }
+}
+
+}  // namespace moe_kernels
