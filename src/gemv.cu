@@ -32,6 +32,7 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kUnroll = 4;  // 16-byte loads per lane and row issued before any is used
+constexpr int kAhead = 2;   // batches of kUnroll loads prefetched into L2 ahead of them
 
 // Weights of type W: 16 bytes hold kVals values; a warp step covers kStep values of a row.
 template <typename W> constexpr int kVals = 16 / int(sizeof(W));
@@ -115,8 +116,12 @@ __device__ __forceinline__ int64_t pair_expert(const void* ids, int64_t pair, in
   return e >= 0 && e < experts ? e : -1;
 }
 
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 // Block (pair, column block): the pair's token row staged (and quantized) in shared memory,
-// then each warp computes cols_per_warp columns j of a (gate row j and up row I + j).
+// then each warp computes cols_per_warp columns j of a (gate row j and up row I + j), kUnroll
+// steps of both rows per batch, prefetching into L2 kAhead batches ahead (the first ones
+// before the staging, so the weight stream starts at once).
 template <typename T, typename W, int kQuant, typename IdT>
 __global__ void __launch_bounds__(kThreads) gemv_up_kernel(GemvArgs g, int cols_per_warp) {
   constexpr bool kBlock = kQuant == MOEK_QUANT_FP8_BLOCK;
@@ -126,11 +131,26 @@ __global__ void __launch_bounds__(kThreads) gemv_up_kernel(GemvArgs g, int cols_
   float* x_scales = reinterpret_cast<float*>(smem + padded_h / 4);  // FP8_BLOCK: per 128
   float* warp_amax = x_scales + (kBlock ? H / 128 : 1);
   // The forward's first kernel: nothing is read before the wait (launch.cuh).
-  pdl_begin();
+  pdl_wait();
   const int64_t pair = blockIdx.x;
   const int64_t e = pair_expert<IdT>(g.ids, pair, g.expert_offset, g.num_experts);
   if (e < 0) return;  // the whole block: an expert of another rank, or none
   const int64_t t = pair / g.top_k;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const bool gated = is_gated(g.activation);
+  const int64_t n1 = gated ? 2 * I : I, steps = padded_h / kStep<W>, chunks = H / kVals<W>;
+  const int64_t items = cols_per_warp * steps;  // item i: column i / steps, step i % steps
+  const W* w = static_cast<const W*>(g.w13) + e * n1 * H;
+  auto column = [&](int64_t c) { return (int64_t(blockIdx.y) * cols_per_warp + c) * kWarps + warp; };
+  auto prefetch = [&](int64_t i) {
+    const int64_t chunk = (i % steps) * 32 + lane;
+    if (i >= items || chunk >= chunks) return;
+    const int64_t j = column(i / steps);
+    prefetch_l2(w + j * H + chunk * kVals<W>);
+    if (gated) prefetch_l2(w + (I + j) * H + chunk * kVals<W>);
+  };
+#pragma unroll
+  for (int i = 0; i < kAhead * kUnroll; ++i) prefetch(i);
 
   // Stage x_t: raw floats and the amax (FP8), then quantized in place.
   const T* xrow = static_cast<const T*>(g.hidden_states) + t * H;
@@ -159,22 +179,20 @@ __global__ void __launch_bounds__(kThreads) gemv_up_kernel(GemvArgs g, int cols_
       xs[slot4<W>(c * 8)] = fp8_round4(xs[slot4<W>(c * 8)], s);
       xs[slot4<W>(c * 8 + 4)] = fp8_round4(xs[slot4<W>(c * 8 + 4)], s);
     }
-    if constexpr (kQuant == MOEK_QUANT_FP8) if (threadIdx.x == 0) x_scales[0] = scale;
+    if (kQuant == MOEK_QUANT_FP8 && threadIdx.x == 0) x_scales[0] = scale;
   }
   __syncthreads();
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const bool gated = is_gated(g.activation);
-  const int64_t n1 = gated ? 2 * I : I, steps = padded_h / kStep<W>, chunks = H / kVals<W>;
-  const W* w = static_cast<const W*>(g.w13) + e * n1 * H;
   const int64_t sf_k = H / 128, sf_n = (n1 + 127) / 128;  // FP8_BLOCK weight scales
   float my_amax = 0.f;
   for (int c = 0; c < cols_per_warp; ++c) {
-    const int64_t j = (int64_t(blockIdx.y) * cols_per_warp + c) * kWarps + warp;
+    const int64_t j = column(c);
     const int64_t rows[2] = {j, I + j};
     const int nrows = gated ? 2 : 1;
     float acc[2] = {0.f, 0.f};
     for (int64_t s0 = 0; s0 < steps; s0 += kUnroll) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) prefetch(c * steps + s0 + kAhead * kUnroll + u);
       uint4 raw[2][kUnroll];
 #pragma unroll
       for (int r = 0; r < 2; ++r)
@@ -230,11 +248,14 @@ __global__ void __launch_bounds__(kThreads) gemv_up_kernel(GemvArgs g, int cols_
       g.a_amax[pair * gridDim.y + blockIdx.y] = m;
     }
   }
+  pdl_trigger();  // late: gemv_down's blocks would only wait on the SMs this grid still needs
 }
 
 // Block (token, column block): the token's local slots listed, their activation rows staged
 // (and quantized) in shared memory, then each warp computes cols_per_warp output columns n,
-// going over (slot, step) items kUnroll at a time.
+// going over (slot, step) items kUnroll at a time with the same L2 prefetch as gemv_up. The
+// weights and slots come from the caller, two launches back (launch.cuh): their prefetch
+// starts before the wait for gemv_up.
 template <typename T, typename W, int kQuant, typename IdT>
 __global__ void __launch_bounds__(kThreads)
 gemv_down_kernel(GemvArgs g, int cols_per_warp, int up_blocks) {
@@ -249,7 +270,6 @@ gemv_down_kernel(GemvArgs g, int cols_per_warp, int up_blocks) {
   int32_t* s_slot = s_e + k;                                    // [k] their slots
   int32_t* s_count = s_slot + k;
   const int64_t t = blockIdx.x;
-  // The slots and weights are the caller's, two launches back: read before the wait.
   if (threadIdx.x == 0) {
     int n = 0;
     for (int64_t s = 0; s < k; ++s) {
@@ -262,60 +282,87 @@ gemv_down_kernel(GemvArgs g, int cols_per_warp, int up_blocks) {
     }
     *s_count = n;
   }
-  pdl_begin();
   __syncthreads();
   const int nl = *s_count;
-  // Each local slot's scales (FP8): static, or from gemv_up's block amaxes (per 128 columns:
-  // the blocks of that group; a block covers 8 * cols_per_warp columns, which divide 128).
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t steps = padded_i / kStep<W>, chunks = I / kVals<W>;
+  const int64_t per_col = nl * steps, items = cols_per_warp * per_col;
+  const W* w2 = static_cast<const W*>(g.w2);
+  auto column = [&](int64_t c) { return (int64_t(blockIdx.y) * cols_per_warp + c) * kWarps + warp; };
+  // Item i: column i / per_col, local slot (i % per_col) / steps, step i % steps.
+  auto weights = [&](int64_t i) {
+    const int64_t li = (i % per_col) / steps, chunk = (i % steps) * 32 + lane;
+    return w2 + (int64_t(s_e[li]) * H + column(i / per_col)) * I + chunk * kVals<W>;
+  };
+  auto prefetch = [&](int64_t i) {
+    if (i < items && (i % steps) * 32 + lane < chunks) prefetch_l2(weights(i));
+  };
+#pragma unroll
+  for (int i = 0; i < kAhead * kUnroll; ++i) prefetch(i);
+  pdl_wait();
+
+  // Each local slot's scales (FP8), a warp per slot: static, or from gemv_up's block amaxes
+  // (per 128 columns: the blocks of that group; a block covers 8 * cols_per_warp columns,
+  // which divide 128).
   if constexpr (kQuant != MOEK_QUANT_NONE) {
-    const int64_t per_group = kBlock ? up_blocks / groups : up_blocks;
-    for (int64_t i = threadIdx.x; i < nl * groups; i += kThreads) {
-      const int64_t li = i / groups, grp = i % groups, pair = t * k + s_slot[li];
-      float scale;
-      if (!kBlock && g.a2_scale) {
-        scale = *g.a2_scale;
-      } else {
+    const int64_t per_group = up_blocks / groups;
+    for (int li = warp; li < nl; li += kWarps) {
+      const float* part = g.a_amax ? g.a_amax + (t * k + s_slot[li]) * up_blocks : nullptr;
+      for (int64_t grp0 = 0; grp0 < groups; grp0 += 32) {
         float m = 0.f;
-        for (int64_t b = grp * per_group; b < (grp + 1) * per_group; ++b) m = fmaxf(m, g.a_amax[pair * up_blocks + b]);
-        scale = fp8_scale(m);
+        if (!kBlock) {
+          for (int64_t b = lane; b < up_blocks && !g.a2_scale; b += 32) m = fmaxf(m, part[b]);
+          m = WarpTeam{}.amax(m);
+        } else if (grp0 + lane < groups) {
+          for (int64_t b = (grp0 + lane) * per_group; b < (grp0 + lane + 1) * per_group; ++b) m = fmaxf(m, part[b]);
+        }
+        if (kBlock ? grp0 + lane < groups : lane == 0)
+          a_scales[li * groups + grp0 + (kBlock ? lane : 0)] = !kBlock && g.a2_scale ? *g.a2_scale : fp8_scale(m);
       }
-      a_scales[i] = scale;
     }
     __syncthreads();
   }
-  for (int64_t i = threadIdx.x; i < nl * (padded_i / 4); i += kThreads) {
-    const int64_t li = i / (padded_i / 4), kk = 4 * (i % (padded_i / 4));
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (kk < I) {
-      v = *reinterpret_cast<const float4*>(g.a + (t * k + s_slot[li]) * I + kk);
-      if constexpr (kQuant != MOEK_QUANT_NONE) v = fp8_round4(v, a_scales[li * groups + (kBlock ? kk / 128 : 0)]);
+  // The slots' rows, four float4 loads in flight per thread.
+  const int64_t row4 = padded_i / 4;
+  for (int64_t i0 = threadIdx.x; i0 < nl * row4; i0 += 4 * kThreads) {
+    float4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t i = i0 + u * kThreads, li = i / row4, kk = 4 * (i % row4);
+      v[u] = i < nl * row4 && kk < I ? __ldg(reinterpret_cast<const float4*>(g.a + (t * k + s_slot[li]) * I + kk))
+                                     : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    as[li * (padded_i / 4) + slot4<W>(kk)] = v;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t i = i0 + u * kThreads, li = i / row4, kk = 4 * (i % row4);
+      if (i >= nl * row4) break;
+      if constexpr (kQuant != MOEK_QUANT_NONE)
+        if (kk < I) v[u] = fp8_round4(v[u], a_scales[li * groups + (kBlock ? kk / 128 : 0)]);
+      as[li * row4 + slot4<W>(kk)] = v[u];
+    }
   }
   __syncthreads();
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t steps = padded_i / kStep<W>, chunks = I / kVals<W>, items = nl * steps;
-  const W* w2 = static_cast<const W*>(g.w2);
   const int64_t sf_k = I / 128, sf_n = (H + 127) / 128;  // FP8_BLOCK weight scales
   for (int c = 0; c < cols_per_warp; ++c) {
-    const int64_t n = (int64_t(blockIdx.y) * cols_per_warp + c) * kWarps + warp;
+    const int64_t n = column(c);
     float acc = 0.f;
-    for (int64_t i0 = 0; i0 < items; i0 += kUnroll) {
+    for (int64_t r0 = 0; r0 < per_col; r0 += kUnroll) {
+      const int64_t i0 = c * per_col + r0;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) prefetch(i0 + kAhead * kUnroll + u);
       uint4 raw[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int64_t i = i0 + u, li = i / steps, chunk = (i % steps) * 32 + lane;
-        raw[u] = i < items && chunk < chunks
-                     ? load_stream(w2 + (int64_t(s_e[li]) * H + n) * I + chunk * kVals<W>)
-                     : make_uint4(0, 0, 0, 0);
+        const int64_t chunk = ((r0 + u) % steps) * 32 + lane;
+        raw[u] = r0 + u < per_col && chunk < chunks ? load_stream(weights(i0 + u)) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int64_t i = i0 + u;
-        if (i >= items) break;
-        const int64_t li = i / steps, s = i % steps, chunk = s * 32 + lane;
-        const float d = dot16<W>(raw[u], as + li * (padded_i / 4), s, lane);
+        const int64_t r = r0 + u;
+        if (r >= per_col) break;
+        const int64_t li = r / steps, s = r % steps, chunk = s * 32 + lane;
+        const float d = dot16<W>(raw[u], as + li * row4, s, lane);
         const int64_t e = s_e[li];
         float scale = s_w[li];
         if constexpr (kBlock) {
@@ -336,35 +383,47 @@ gemv_down_kernel(GemvArgs g, int cols_per_warp, int up_blocks) {
       static_cast<T*>(g.out)[t * H + n] = Vec8<T>::from_float(acc);
     }
   }
+  pdl_trigger();
 }
 
-// Columns per warp: the most (up to 4) that still leave 1.5 blocks per SM, a block covering
-// 8 * cols_per_warp columns that divide n (and 128, for FP8_BLOCK's group amaxes).
-int cols_per_warp(int64_t n, int64_t rows, int sm_count) {
-  for (int c = 4; c > 1; c /= 2)
-    if (n % (kWarps * c) == 0 && (n / (kWarps * c)) * rows * 2 >= 3 * int64_t(sm_count)) return c;
-  return 1;
+// Columns per warp: the most that still give every SM a block, with all blocks resident at
+// once where that is possible (more waves leave a tail), a block covering 8 * cols_per_warp
+// columns that divide n (and 128, for FP8_BLOCK's group amaxes).
+template <class Kernel>
+int cols_per_warp(Kernel kernel, size_t smem, int64_t n, int64_t rows, int sm_count) {
+  int per_sm = 1;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) != cudaSuccess || per_sm < 1)
+    per_sm = 1;
+  int best = 1;
+  for (int c = 1; c <= 16; c *= 2) {
+    if (n % (kWarps * c)) break;
+    const int64_t blocks = n / (kWarps * c) * rows;
+    if (blocks < sm_count) break;
+    best = c;
+    if (blocks <= int64_t(per_sm) * sm_count) break;
+  }
+  return best;
 }
 
 template <typename T, typename W, int kQuant, typename IdT>
 cudaError_t run(const GemvArgs& g, int last_kernel, cudaStream_t stream) {
   const int64_t pairs = g.num_tokens * g.top_k;
-  const int up_cpw = cols_per_warp(g.inter, pairs, g.sm_count);
-  const int up_blocks = static_cast<int>(g.inter / (kWarps * up_cpw));
   auto up = gemv_up_kernel<T, W, kQuant, IdT>;
   const size_t up_smem = gemv_smem_bytes(g, true, sizeof(W));
   if (up_smem > 48 * 1024)
     if (cudaError_t e = cudaFuncSetAttribute(up, cudaFuncAttributeMaxDynamicSharedMemorySize, int(up_smem))) return e;
+  const int up_cpw = cols_per_warp(up, up_smem, g.inter, pairs, g.sm_count);
+  const int up_blocks = static_cast<int>(g.inter / (kWarps * up_cpw));
   GemvArgs ga = g;
   if (kQuant == MOEK_QUANT_NONE || (kQuant == MOEK_QUANT_FP8 && g.a2_scale)) ga.a_amax = nullptr;
   if (cudaError_t e = launch(up, dim3(unsigned(pairs), unsigned(up_blocks)), kThreads, up_smem, stream, ga, up_cpw))
     return e;
   if (last_kernel < 2) return cudaSuccess;
-  const int down_cpw = cols_per_warp(g.hidden, g.num_tokens, g.sm_count);
   auto down = gemv_down_kernel<T, W, kQuant, IdT>;
   const size_t down_smem = gemv_smem_bytes(g, false, sizeof(W));
   if (down_smem > 48 * 1024)
     if (cudaError_t e = cudaFuncSetAttribute(down, cudaFuncAttributeMaxDynamicSharedMemorySize, int(down_smem))) return e;
+  const int down_cpw = cols_per_warp(down, down_smem, g.hidden, g.num_tokens, g.sm_count);
   return launch(down, dim3(unsigned(g.num_tokens), unsigned(g.hidden / (kWarps * down_cpw))), kThreads,
                 down_smem, stream, ga, down_cpw, up_blocks);
 }
