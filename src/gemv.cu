@@ -32,7 +32,6 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kUnroll = 4;  // 16-byte loads per lane and row issued before any is used
-constexpr int kAhead = 2;   // batches of kUnroll loads prefetched into L2 ahead of them
 
 // Weights of type W: 16 bytes hold kVals values; a warp step covers kStep values of a row.
 template <typename W> constexpr int kVals = 16 / int(sizeof(W));
@@ -120,8 +119,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefe
 
 // Block (pair, column block): the pair's token row staged (and quantized) in shared memory,
 // then each warp computes cols_per_warp columns j of a (gate row j and up row I + j), kUnroll
-// steps of both rows per batch, prefetching into L2 kAhead batches ahead (the first ones
-// before the staging, so the weight stream starts at once).
+// steps of both rows per batch, with the next column's rows prefetched into L2 (the first
+// column's before the staging, so the weight stream starts at once).
 template <typename T, typename W, int kQuant, typename IdT>
 __global__ void __launch_bounds__(kThreads) gemv_up_kernel(GemvArgs g, int cols_per_warp) {
   constexpr bool kBlock = kQuant == MOEK_QUANT_FP8_BLOCK;
@@ -139,18 +138,19 @@ __global__ void __launch_bounds__(kThreads) gemv_up_kernel(GemvArgs g, int cols_
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const bool gated = is_gated(g.activation);
   const int64_t n1 = gated ? 2 * I : I, steps = padded_h / kStep<W>, chunks = H / kVals<W>;
-  const int64_t items = cols_per_warp * steps;  // item i: column i / steps, step i % steps
   const W* w = static_cast<const W*>(g.w13) + e * n1 * H;
-  auto column = [&](int64_t c) { return (int64_t(blockIdx.y) * cols_per_warp + c) * kWarps + warp; };
-  auto prefetch = [&](int64_t i) {
-    const int64_t chunk = (i % steps) * 32 + lane;
-    if (i >= items || chunk >= chunks) return;
-    const int64_t j = column(i / steps);
-    prefetch_l2(w + j * H + chunk * kVals<W>);
-    if (gated) prefetch_l2(w + (I + j) * H + chunk * kVals<W>);
+  auto column = [&](int c) { return (int64_t(blockIdx.y) * cols_per_warp + c) * kWarps + warp; };
+  // Column c's rows into L2, one request per 128-byte line: the first before x is staged, each
+  // next one while this one is computed.
+  auto prefetch = [&](int c) {
+    if (c >= cols_per_warp || lane % 8) return;
+    const int64_t j = column(c);
+    for (int64_t chunk = lane; chunk < chunks; chunk += 32) {
+      prefetch_l2(w + j * H + chunk * kVals<W>);
+      if (gated) prefetch_l2(w + (I + j) * H + chunk * kVals<W>);
+    }
   };
-#pragma unroll
-  for (int i = 0; i < kAhead * kUnroll; ++i) prefetch(i);
+  prefetch(0);
 
   // Stage x_t: raw floats and the amax (FP8), then quantized in place.
   const T* xrow = static_cast<const T*>(g.hidden_states) + t * H;
@@ -190,9 +190,8 @@ __global__ void __launch_bounds__(kThreads) gemv_up_kernel(GemvArgs g, int cols_
     const int64_t rows[2] = {j, I + j};
     const int nrows = gated ? 2 : 1;
     float acc[2] = {0.f, 0.f};
+    prefetch(c + 1);
     for (int64_t s0 = 0; s0 < steps; s0 += kUnroll) {
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) prefetch(c * steps + s0 + kAhead * kUnroll + u);
       uint4 raw[2][kUnroll];
 #pragma unroll
       for (int r = 0; r < 2; ++r)
@@ -253,9 +252,9 @@ __global__ void __launch_bounds__(kThreads) gemv_up_kernel(GemvArgs g, int cols_
 
 // Block (token, column block): the token's local slots listed, their activation rows staged
 // (and quantized) in shared memory, then each warp computes cols_per_warp output columns n,
-// going over (slot, step) items kUnroll at a time with the same L2 prefetch as gemv_up. The
-// weights and slots come from the caller, two launches back (launch.cuh): their prefetch
-// starts before the wait for gemv_up.
+// going over (slot, step) items kUnroll at a time, with the next column's rows prefetched into
+// L2 as in gemv_up. The weights and slots come from the caller, two launches back
+// (launch.cuh): the first prefetch starts before the wait for gemv_up.
 template <typename T, typename W, int kQuant, typename IdT>
 __global__ void __launch_bounds__(kThreads)
 gemv_down_kernel(GemvArgs g, int cols_per_warp, int up_blocks) {
@@ -286,19 +285,18 @@ gemv_down_kernel(GemvArgs g, int cols_per_warp, int up_blocks) {
   const int nl = *s_count;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t steps = padded_i / kStep<W>, chunks = I / kVals<W>;
-  const int64_t per_col = nl * steps, items = cols_per_warp * per_col;
+  const int per_col = nl * static_cast<int>(steps);  // items of a column: (slot, step) pairs
   const W* w2 = static_cast<const W*>(g.w2);
-  auto column = [&](int64_t c) { return (int64_t(blockIdx.y) * cols_per_warp + c) * kWarps + warp; };
-  // Item i: column i / per_col, local slot (i % per_col) / steps, step i % steps.
-  auto weights = [&](int64_t i) {
-    const int64_t li = (i % per_col) / steps, chunk = (i % steps) * 32 + lane;
-    return w2 + (int64_t(s_e[li]) * H + column(i / per_col)) * I + chunk * kVals<W>;
+  auto column = [&](int c) { return (int64_t(blockIdx.y) * cols_per_warp + c) * kWarps + warp; };
+  auto row = [&](int li, int c) { return w2 + (int64_t(s_e[li]) * H + column(c)) * I; };
+  // Column c's rows into L2, one request per 128-byte line: the first before the wait for
+  // gemv_up, each next one while this one is computed.
+  auto prefetch = [&](int c) {
+    if (c >= cols_per_warp || lane % 8) return;
+    for (int li = 0; li < nl; ++li)
+      for (int64_t chunk = lane; chunk < chunks; chunk += 32) prefetch_l2(row(li, c) + chunk * kVals<W>);
   };
-  auto prefetch = [&](int64_t i) {
-    if (i < items && (i % steps) * 32 + lane < chunks) prefetch_l2(weights(i));
-  };
-#pragma unroll
-  for (int i = 0; i < kAhead * kUnroll; ++i) prefetch(i);
+  prefetch(0);
   pdl_wait();
 
   // Each local slot's scales (FP8), a warp per slot: static, or from gemv_up's block amaxes
@@ -322,55 +320,60 @@ gemv_down_kernel(GemvArgs g, int cols_per_warp, int up_blocks) {
     }
     __syncthreads();
   }
-  // The slots' rows, four float4 loads in flight per thread.
+  // The slots' rows, a slot per loop step (unrolled: several loads in flight per thread).
   const int64_t row4 = padded_i / 4;
-  for (int64_t i0 = threadIdx.x; i0 < nl * row4; i0 += 4 * kThreads) {
-    float4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int64_t i = i0 + u * kThreads, li = i / row4, kk = 4 * (i % row4);
-      v[u] = i < nl * row4 && kk < I ? __ldg(reinterpret_cast<const float4*>(g.a + (t * k + s_slot[li]) * I + kk))
-                                     : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int64_t i = i0 + u * kThreads, li = i / row4, kk = 4 * (i % row4);
-      if (i >= nl * row4) break;
-      if constexpr (kQuant != MOEK_QUANT_NONE)
-        if (kk < I) v[u] = fp8_round4(v[u], a_scales[li * groups + (kBlock ? kk / 128 : 0)]);
-      as[li * row4 + slot4<W>(kk)] = v[u];
+#pragma unroll 4
+  for (int li = 0; li < nl; ++li) {
+    const float* arow = g.a + (t * k + s_slot[li]) * I;
+    for (int64_t kk = 4 * threadIdx.x; kk < padded_i; kk += 4 * kThreads) {
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (kk < I) {
+        v = __ldg(reinterpret_cast<const float4*>(arow + kk));
+        if constexpr (kQuant != MOEK_QUANT_NONE) v = fp8_round4(v, a_scales[li * groups + (kBlock ? kk / 128 : 0)]);
+      }
+      as[li * row4 + slot4<W>(kk)] = v;
     }
   }
   __syncthreads();
 
   const int64_t sf_k = I / 128, sf_n = (H + 127) / 128;  // FP8_BLOCK weight scales
+  const int isteps = static_cast<int>(steps);
   for (int c = 0; c < cols_per_warp; ++c) {
     const int64_t n = column(c);
+    prefetch(c + 1);
     float acc = 0.f;
-    for (int64_t r0 = 0; r0 < per_col; r0 += kUnroll) {
-      const int64_t i0 = c * per_col + r0;
+    // Batches of kUnroll items; (li0, s0) is the batch's first, advanced without divisions.
+    int li0 = 0, s0 = 0;
+    for (int r0 = 0; r0 < per_col; r0 += kUnroll) {
+      int li[kUnroll], st[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) prefetch(i0 + kAhead * kUnroll + u);
+      for (int u = 0; u < kUnroll; ++u) {
+        li[u] = u == 0 ? li0 : li[u - 1];
+        st[u] = u == 0 ? s0 : st[u - 1] + 1;
+        if (st[u] == isteps) st[u] = 0, ++li[u];
+      }
+      li0 = li[kUnroll - 1], s0 = st[kUnroll - 1] + 1;
+      if (s0 == isteps) s0 = 0, ++li0;
       uint4 raw[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int64_t chunk = ((r0 + u) % steps) * 32 + lane;
-        raw[u] = r0 + u < per_col && chunk < chunks ? load_stream(weights(i0 + u)) : make_uint4(0, 0, 0, 0);
+        const int64_t chunk = int64_t(st[u]) * 32 + lane;
+        raw[u] = r0 + u < per_col && chunk < chunks ? load_stream(row(li[u], c) + chunk * kVals<W>)
+                                                    : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int64_t r = r0 + u;
-        if (r >= per_col) break;
-        const int64_t li = r / steps, s = r % steps, chunk = s * 32 + lane;
-        const float d = dot16<W>(raw[u], as + li * row4, s, lane);
-        const int64_t e = s_e[li];
-        float scale = s_w[li];
+        if (r0 + u >= per_col) break;
+        const int64_t chunk = int64_t(st[u]) * 32 + lane;
+        const float d = dot16<W>(raw[u], as + li[u] * row4, st[u], lane);
+        const int64_t e = s_e[li[u]];
+        float scale = s_w[li[u]];
         if constexpr (kBlock) {
           if (chunk >= chunks) continue;
           const int64_t grp = chunk * kVals<W> / 128;
-          scale *= a_scales[li * groups + grp] * g.w2_scale[(e * sf_n + n / 128) * sf_k + grp];
+          scale *= a_scales[li[u] * groups + grp] * g.w2_scale[(e * sf_n + n / 128) * sf_k + grp];
         } else if constexpr (kQuant == MOEK_QUANT_FP8) {
-          scale *= a_scales[li] * g.w2_scale[g.w2_per_channel ? e * H + n : e];
+          scale *= a_scales[li[u]] * g.w2_scale[g.w2_per_channel ? e * H + n : e];
         }
         acc = fmaf(d, scale, acc);
       }
