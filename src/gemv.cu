@@ -117,14 +117,49 @@ __device__ __forceinline__ int64_t pair_expert(const void* ids, int64_t pair, in
 
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-// Block (pair, column block): the pair's token row staged (and quantized) in shared memory,
-// then each warp computes cols_per_warp columns j of a (gate row j and up row I + j), kUnroll
-// steps of both rows per batch, with the next column's rows prefetched into L2 (the first
-// column's before the staging, so the weight stream starts at once).
+// A warp's work is a list of items, 16 weight bytes per lane each: for each of its columns,
+// for each of `rows` weight rows (gate and up; or the token's local slots), for each step.
+// The list is walked in rounds of kRound items whose loads are all in flight together; the
+// next round is prefetched into L2 meanwhile. Cursors advance without divisions.
+constexpr int kRound = 16;
+constexpr int kMaxCols = 16;  // columns per warp (cols_per_warp below)
+
+struct Cursor {
+  int col = 0, row = 0, step = 0;
+  __device__ __forceinline__ void next(int rows, int steps) {
+    if (++step == steps) {
+      step = 0;
+      if (++row == rows) row = 0, ++col;
+    }
+  }
+};
+
+// Loads (or, kPrefetch, L2-prefetches: one request per 128-byte line) the kRound items from
+// `cur` on, of which `left` exist; at(cur) is the item's row pointer (step 0, lane 0).
+template <bool kPrefetch, typename W, class At>
+__device__ __forceinline__ void round_loads(uint4 (&buf)[kRound], Cursor cur, int left, int rows,
+                                            int steps, int64_t chunks, int lane, At at) {
+#pragma unroll
+  for (int u = 0; u < kRound; ++u) {
+    const int64_t chunk = int64_t(cur.step) * 32 + lane;
+    const bool ok = u < left && chunk < chunks;
+    if constexpr (kPrefetch) {
+      if (ok && lane % 8 == 0) prefetch_l2(at(cur) + chunk * kVals<W>);
+    } else {
+      buf[u] = ok ? load_stream(at(cur) + chunk * kVals<W>) : make_uint4(0, 0, 0, 0);
+    }
+    cur.next(rows, steps);
+  }
+}
+
+// Block (pair, column block): each warp computes cols_per_warp columns j of a (gate row j and
+// up row I + j) against the pair's token row, staged (and quantized) in shared memory while
+// the warps' first round of weight loads is in flight.
 template <typename T, typename W, int kQuant, typename IdT>
 __global__ void __launch_bounds__(kThreads) gemv_up_kernel(GemvArgs g, int cols_per_warp) {
   constexpr bool kBlock = kQuant == MOEK_QUANT_FP8_BLOCK;
   extern __shared__ float4 smem[];
+  __shared__ float col_sums[kWarps][kMaxCols][2];
   const int64_t H = g.hidden, I = g.inter, padded_h = padded<W>(H);
   float4* xs = smem;
   float* x_scales = reinterpret_cast<float*>(smem + padded_h / 4);  // FP8_BLOCK: per 128
@@ -137,20 +172,15 @@ __global__ void __launch_bounds__(kThreads) gemv_up_kernel(GemvArgs g, int cols_
   const int64_t t = pair / g.top_k;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const bool gated = is_gated(g.activation);
-  const int64_t n1 = gated ? 2 * I : I, steps = padded_h / kStep<W>, chunks = H / kVals<W>;
+  const int rows = gated ? 2 : 1, steps = static_cast<int>(padded_h / kStep<W>);
+  const int64_t n1 = gated ? 2 * I : I, chunks = H / kVals<W>;
+  const int items = cols_per_warp * rows * steps;
   const W* w = static_cast<const W*>(g.w13) + e * n1 * H;
   auto column = [&](int c) { return (int64_t(blockIdx.y) * cols_per_warp + c) * kWarps + warp; };
-  // Column c's rows into L2, one request per 128-byte line: the first before x is staged, each
-  // next one while this one is computed.
-  auto prefetch = [&](int c) {
-    if (c >= cols_per_warp || lane % 8) return;
-    const int64_t j = column(c);
-    for (int64_t chunk = lane; chunk < chunks; chunk += 32) {
-      prefetch_l2(w + j * H + chunk * kVals<W>);
-      if (gated) prefetch_l2(w + (I + j) * H + chunk * kVals<W>);
-    }
-  };
-  prefetch(0);
+  auto weight_row = [&](const Cursor& c) { return c.row * I + column(c.col); };
+  auto at = [&](const Cursor& c) { return w + weight_row(c) * H; };
+  uint4 buf[kRound];
+  round_loads<false, W>(buf, Cursor{}, items, rows, steps, chunks, lane, at);
 
   // Stage x_t: raw floats and the amax (FP8), then quantized in place.
   const T* xrow = static_cast<const T*>(g.hidden_states) + t * H;
@@ -184,61 +214,55 @@ __global__ void __launch_bounds__(kThreads) gemv_up_kernel(GemvArgs g, int cols_
   __syncthreads();
 
   const int64_t sf_k = H / 128, sf_n = (n1 + 127) / 128;  // FP8_BLOCK weight scales
-  float my_amax = 0.f;
-  for (int c = 0; c < cols_per_warp; ++c) {
-    const int64_t j = column(c);
-    const int64_t rows[2] = {j, I + j};
-    const int nrows = gated ? 2 : 1;
-    float acc[2] = {0.f, 0.f};
-    prefetch(c + 1);
-    for (int64_t s0 = 0; s0 < steps; s0 += kUnroll) {
-      uint4 raw[2][kUnroll];
+  float acc[2] = {0.f, 0.f};
+  Cursor cur;
+  for (int i0 = 0; i0 < items; i0 += kRound) {
+    if (i0 > 0) round_loads<false, W>(buf, cur, items - i0, rows, steps, chunks, lane, at);
+    Cursor ahead = cur;
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
+    for (int u = 0; u < kRound; ++u) ahead.next(rows, steps);
+    round_loads<true, W>(buf, ahead, items - i0 - kRound, rows, steps, chunks, lane, at);
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int64_t chunk = (s0 + u) * 32 + lane;
-          raw[r][u] = r < nrows && chunk < chunks ? load_stream(w + rows[r] * H + chunk * kVals<W>)
-                                                  : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t s = s0 + u;
-        if (s >= steps) break;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          if (r >= nrows) break;
-          const float d = dot16<W>(raw[r][u], xs, s, lane);
-          if constexpr (kBlock) {
-            const int64_t chunk = s * 32 + lane;
-            if (chunk < chunks) {
-              const int64_t grp = chunk * kVals<W> / 128;
-              acc[r] = fmaf(d, x_scales[grp] * g.w13_scale[(e * sf_n + rows[r] / 128) * sf_k + grp], acc[r]);
-            }
-          } else {
-            acc[r] += d;
-          }
-        }
+    for (int u = 0; u < kRound; ++u) {
+      if (i0 + u >= items) break;
+      const int64_t chunk = int64_t(cur.step) * 32 + lane;
+      float d = dot16<W>(buf[u], xs, cur.step, lane);
+      if constexpr (kBlock) {
+        const int64_t grp = chunk * kVals<W> / 128;
+        d = chunk < chunks ? d * x_scales[grp] * g.w13_scale[(e * sf_n + weight_row(cur) / 128) * sf_k + grp] : 0.f;
       }
-    }
-    float v0 = warp_sum(acc[0]), v1 = gated ? warp_sum(acc[1]) : 0.f;
-    if (lane == 0) {
-      if constexpr (kQuant == MOEK_QUANT_FP8) {
-        const float* ws = g.w13_scale + (g.w13_per_channel ? e * n1 : e);
-        v0 *= x_scales[0] * ws[g.w13_per_channel ? rows[0] : 0];
-        if (gated) v1 *= x_scales[0] * ws[g.w13_per_channel ? rows[1] : 0];
+      if (cur.row == 0) acc[0] += d;
+      else acc[1] += d;
+      if (cur.step == steps - 1 && cur.row == rows - 1) {  // the column is complete (warp-uniform)
+        const float s0 = warp_sum(acc[0]), s1 = gated ? warp_sum(acc[1]) : 0.f;
+        if (lane == 0) col_sums[warp][cur.col][0] = s0, col_sums[warp][cur.col][1] = s1;
+        acc[0] = acc[1] = 0.f;
       }
-      if (g.w13_bias) {
-        const T* b = static_cast<const T*>(g.w13_bias) + e * n1;
-        v0 += Vec8<T>::to_float(b[rows[0]]);
-        if (gated) v1 += Vec8<T>::to_float(b[rows[1]]);
-      }
-      const float y = apply_act(g.activation, v0, v1, g.act_alpha, g.act_limit);
-      g.a[pair * I + j] = y;
-      my_amax = fmaxf(my_amax, fabsf(y));
+      cur.next(rows, steps);
     }
   }
+  __syncwarp();
+  // Epilogues, a lane per column: dequantize, bias, activation.
+  float my_amax = 0.f;
+  if (lane < cols_per_warp) {
+    const int64_t j = column(lane), rows2[2] = {j, I + j};
+    float v0 = col_sums[warp][lane][0], v1 = col_sums[warp][lane][1];
+    if constexpr (kQuant == MOEK_QUANT_FP8) {
+      const float* ws = g.w13_scale + (g.w13_per_channel ? e * n1 : e);
+      v0 *= x_scales[0] * ws[g.w13_per_channel ? rows2[0] : 0];
+      if (gated) v1 *= x_scales[0] * ws[g.w13_per_channel ? rows2[1] : 0];
+    }
+    if (g.w13_bias) {
+      const T* b = static_cast<const T*>(g.w13_bias) + e * n1;
+      v0 += Vec8<T>::to_float(b[rows2[0]]);
+      if (gated) v1 += Vec8<T>::to_float(b[rows2[1]]);
+    }
+    const float y = apply_act(g.activation, v0, v1, g.act_alpha, g.act_limit);
+    g.a[pair * I + j] = y;
+    my_amax = fabsf(y);
+  }
   if (g.a_amax) {  // the block's amax, for gemv_down's dynamic scales
+    my_amax = WarpTeam{}.amax(my_amax);
     if (lane == 0) warp_amax[warp] = my_amax;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -250,16 +274,16 @@ __global__ void __launch_bounds__(kThreads) gemv_up_kernel(GemvArgs g, int cols_
   pdl_trigger();  // late: gemv_down's blocks would only wait on the SMs this grid still needs
 }
 
-// Block (token, column block): the token's local slots listed, their activation rows staged
-// (and quantized) in shared memory, then each warp computes cols_per_warp output columns n,
-// going over (slot, step) items kUnroll at a time, with the next column's rows prefetched into
-// L2 as in gemv_up. The weights and slots come from the caller, two launches back
-// (launch.cuh): the first prefetch starts before the wait for gemv_up.
+// Block (token, column block): each warp computes cols_per_warp output columns n over the
+// token's local slots, against their activation rows, staged (and quantized) in shared
+// memory. The weights and slots come from the caller, two launches back (launch.cuh): the
+// first round of weight loads is issued before the wait for gemv_up.
 template <typename T, typename W, int kQuant, typename IdT>
 __global__ void __launch_bounds__(kThreads)
 gemv_down_kernel(GemvArgs g, int cols_per_warp, int up_blocks) {
   constexpr bool kBlock = kQuant == MOEK_QUANT_FP8_BLOCK;
   extern __shared__ float4 smem[];
+  __shared__ float col_sums[kWarps][kMaxCols];
   const int64_t H = g.hidden, I = g.inter, padded_i = padded<W>(I), k = g.top_k;
   const int64_t groups = kBlock ? I / 128 : 1;
   float4* as = smem;                                            // [k][padded_i / 4]
@@ -284,19 +308,14 @@ gemv_down_kernel(GemvArgs g, int cols_per_warp, int up_blocks) {
   __syncthreads();
   const int nl = *s_count;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t steps = padded_i / kStep<W>, chunks = I / kVals<W>;
-  const int per_col = nl * static_cast<int>(steps);  // items of a column: (slot, step) pairs
+  const int steps = static_cast<int>(padded_i / kStep<W>);
+  const int64_t chunks = I / kVals<W>;
+  const int items = cols_per_warp * nl * steps;
   const W* w2 = static_cast<const W*>(g.w2);
   auto column = [&](int c) { return (int64_t(blockIdx.y) * cols_per_warp + c) * kWarps + warp; };
-  auto row = [&](int li, int c) { return w2 + (int64_t(s_e[li]) * H + column(c)) * I; };
-  // Column c's rows into L2, one request per 128-byte line: the first before the wait for
-  // gemv_up, each next one while this one is computed.
-  auto prefetch = [&](int c) {
-    if (c >= cols_per_warp || lane % 8) return;
-    for (int li = 0; li < nl; ++li)
-      for (int64_t chunk = lane; chunk < chunks; chunk += 32) prefetch_l2(row(li, c) + chunk * kVals<W>);
-  };
-  prefetch(0);
+  auto at = [&](const Cursor& c) { return w2 + (int64_t(s_e[c.row]) * H + column(c.col)) * I; };
+  uint4 buf[kRound];
+  round_loads<false, W>(buf, Cursor{}, items, nl, steps, chunks, lane, at);
   pdl_wait();
 
   // Each local slot's scales (FP8), a warp per slot: static, or from gemv_up's block amaxes
@@ -309,7 +328,7 @@ gemv_down_kernel(GemvArgs g, int cols_per_warp, int up_blocks) {
       for (int64_t grp0 = 0; grp0 < groups; grp0 += 32) {
         float m = 0.f;
         if (!kBlock) {
-          for (int64_t b = lane; b < up_blocks && !g.a2_scale; b += 32) m = fmaxf(m, part[b]);
+          for (int64_t b = lane; b < up_blocks && part; b += 32) m = fmaxf(m, part[b]);
           m = WarpTeam{}.amax(m);
         } else if (grp0 + lane < groups) {
           for (int64_t b = (grp0 + lane) * per_group; b < (grp0 + lane + 1) * per_group; ++b) m = fmaxf(m, part[b]);
@@ -337,54 +356,46 @@ gemv_down_kernel(GemvArgs g, int cols_per_warp, int up_blocks) {
   __syncthreads();
 
   const int64_t sf_k = I / 128, sf_n = (H + 127) / 128;  // FP8_BLOCK weight scales
-  const int isteps = static_cast<int>(steps);
-  for (int c = 0; c < cols_per_warp; ++c) {
-    const int64_t n = column(c);
-    prefetch(c + 1);
-    float acc = 0.f;
-    // Batches of kUnroll items; (li0, s0) is the batch's first, advanced without divisions.
-    int li0 = 0, s0 = 0;
-    for (int r0 = 0; r0 < per_col; r0 += kUnroll) {
-      int li[kUnroll], st[kUnroll];
+  float acc = 0.f;
+  Cursor cur;
+  for (int i0 = 0; i0 < items; i0 += kRound) {
+    if (i0 > 0) round_loads<false, W>(buf, cur, items - i0, nl, steps, chunks, lane, at);
+    Cursor ahead = cur;
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        li[u] = u == 0 ? li0 : li[u - 1];
-        st[u] = u == 0 ? s0 : st[u - 1] + 1;
-        if (st[u] == isteps) st[u] = 0, ++li[u];
-      }
-      li0 = li[kUnroll - 1], s0 = st[kUnroll - 1] + 1;
-      if (s0 == isteps) s0 = 0, ++li0;
-      uint4 raw[kUnroll];
+    for (int u = 0; u < kRound; ++u) ahead.next(nl, steps);
+    round_loads<true, W>(buf, ahead, items - i0 - kRound, nl, steps, chunks, lane, at);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t chunk = int64_t(st[u]) * 32 + lane;
-        raw[u] = r0 + u < per_col && chunk < chunks ? load_stream(row(li[u], c) + chunk * kVals<W>)
-                                                    : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < kRound; ++u) {
+      if (i0 + u >= items) break;
+      const int li = cur.row;
+      const int64_t chunk = int64_t(cur.step) * 32 + lane, e = s_e[li];
+      const float d = dot16<W>(buf[u], as + li * row4, cur.step, lane);
+      float scale = s_w[li];
+      if constexpr (kBlock) {
+        const int64_t grp = chunk * kVals<W> / 128;
+        scale = chunk < chunks ? scale * a_scales[li * groups + grp] *
+                                     g.w2_scale[(e * sf_n + column(cur.col) / 128) * sf_k + grp]
+                               : 0.f;
+      } else if constexpr (kQuant == MOEK_QUANT_FP8) {
+        scale *= a_scales[li] * g.w2_scale[g.w2_per_channel ? e * H + column(cur.col) : e];
       }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (r0 + u >= per_col) break;
-        const int64_t chunk = int64_t(st[u]) * 32 + lane;
-        const float d = dot16<W>(raw[u], as + li[u] * row4, st[u], lane);
-        const int64_t e = s_e[li[u]];
-        float scale = s_w[li[u]];
-        if constexpr (kBlock) {
-          if (chunk >= chunks) continue;
-          const int64_t grp = chunk * kVals<W> / 128;
-          scale *= a_scales[li[u] * groups + grp] * g.w2_scale[(e * sf_n + n / 128) * sf_k + grp];
-        } else if constexpr (kQuant == MOEK_QUANT_FP8) {
-          scale *= a_scales[li[u]] * g.w2_scale[g.w2_per_channel ? e * H + n : e];
-        }
-        acc = fmaf(d, scale, acc);
+      acc = fmaf(d, scale, acc);
+      if (cur.step == steps - 1 && li == nl - 1) {  // the column is complete (warp-uniform)
+        const float sum = warp_sum(acc);
+        if (lane == 0) col_sums[warp][cur.col] = sum;
+        acc = 0.f;
       }
+      cur.next(nl, steps);
     }
-    acc = warp_sum(acc);
-    if (lane == 0) {
-      if (g.w2_bias)
-        for (int li = 0; li < nl; ++li)
-          acc += s_w[li] * Vec8<T>::to_float(static_cast<const T*>(g.w2_bias)[int64_t(s_e[li]) * H + n]);
-      static_cast<T*>(g.out)[t * H + n] = Vec8<T>::from_float(acc);
-    }
+  }
+  __syncwarp();
+  if (lane < cols_per_warp) {  // epilogues, a lane per column: biases, then the store
+    const int64_t n = column(lane);
+    float v = nl ? col_sums[warp][lane] : 0.f;
+    if (g.w2_bias)
+      for (int li = 0; li < nl; ++li)
+        v += s_w[li] * Vec8<T>::to_float(static_cast<const T*>(g.w2_bias)[int64_t(s_e[li]) * H + n]);
+    static_cast<T*>(g.out)[t * H + n] = Vec8<T>::from_float(v);
   }
   pdl_trigger();
 }
@@ -398,7 +409,7 @@ int cols_per_warp(Kernel kernel, size_t smem, int64_t n, int64_t rows, int sm_co
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) != cudaSuccess || per_sm < 1)
     per_sm = 1;
   int best = 1;
-  for (int c = 1; c <= 16; c *= 2) {
+  for (int c = 1; c <= kMaxCols; c *= 2) {
     if (n % (kWarps * c)) break;
     const int64_t blocks = n / (kWarps * c) * rows;
     if (blocks < sm_count) break;
