@@ -10,7 +10,7 @@
 // (a weight read twice when two of the tokens pick one expert: meant for a few tokens). Each
 // warp computes whole dot products: lane l loads bytes 16l..16l+15 of each 512-byte step of a
 // weight row (16-byte loads, several steps in flight), and the other operand (the token row or
-// the slots' activation rows) sits in shared memory as floats, permuted so that the lanes'
+// the slots' activation rows) sits in shared memory (Stage below), permuted so that the lanes'
 // 16-byte reads of one step are contiguous (no bank conflicts).
 //
 // Quantization matches the grouped path and moe_kernels.fp8: GEMM1's input is quantized per
@@ -31,20 +31,9 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kUnroll = 4;  // 16-byte loads per lane and row issued before any is used
-
 // Weights of type W: 16 bytes hold kVals values; a warp step covers kStep values of a row.
 template <typename W> constexpr int kVals = 16 / int(sizeof(W));
 template <typename W> constexpr int kStep = 32 * kVals<W>;
-
-// The shared-memory float4 slot of values k..k+3 (k % 4 == 0) of a staged row: lane-major
-// within a step, so that lane l's kVals values of step i are kVals/4 float4s, each read by
-// the 32 lanes at consecutive addresses.
-template <typename W>
-__device__ __forceinline__ int64_t slot4(int64_t k) {
-  const int64_t i = k / kStep<W>, rem = k % kStep<W>;
-  return (i * (kVals<W> / 4) + (rem % kVals<W>) / 4) * 32 + rem / kVals<W>;
-}
 
 // A row's padded length in the staged layout.
 template <typename W>
@@ -59,54 +48,91 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {
   return v;
 }
 
-// sum_i w_i * x_i over the kVals weights in `raw` and lane `lane`'s values of step `step`
-// of a staged row `xs` (float4 units).
+__device__ __forceinline__ __half2 fp8x2_to_half2(uint32_t two) {
+  return __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3));
+}
+
+// The other operand of the dot products, staged in shared memory in 16-byte units, lane-major
+// within a step: lane l's values of step i are units (i * kUnits + q) * 32 + l.
+//   E4M3 weights: the operand's E4M3 values as f16 (exact) times 2^-8, so that a product of
+//     two stays below 2^10: packed f16 math (HFMA2) adds four products per accumulator half,
+//     then float takes over. A third of the instructions of float math per weight byte.
+//   16-bit weights: floats.
 template <typename W>
-__device__ __forceinline__ float dot16(const uint4& raw, const float4* xs, int64_t step, int lane) {
-  constexpr int kQ = kVals<W> / 4;
-  float x[kVals<W>];
-#pragma unroll
-  for (int q = 0; q < kQ; ++q) {
-    const float4 v = xs[(step * kQ + q) * 32 + lane];
-    x[4 * q] = v.x, x[4 * q + 1] = v.y, x[4 * q + 2] = v.z, x[4 * q + 3] = v.w;
+struct Stage {
+  static constexpr bool kFp8 = std::is_same_v<W, __nv_fp8_e4m3>;
+  static constexpr int kPer = kFp8 ? 8 : 4;       // values per unit
+  static constexpr int kUnits = kVals<W> / kPer;  // units per lane and step
+  using Unit = std::conditional_t<kFp8, uint4, float4>;
+  static constexpr int kValueBytes = kFp8 ? 2 : 4;
+
+  // The unit of values k..k+kPer-1 (k % kPer == 0).
+  static __device__ __forceinline__ int64_t slot(int64_t k) {
+    const int64_t i = k / kStep<W>, rem = k % kStep<W>;
+    return (i * kUnits + (rem % kVals<W>) / kPer) * 32 + rem / kVals<W>;
   }
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-  float s0 = 0.f, s1 = 0.f;
+  // Values k..k+7 (k % 8 == 0): E4M3 bytes (kFp8) or floats.
+  static __device__ __forceinline__ void store_fp8(Unit* base, int64_t k, uint2 q) {
+    static_assert(kFp8);
+    const __half2 s = __float2half2_rn(1.f / 256.f);
+    uint4 u;
+    __half2* h = reinterpret_cast<__half2*>(&u);
+    h[0] = __hmul2(fp8x2_to_half2(q.x), s), h[1] = __hmul2(fp8x2_to_half2(q.x >> 16), s);
+    h[2] = __hmul2(fp8x2_to_half2(q.y), s), h[3] = __hmul2(fp8x2_to_half2(q.y >> 16), s);
+    base[slot(k)] = u;
+  }
+  static __device__ __forceinline__ void store_floats(Unit* base, int64_t k, const float* v) {
+    static_assert(!kFp8);
+    base[slot(k)] = make_float4(v[0], v[1], v[2], v[3]);
+    base[slot(k + 4)] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+  static __device__ __forceinline__ void store_zeros(Unit* base, int64_t k) {
+    if constexpr (kFp8) base[slot(k)] = make_uint4(0, 0, 0, 0);
+    else base[slot(k)] = base[slot(k + 4)] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+
+  // sum_i w_i * x_i over the kVals weights in `raw` and lane `lane`'s values of `step`.
+  static __device__ __forceinline__ float dot(const uint4& raw, const Unit* base, int step, int lane) {
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+    if constexpr (kFp8) {
+      const uint4 xa = base[(step * 2) * 32 + lane], xb = base[(step * 2 + 1) * 32 + lane];
+      const uint32_t xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+      __half2 a0 = __float2half2_rn(0.f), a1 = a0;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (std::is_same_v<W, __nv_fp8_e4m3>) {
-      const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[i] & 0xffffu), __NV_E4M3);
-      const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[i] >> 16), __NV_E4M3);
-      const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
-      s0 = fmaf(a.x, x[4 * i], s0);
-      s1 = fmaf(a.y, x[4 * i + 1], s1);
-      s0 = fmaf(b.x, x[4 * i + 2], s0);
-      s1 = fmaf(b.y, x[4 * i + 3], s1);
-    } else if constexpr (std::is_same_v<W, __nv_bfloat16>) {
-      s0 = fmaf(__uint_as_float(words[i] << 16), x[2 * i], s0);
-      s1 = fmaf(__uint_as_float(words[i] & 0xffff0000u), x[2 * i + 1], s1);
+      for (int i = 0; i < 4; ++i) {
+        a0 = __hfma2(fp8x2_to_half2(words[i]), *reinterpret_cast<const __half2*>(&xw[2 * i]), a0);
+        a1 = __hfma2(fp8x2_to_half2(words[i] >> 16), *reinterpret_cast<const __half2*>(&xw[2 * i + 1]), a1);
+      }
+      const float2 f0 = __half22float2(a0), f1 = __half22float2(a1);
+      return ((f0.x + f0.y) + (f1.x + f1.y)) * 256.f;
     } else {
-      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
-      s0 = fmaf(a.x, x[2 * i], s0);
-      s1 = fmaf(a.y, x[2 * i + 1], s1);
+      float x[8];
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const float4 v = base[(step * 2 + q) * 32 + lane];
+        x[4 * q] = v.x, x[4 * q + 1] = v.y, x[4 * q + 2] = v.z, x[4 * q + 3] = v.w;
+      }
+      float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (std::is_same_v<W, __nv_bfloat16>) {
+          s0 = fmaf(__uint_as_float(words[i] << 16), x[2 * i], s0);
+          s1 = fmaf(__uint_as_float(words[i] & 0xffff0000u), x[2 * i + 1], s1);
+        } else {
+          const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
+          s0 = fmaf(a.x, x[2 * i], s0);
+          s1 = fmaf(a.y, x[2 * i + 1], s1);
+        }
+      }
+      return s0 + s1;
     }
   }
-  return s0 + s1;
-}
+};
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
   return v;
-}
-
-// Four floats as E4M3 with `scale` (to_fp8x8's rounding and saturation), and back to floats.
-__device__ __forceinline__ float4 fp8_round4(float4 v, float scale) {
-  const float in[8] = {v.x, v.y, v.z, v.w, 0.f, 0.f, 0.f, 0.f};
-  const uint2 q = to_fp8x8(in, scale);
-  const float2 a = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(q.x & 0xffffu), __NV_E4M3)));
-  const float2 b = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(q.x >> 16), __NV_E4M3)));
-  return make_float4(a.x, a.y, b.x, b.y);
 }
 
 template <typename IdT>
@@ -121,7 +147,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefe
 // for each of `rows` weight rows (gate and up; or the token's local slots), for each step.
 // The list is walked in rounds of kRound items whose loads are all in flight together; the
 // next round is prefetched into L2 meanwhile. Cursors advance without divisions.
-constexpr int kRound = 16;
+constexpr int kRound = 8;
 constexpr int kMaxCols = 16;  // columns per warp (cols_per_warp below)
 
 struct Cursor {
@@ -161,8 +187,9 @@ __global__ void __launch_bounds__(kThreads) gemv_up_kernel(GemvArgs g, int cols_
   extern __shared__ float4 smem[];
   __shared__ float col_sums[kWarps][kMaxCols][2];
   const int64_t H = g.hidden, I = g.inter, padded_h = padded<W>(H);
-  float4* xs = smem;
-  float* x_scales = reinterpret_cast<float*>(smem + padded_h / 4);  // FP8_BLOCK: per 128
+  using S = Stage<W>;
+  auto* xs = reinterpret_cast<typename S::Unit*>(smem);
+  float* x_scales = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + padded_h * S::kValueBytes);  // FP8_BLOCK: per 128
   float* warp_amax = x_scales + (kBlock ? H / 128 : 1);
   // The forward's first kernel: nothing is read before the wait (launch.cuh).
   pdl_wait();
@@ -182,35 +209,43 @@ __global__ void __launch_bounds__(kThreads) gemv_up_kernel(GemvArgs g, int cols_
   uint4 buf[kRound];
   round_loads<false, W>(buf, Cursor{}, items, rows, steps, chunks, lane, at);
 
-  // Stage x_t: raw floats and the amax (FP8), then quantized in place.
+  // Stage x_t: floats (16-bit weights), or quantized to E4M3 after a first pass for the
+  // dynamic scales (per token, or per 128 columns: 16 threads' vectors).
   const T* xrow = static_cast<const T*>(g.hidden_states) + t * H;
-  float amax = 0.f;
-  for (int64_t c = threadIdx.x; c < H / 8; c += kThreads) {
-    Vec8<T> v;
-    v.load(xrow + c * 8);
-    xs[slot4<W>(c * 8)] = make_float4(v.v[0], v.v[1], v.v[2], v.v[3]);
-    xs[slot4<W>(c * 8 + 4)] = make_float4(v.v[4], v.v[5], v.v[6], v.v[7]);
-    float m = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v.v[i]));
-    if constexpr (kBlock) {  // 16 threads hold a 128-column group (kThreads % 16 == 0, H % 128 == 0)
-      m = half_warp_amax(m);
-      if ((threadIdx.x & 15) == 0) x_scales[c / 16] = fp8_scale(m);
+  if constexpr (kQuant == MOEK_QUANT_NONE) {
+    for (int64_t c = threadIdx.x; c < H / 8; c += kThreads) {
+      Vec8<T> v;
+      v.load(xrow + c * 8);
+      S::store_floats(xs, c * 8, v.v);
     }
-    amax = fmaxf(amax, m);
-  }
-  for (int64_t k = H + 4 * threadIdx.x; k < padded_h; k += 4 * kThreads) xs[slot4<W>(k)] = make_float4(0.f, 0.f, 0.f, 0.f);
-  if constexpr (kQuant != MOEK_QUANT_NONE) {
-    float scale = 1.f;
-    if constexpr (kQuant == MOEK_QUANT_FP8) scale = g.a13_scale ? *g.a13_scale : fp8_scale(block_amax(amax));
+  } else {
+    float amax = 0.f;
+    if (kBlock || !g.a13_scale) {
+      for (int64_t c = threadIdx.x; c < H / 8; c += kThreads) {
+        Vec8<T> v;
+        v.load(xrow + c * 8);
+        float m = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v.v[i]));
+        if constexpr (kBlock) {  // kThreads % 16 == 0 and H % 128 == 0: whole half-warps
+          m = half_warp_amax(m);
+          if ((threadIdx.x & 15) == 0) x_scales[c / 16] = fp8_scale(m);
+        }
+        amax = fmaxf(amax, m);
+      }
+    }
+    if constexpr (kQuant == MOEK_QUANT_FP8) {
+      const float scale = g.a13_scale ? *g.a13_scale : fp8_scale(block_amax(amax));
+      if (threadIdx.x == 0) x_scales[0] = scale;
+    }
     __syncthreads();
     for (int64_t c = threadIdx.x; c < H / 8; c += kThreads) {
-      const float s = kBlock ? x_scales[c / 16] : scale;
-      xs[slot4<W>(c * 8)] = fp8_round4(xs[slot4<W>(c * 8)], s);
-      xs[slot4<W>(c * 8 + 4)] = fp8_round4(xs[slot4<W>(c * 8 + 4)], s);
+      Vec8<T> v;
+      v.load(xrow + c * 8);
+      S::store_fp8(xs, c * 8, to_fp8x8(v.v, x_scales[kBlock ? c / 16 : 0]));
     }
-    if (kQuant == MOEK_QUANT_FP8 && threadIdx.x == 0) x_scales[0] = scale;
   }
+  for (int64_t k = H + 8 * threadIdx.x; k < padded_h; k += 8 * kThreads) S::store_zeros(xs, k);
   __syncthreads();
 
   const int64_t sf_k = H / 128, sf_n = (n1 + 127) / 128;  // FP8_BLOCK weight scales
@@ -226,7 +261,7 @@ __global__ void __launch_bounds__(kThreads) gemv_up_kernel(GemvArgs g, int cols_
     for (int u = 0; u < kRound; ++u) {
       if (i0 + u >= items) break;
       const int64_t chunk = int64_t(cur.step) * 32 + lane;
-      float d = dot16<W>(buf[u], xs, cur.step, lane);
+      float d = S::dot(buf[u], xs, cur.step, lane);
       if constexpr (kBlock) {
         const int64_t grp = chunk * kVals<W> / 128;
         d = chunk < chunks ? d * x_scales[grp] * g.w13_scale[(e * sf_n + weight_row(cur) / 128) * sf_k + grp] : 0.f;
@@ -286,8 +321,9 @@ gemv_down_kernel(GemvArgs g, int cols_per_warp, int up_blocks) {
   __shared__ float col_sums[kWarps][kMaxCols];
   const int64_t H = g.hidden, I = g.inter, padded_i = padded<W>(I), k = g.top_k;
   const int64_t groups = kBlock ? I / 128 : 1;
-  float4* as = smem;                                            // [k][padded_i / 4]
-  float* a_scales = reinterpret_cast<float*>(smem + k * padded_i / 4);  // [k][groups]
+  using S = Stage<W>;
+  auto* as = reinterpret_cast<typename S::Unit*>(smem);        // [k][padded_i] values
+  float* a_scales = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + k * padded_i * S::kValueBytes);  // [k][groups]
   float* s_w = a_scales + k * groups;                           // [k] routing weights
   int32_t* s_e = reinterpret_cast<int32_t*>(s_w + k);           // [k] local experts
   int32_t* s_slot = s_e + k;                                    // [k] their slots
@@ -339,18 +375,22 @@ gemv_down_kernel(GemvArgs g, int cols_per_warp, int up_blocks) {
     }
     __syncthreads();
   }
-  // The slots' rows, a slot per loop step (unrolled: several loads in flight per thread).
-  const int64_t row4 = padded_i / 4;
+  // The slots' rows, 8 values per thread and loop step, a slot per outer step (unrolled: several
+  // loads in flight per thread); quantized with the slot's scales (FP8).
+  const int64_t row_units = padded_i / S::kPer;
 #pragma unroll 4
   for (int li = 0; li < nl; ++li) {
     const float* arow = g.a + (t * k + s_slot[li]) * I;
-    for (int64_t kk = 4 * threadIdx.x; kk < padded_i; kk += 4 * kThreads) {
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (kk < I) {
-        v = __ldg(reinterpret_cast<const float4*>(arow + kk));
-        if constexpr (kQuant != MOEK_QUANT_NONE) v = fp8_round4(v, a_scales[li * groups + (kBlock ? kk / 128 : 0)]);
+    for (int64_t kk = 8 * threadIdx.x; kk < padded_i; kk += 8 * kThreads) {
+      if (kk >= I) {
+        S::store_zeros(as + li * row_units, kk);
+        continue;
       }
-      as[li * row4 + slot4<W>(kk)] = v;
+      const float4 lo = __ldg(reinterpret_cast<const float4*>(arow + kk));
+      const float4 hi = __ldg(reinterpret_cast<const float4*>(arow + kk + 4));
+      const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      if constexpr (kQuant == MOEK_QUANT_NONE) S::store_floats(as + li * row_units, kk, v);
+      else S::store_fp8(as + li * row_units, kk, to_fp8x8(v, a_scales[li * groups + (kBlock ? kk / 128 : 0)]));
     }
   }
   __syncthreads();
@@ -369,7 +409,7 @@ gemv_down_kernel(GemvArgs g, int cols_per_warp, int up_blocks) {
       if (i0 + u >= items) break;
       const int li = cur.row;
       const int64_t chunk = int64_t(cur.step) * 32 + lane, e = s_e[li];
-      const float d = dot16<W>(buf[u], as + li * row4, cur.step, lane);
+      const float d = S::dot(buf[u], as + li * row_units, cur.step, lane);
       float scale = s_w[li];
       if constexpr (kBlock) {
         const int64_t grp = chunk * kVals<W> / 128;
@@ -400,21 +440,18 @@ gemv_down_kernel(GemvArgs g, int cols_per_warp, int up_blocks) {
   pdl_trigger();
 }
 
-// Columns per warp: the most that still give every SM a block, with all blocks resident at
-// once where that is possible (more waves leave a tail), a block covering 8 * cols_per_warp
-// columns that divide n (and 128, for FP8_BLOCK's group amaxes).
-template <class Kernel>
-int cols_per_warp(Kernel kernel, size_t smem, int64_t n, int64_t rows, int sm_count) {
-  int per_sm = 1;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) != cudaSuccess || per_sm < 1)
-    per_sm = 1;
+// Columns per warp: the busiest SM's share, ceil(blocks / SMs) blocks of 8 * c columns plus the
+// block's staging (`stage_cols`: its bytes in columns' weight bytes, halved as L2 reads), as
+// small as possible, with a block for every SM; ties to more columns. A block covers 8 * c columns that divide n (and 128,
+// for FP8_BLOCK's group amaxes).
+int cols_per_warp(int64_t n, int64_t rows, int sm_count, double stage_cols) {
   int best = 1;
-  for (int c = 1; c <= kMaxCols; c *= 2) {
-    if (n % (kWarps * c)) break;
+  double best_cost = 0.0;
+  for (int c = 1; c <= kMaxCols && n % (kWarps * c) == 0; c *= 2) {
     const int64_t blocks = n / (kWarps * c) * rows;
-    if (blocks < sm_count) break;
-    best = c;
-    if (blocks <= int64_t(per_sm) * sm_count) break;
+    if (c > 1 && blocks < sm_count) break;  // an SM without a block
+    const double cost = double((blocks + sm_count - 1) / sm_count) * (kWarps * c + stage_cols);
+    if (c == 1 || cost <= best_cost) best = c, best_cost = cost;
   }
   return best;
 }
@@ -426,7 +463,10 @@ cudaError_t run(const GemvArgs& g, int last_kernel, cudaStream_t stream) {
   const size_t up_smem = gemv_smem_bytes(g, true, sizeof(W));
   if (up_smem > 48 * 1024)
     if (cudaError_t e = cudaFuncSetAttribute(up, cudaFuncAttributeMaxDynamicSharedMemorySize, int(up_smem))) return e;
-  const int up_cpw = cols_per_warp(up, up_smem, g.inter, pairs, g.sm_count);
+  const int64_t wb = sizeof(W), rows1 = is_gated(g.activation) ? 2 : 1;
+  // gemv_up stages the token row (read twice for dynamic scales); gemv_down k float rows.
+  const int up_cpw = cols_per_warp(g.inter, pairs, g.sm_count, 2.0 * g.hidden * sizeof(T) / 2 / (rows1 * g.hidden * wb));
+  const int down_cpw = cols_per_warp(g.hidden, g.num_tokens, g.sm_count, 4.0 * g.inter / 2 / (g.inter * wb));
   const int up_blocks = static_cast<int>(g.inter / (kWarps * up_cpw));
   GemvArgs ga = g;
   if (kQuant == MOEK_QUANT_NONE || (kQuant == MOEK_QUANT_FP8 && g.a2_scale)) ga.a_amax = nullptr;
@@ -437,7 +477,6 @@ cudaError_t run(const GemvArgs& g, int last_kernel, cudaStream_t stream) {
   const size_t down_smem = gemv_smem_bytes(g, false, sizeof(W));
   if (down_smem > 48 * 1024)
     if (cudaError_t e = cudaFuncSetAttribute(down, cudaFuncAttributeMaxDynamicSharedMemorySize, int(down_smem))) return e;
-  const int down_cpw = cols_per_warp(down, down_smem, g.hidden, g.num_tokens, g.sm_count);
   return launch(down, dim3(unsigned(g.num_tokens), unsigned(g.hidden / (kWarps * down_cpw))), kThreads,
                 down_smem, stream, ga, down_cpw, up_blocks);
 }
@@ -448,9 +487,10 @@ size_t gemv_smem_bytes(const GemvArgs& g, bool up, int weight_bytes) {
   const int64_t step = 32 * 16 / weight_bytes;
   auto pad = [&](int64_t n) { return (n + step - 1) / step * step; };
   const bool block = g.quant == MOEK_QUANT_FP8_BLOCK;
-  if (up) return sizeof(float) * (pad(g.hidden) + (block ? g.hidden / 128 : 1) + kWarps);
+  const int64_t value_bytes = weight_bytes == 1 ? 2 : 4;  // Stage<W>::kValueBytes
+  if (up) return value_bytes * pad(g.hidden) + sizeof(float) * ((block ? g.hidden / 128 : 1) + kWarps);
   const int64_t groups = block ? g.inter / 128 : 1;
-  return sizeof(float) * g.top_k * (pad(g.inter) + groups + 3) + sizeof(int32_t);
+  return g.top_k * (value_bytes * pad(g.inter) + sizeof(float) * (groups + 3)) + sizeof(int32_t);
 }
 
 cudaError_t launch_gemv(const GemvArgs& g, int last_kernel, cudaStream_t stream) {
