@@ -80,32 +80,4 @@ cudaError_t launch_finalize(bool fp16, const void* y, const void* bias, const fl
                             const RoutingBuffers& rb, void* out, int64_t num_tokens, int top_k,
                             int64_t hidden_size, const Fp8Scales& q, cudaStream_t stream);
 
-// The small-batch path (gemv.cu): the forward as two kernels over (token, slot) pairs, no
-// routing. `a` and `a_amax` are workspace: float [T*k, I] and float [T*k, I / 8].
-struct GemvArgs {
-  int quant = 0;  // moek_quant
-  bool fp16 = false, ids_int64 = false;
-  const void* hidden_states = nullptr;
-  const void* ids = nullptr;
-  const float* topk_weights = nullptr;
-  const void *w13 = nullptr, *w2 = nullptr, *w13_bias = nullptr, *w2_bias = nullptr;
-  const float *w13_scale = nullptr, *w2_scale = nullptr;  // FP8 modes
-  bool w13_per_channel = false, w2_per_channel = false;
-  const float *a13_scale = nullptr, *a2_scale = nullptr;  // FP8: static input scales, or NULL
-  float* a = nullptr;
-  float* a_amax = nullptr;
-  void* out = nullptr;
-  int64_t num_tokens = 0, hidden = 0, inter = 0, top_k = 0, expert_offset = 0;
-  int num_experts = 0;
-  int activation = 0;
-  float act_alpha = 0.f, act_limit = 0.f;
-  int sm_count = 0;
-};
-
-// Dynamic shared memory of gemv_up (up) or gemv_down for these sizes.
-size_t gemv_smem_bytes(const GemvArgs& g, bool up, int weight_bytes);
-
-// Launches gemv_up, then (last_kernel >= 2) gemv_down.
-cudaError_t launch_gemv(const GemvArgs& g, int last_kernel, cudaStream_t stream);
-
 }  // namespace moe_kernels

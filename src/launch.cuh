@@ -8,9 +8,6 @@
 // caller's inputs, the weights), never what the previous kernel writes. The forward's first
 // kernel (routing) reads nothing before its wait. Ordering of the writes is therefore that
 // of a plain stream; only launch gaps and dependent-load chains shrink.
-// A kernel of more than one wave may trigger later (pdl_wait() first, pdl_trigger() when its
-// block is done), so that the next kernel's blocks, which wait on an SM until it completes, do
-// not take slots from its own later blocks (the small-batch path, gemv.cu).
 // MOE_KERNELS_PDL=0 turns it off (plain launches; pdl_begin() is then a no-op).
 #pragma once
 
@@ -21,21 +18,11 @@
 
 namespace moe_kernels {
 
-__device__ __forceinline__ void pdl_wait() {
+__device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-}
-
-__device__ __forceinline__ void pdl_begin() {
-  pdl_wait();
-  pdl_trigger();
 }
 
 inline bool pdl_enabled() {

@@ -90,8 +90,6 @@ bool is_gated(int act) {
   return act == MOEK_ACT_SWIGLU || act == MOEK_ACT_GEGLU || act == MOEK_ACT_SWIGLU_OAI;
 }
 
-bool is_gemv(const KernelEntry& k) { return k.ops->run == nullptr; }
-
 const KernelEntry* find_kernel(const char* name) {
   if (!name) return nullptr;
   for (int i = 0; i < kNumKernels; ++i)
@@ -120,8 +118,8 @@ struct Layout {
   size_t groups[2];     // per GEMM: shapes, then A/B/D pointers and strides
   size_t gemm_ws;       // CUTLASS workspace, shared by the two GEMMs (same stream)
   size_t x;             // [T*k, H] permuted input (16-bit or E4M3); then GEMM2's 16-bit output
-  size_t g;             // [T*k, N1] GEMM1 output (gemv path: float [T*k, I] activations)
-  size_t a;             // [T*k, I] activation output (GEMM2's input; gemv: [T*k, I/8] amaxes)
+  size_t g;             // [T*k, N1] GEMM1 output
+  size_t a;             // [T*k, I] activation output (GEMM2's input)
   size_t x_scale;       // fp8: float [T*k] per-row scales of x ([T*k, H/128] fp8_block)
   size_t a_scale;       // fp8: float [T*k] per-row scales of a ([T*k, I/128] fp8_block)
   size_t total;
@@ -182,7 +180,7 @@ Layout plan(const moek_shape& s, int sm_count) {
   L.groups[1] = take(group_block_bytes(e));
   L.gemm_ws = take(gemm_ws);
   L.x = take(rows * s.hidden_size * eb);
-  L.g = take(rows * std::max(n1 * eb, s.inter_size * 4));  // gemv: float activations
+  L.g = take(rows * n1 * eb);
   L.a = take(rows * s.inter_size * in_bytes);
   L.x_scale = is_fp8(s) ? take(sizeof(float) * rows * scales_per_row(s, s.hidden_size)) : 0;
   L.a_scale = is_fp8(s) ? take(sizeof(float) * rows * scales_per_row(s, s.inter_size)) : 0;
@@ -252,64 +250,6 @@ GroupedGemmArgs gemm_args(const GroupSetup& g, int e, int64_t rows, void* ws, in
 
 bool misaligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a != 0; }
 
-// The small-batch path: both GEMMs must be "gemv" entries (they are one pair of kernels).
-int run_gemv(const moek_args& a, const KernelEntry& k1, const KernelEntry& k2,
-             const DeviceLimits& d, char* act, char* act_amax, char* err, size_t errlen) {
-  const moek_shape& s = a.shape;
-  if (!is_gemv(k1) || !is_gemv(k2))
-    return fail(err, errlen, MOEK_INVALID_ARGUMENT,
-                "the gemv kernels run as a pair (GEMM1 with the activation, GEMM2 with the "
-                "weighted sum): gemm1=%s and gemm2=%s must both be gemv", k1.info.name, k2.info.name);
-  GemvArgs g;
-  g.quant = s.quant;
-  g.fp16 = s.dtype == MOEK_DTYPE_FP16;
-  g.ids_int64 = s.index_dtype == MOEK_INDEX_INT64;
-  g.hidden_states = a.hidden;
-  g.ids = a.topk_ids;
-  g.topk_weights = a.topk_weights;
-  g.w13 = a.w13;
-  g.w2 = a.w2;
-  g.w13_bias = a.w13_bias;
-  g.w2_bias = a.w2_bias;
-  g.w13_scale = a.w13_scale;
-  g.w2_scale = a.w2_scale;
-  g.w13_per_channel = s.w13_scale_per_channel != 0;
-  g.w2_per_channel = s.w2_scale_per_channel != 0;
-  g.a13_scale = a.a13_scale;
-  g.a2_scale = a.a2_scale;
-  g.a = reinterpret_cast<float*>(act);
-  g.a_amax = reinterpret_cast<float*>(act_amax);
-  g.out = a.out;
-  g.num_tokens = s.num_tokens;
-  g.hidden = s.hidden_size;
-  g.inter = s.inter_size;
-  g.top_k = s.top_k;
-  g.expert_offset = s.expert_offset;
-  g.num_experts = static_cast<int>(s.num_experts);
-  g.activation = s.activation;
-  g.act_alpha = s.act_alpha;
-  g.act_limit = s.act_limit;
-  g.sm_count = d.sm_count;
-  const int wbytes = is_fp8(s) ? 1 : 2;
-  for (bool up : {true, false}) {
-    const size_t smem = gemv_smem_bytes(g, up, wbytes);
-    if (smem > static_cast<size_t>(d.smem_optin))
-      return fail(err, errlen, MOEK_UNSUPPORTED,
-                  "gemv: %s needs %zu bytes of shared memory (%s), the device allows %d per "
-                  "block; use a grouped tactic", up ? "GEMM1" : "GEMM2", smem,
-                  up ? "a token row as floats" : "top_k activation rows as floats", d.smem_optin);
-  }
-  // Grid y: column blocks of 8 columns at least.
-  if (s.inter_size / 8 > 65535 || s.hidden_size / 8 > 65535)
-    return fail(err, errlen, MOEK_UNSUPPORTED, "gemv: hidden_size=%lld or inter_size=%lld above 524280",
-                (long long)s.hidden_size, (long long)s.inter_size);
-  // Steps 1-3 (routing, GEMM1, activation) are gemv_up's; 4-5 gemv_down's.
-  const int last = a.last_step > 0 ? a.last_step : 5;
-  if (last <= 1) return MOEK_OK;
-  MOEK_CUDA_TRY(launch_gemv(g, last <= 3 ? 1 : 2, static_cast<cudaStream_t>(a.stream)), "gemv");
-  return MOEK_OK;
-}
-
 // Test-only hook: MOE_KERNELS_TEST_FAULT_KERNEL=<kernel name> makes forwards that use that
 // kernel fault with an illegal address instead, so tests can show that the isolated tuner
 // survives a kernel that takes down its CUDA context. Read once; unset in normal use.
@@ -320,12 +260,7 @@ bool is_fault_hook_target(const char* name) {
   return target && *target && strcmp(target, name) == 0;
 }
 
-size_t no_workspace(int, int) { return 0; }
-
 }  // namespace
-
-const GemmKernelOps kGemvOps = {nullptr, no_workspace, 0};
-
 }  // namespace moe_kernels
 
 using namespace moe_kernels;
@@ -417,17 +352,6 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
 
   cudaStream_t stream = static_cast<cudaStream_t>(a->stream);
   char* ws = static_cast<char*>(a->workspace);
-  auto fault_hook = [&]() -> int {
-    if (is_fault_hook_target(k1->info.name) || is_fault_hook_target(k2->info.name)) {
-      deliberate_fault_kernel<<<1, 1, 0, stream>>>();
-      MOEK_CUDA_TRY(cudaGetLastError(), "deliberate fault (MOE_KERNELS_TEST_FAULT_KERNEL)");
-    }
-    return MOEK_OK;
-  };
-  if (is_gemv(*k1) || is_gemv(*k2)) {
-    if (int st = fault_hook()) return st;
-    return run_gemv(*a, *k1, *k2, d, ws + L.g, ws + L.a, err, errlen);
-  }
   const int e = static_cast<int>(s.num_experts);
   const int top_k = static_cast<int>(s.top_k);
   const int64_t rows = s.num_tokens * s.top_k;
@@ -475,7 +399,10 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
                                fp16, s.hidden_size, ws + L.x, q_in, rb, g1, g2, d.sm_count,
                                stream),
                 "routing");
-  if (int st = fault_hook()) return st;
+  if (is_fault_hook_target(k1->info.name) || is_fault_hook_target(k2->info.name)) {
+    deliberate_fault_kernel<<<1, 1, 0, stream>>>();
+    MOEK_CUDA_TRY(cudaGetLastError(), "deliberate fault (MOE_KERNELS_TEST_FAULT_KERNEL)");
+  }
   const int last = a->last_step > 0 ? a->last_step : 5;
   if (last <= 1) return MOEK_OK;
   if (int st = k1->ops->run(gemm_args(g1, e, rows, ws + L.gemm_ws, a->device, d.sm_count, stream),

@@ -213,20 +213,6 @@ def test_default_rule_decode_kernels():
     assert default_tactic(wide, num_tokens=1, **qwen3) == Tactic("d8", "d8")
 
 
-def test_default_rule_gemv_and_pairs():
-    from moe_kernels.tactic import GEMV_PAIRS, pairs
-    g = _k("g", 1, 8, "gemv")
-    ks = [_k("p64x128", 64, 128), _k("c128x256", 128, 256, "coop"), _k("d8", 8, 16, "decode"), g]
-    qwen3 = dict(top_k=8, num_experts=128, hidden_size=2048, gemm1_n=1536, sm_count=132)
-    assert default_tactic(ks, num_tokens=GEMV_PAIRS // 8, **qwen3) == Tactic("g", "g")
-    assert default_tactic(ks, num_tokens=GEMV_PAIRS // 8 + 1, **qwen3) == Tactic("d8", "d8")
-    assert default_tactic(ks, num_tokens=16384, **qwen3) == Tactic("c128x256", "c128x256")
-    assert default_tactic([g], num_tokens=16384, **qwen3) == Tactic("g", "g")  # nothing else
-    # the gemv entry only pairs with itself
-    assert sorted(map(str, pairs(ks))) == sorted(
-        [f"{a}+{b}" for a in ("p64x128", "c128x256", "d8") for b in ("p64x128", "c128x256", "d8")] + ["g+g"])
-
-
 def naive_moe(x, w13, w2, wts, ids, act, b13=None, b2=None):
     T, k = ids.shape
     out = torch.zeros(T, x.shape[1], dtype=torch.float64)

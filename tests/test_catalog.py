@@ -70,7 +70,6 @@ _SM90_ROW = dict(arch="90a", act_dtype="bf16", weight_dtype="bf16", tile_m=128, 
 _SM100_ROW = dict(_SM90_ROW, arch="100a", tile_n=256, schedule="1sm")
 _E4M3 = dict(act_dtype="e4m3", weight_dtype="e4m3", out_dtype="bf16")
 _DECODE_ROW = dict(_SM90_ROW, tile_m=8, tile_n=16, schedule="decode")
-_GEMV_ROW = dict(_SM90_ROW, tile_m=1, tile_n=8, schedule="gemv")
 _SWAP_ROW = dict(_SM90_ROW, **_E4M3, tile_k=128, tile_m=8, tile_n=128, schedule="coop_swapab",
                  mainloop="blockwise")
 
@@ -96,9 +95,6 @@ _SWAP_ROW = dict(_SM90_ROW, **_E4M3, tile_k=128, tile_m=8, tile_n=128, schedule=
     (_SWAP_ROW, dict(tile_n=64)),                            # wgmma M = tile_n: coop needs 128
     (_SWAP_ROW, dict(tile_m=12)),                            # wgmma N = tile_m: multiples of 8
     (_SM100_ROW, dict(_E4M3, tile_k=128, tile_m=8, tile_n=128, schedule="coop_swapab")),  # SM90 only
-    (_GEMV_ROW, dict(tile_n=16)),                            # a warp per column, 8 per block
-    (_GEMV_ROW, dict(tile_m=8)),                             # one (token, slot) pair per block
-    (_GEMV_ROW, dict(_E4M3, tile_k=128, mainloop="fastaccum")),  # it accumulates in fp32
 ])
 def test_illegal_rows_are_rejected(base, bad):
     catalog.GemmConfig(**base).check()  # the base row itself is legal
@@ -122,20 +118,14 @@ def test_unknown_subset_or_arch():
 
 def test_generator_output(tmp_path):
     assert generate.main(["--archs", "90a", "--catalog", "minimal", "--out", str(tmp_path)]) == 0
-    configs = catalog.select("minimal", ["90a"])
-    names = [c.name for c in configs]
-    # One source per instantiation; the small-batch path's rows have none (src/gemv.cu).
-    compiled = [c.name for c in configs if c.schedule != "gemv"]
-    assert len(compiled) == len(names) - 4  # gemv for bf16, fp16, fp8, fp8_block
+    names = [c.name for c in catalog.select("minimal", ["90a"])]
     files = sorted(p.stem for p in (tmp_path / "90a").glob("*.cu"))
-    assert files == sorted(compiled)
+    assert files == sorted(names)
     registry = (tmp_path / "90a" / "registry.cpp").read_text()
-    for c in configs:
-        assert f'"{c.name}"' in registry
-        ops = "&kGemvOps}" if c.schedule == "gemv" else f"&sm90::kOps_{c.name}}}"
-        assert f'"{c.name}", "{c.quant}"' in registry and ops in registry
+    for n in names:
+        assert f'"{n}"' in registry
     manifest = (tmp_path / "manifest.cmake").read_text()
-    assert manifest.count(".cu\"") == len(compiled)
+    assert manifest.count(".cu\"") == len(names)
     info = json.loads((tmp_path / "build_info.json").read_text())
     assert info == {"catalog": "minimal", "archs": {"sm90a": names}}
     # re-running rewrites nothing (no spurious rebuilds)
@@ -150,9 +140,6 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
     for arch in archs:
         family = catalog.ARCHS[arch]["family"]
         for c in catalog.select("full", [arch]):
-            if c.schedule == "gemv":
-                assert not (tmp_path / arch / f"{c.name}.cu").exists()
-                continue
             text = (tmp_path / arch / f"{c.name}.cu").read_text()
             if c.schedule == "decode":
                 blockwise = "true" if c.mainloop == "blockwise" else "false"
@@ -179,6 +166,4 @@ def test_built_registry_matches_build_info_and_catalog():
             assert (k.tile, k.cluster, k.schedule, k.act_dtype, k.quant) == (
                 (c.tile_m, c.tile_n, c.tile_k), (c.cluster_m, c.cluster_n), c.schedule, c.act_dtype,
                 c.quant)
-            # SM90's per-block opt-in limit; the small-batch path's depends on the problem (the
-            # runner checks it per call)
-            assert 0 < k.smem_bytes <= 232448 or (k.schedule == "gemv" and k.smem_bytes == 0)
+            assert 0 < k.smem_bytes <= 232448  # SM90's per-block opt-in limit

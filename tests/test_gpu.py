@@ -124,9 +124,8 @@ def test_every_built_kernel(dtype, error_log):
         err = rel_error(out, ref)
         error_log.add(f"{dtype}/kernel/{k.name}", err)
         assert err < TOLERANCE[dtype], f"{k.name}: relative error {err:.3e}"
-    # mixed pair: the smallest and largest grouped tiles for the two GEMMs
-    grouped = [k for k in kernels if k.schedule != "gemv"]
-    a, b = grouped[0], grouped[-1]
+    # mixed pair: the smallest and largest tiles for the two GEMMs
+    a, b = kernels[0], kernels[-1]
     assert rel_error(run(p, tactic=Tactic(a.name, b.name)), ref) < TOLERANCE[dtype]
 
 
@@ -209,7 +208,7 @@ DECODE_CASES = {
 def test_decode_kernels(mode, error_log):
     kernels = [k for k in moe_kernels.list_kernels(quant=mode) if k.schedule == "decode"]
     assert kernels, f"no {mode} decode kernels usable on this GPU"
-    other = next(k for k in moe_kernels.list_kernels(quant=mode) if k.schedule not in ("decode", "gemv"))
+    other = next(k for k in moe_kernels.list_kernels(quant=mode) if k.schedule != "decode")
     for T, E, k, H, I in DECODE_CASES[mode]:
         p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype=mode, bias=True)
         ref = reference_out(p)
@@ -364,92 +363,3 @@ def test_fp8_graph_replay_and_expert_parallel(mode, error_log):
     torch.cuda.synchronize()
     assert torch.equal(out, run(p))
     error_log.add(f"{mode}/graph", rel_error(out, reference_out(p)))
-
-
-# ---- the small-batch path (catalog "gemv": two kernels over (token, slot) pairs, no routing) ----
-
-def gemv_tactic(mode):
-    kernels = [k for k in moe_kernels.list_kernels(quant=mode) if k.schedule == "gemv"]
-    assert kernels, f"no {mode} gemv entry usable on this GPU"
-    return Tactic(kernels[0].name, kernels[0].name)
-
-
-# (T, E, k, H, I) per mode: rows that are not whole 512-byte steps (16-bit H = 520, fp8 H = 528),
-# most experts empty, several tokens on one expert, DeepSeek-V3's H and I.
-GEMV_CASES = {
-    "bf16": [(1, 8, 2, 520, 264), (3, 64, 8, 1032, 136), (16, 4, 4, 2048, 768)],
-    "fp16": [(1, 8, 2, 520, 264), (3, 64, 8, 1032, 136), (16, 4, 4, 2048, 768)],
-    "fp8": [(1, 8, 2, 528, 272), (3, 64, 8, 1040, 144), (16, 4, 4, 2048, 768)],
-    "fp8-tensor-static": [(1, 8, 2, 528, 272), (16, 4, 4, 2048, 768)],
-    "fp8_block": [(1, 8, 2, 512, 256), (3, 64, 8, 1152, 384), (2, 16, 8, 7168, 2048)],
-}
-
-
-@pytest.mark.parametrize("act", ["swiglu", "relu2"])
-@pytest.mark.parametrize("mode", list(GEMV_CASES))
-def test_gemv_path(mode, act, error_log):
-    dtype = mode.split("-")[0]
-    gated = Activation(act).gated
-    for T, E, k, H, I in GEMV_CASES[mode]:
-        p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype=dtype, gated=gated, bias=True,
-                         granularity="tensor" if "tensor" in mode else "channel")
-        if mode.endswith("static"):
-            p["a13_scale"] = (p["hidden_states"].float().abs().max() / 448).reshape(1)
-            p["a2_scale"] = torch.full((1,), 0.02, device="cuda")
-        check(p, error_log, f"{mode}/gemv/{act}/T{T}", dtype, tactic=gemv_tactic(dtype),
-              activation=act, ref_kw=dict(activation=act))
-
-
-@pytest.mark.parametrize("act", [a.value for a in Activation])
-def test_gemv_activations_int64_ids_and_no_local_expert(act, error_log):
-    ids = torch.tensor([[-1, 2], [9, 1], [1000, -7], [0, 3]], dtype=torch.int64)
-    p = make_problem(T=4, E=4, k=2, H=256, I=128, ids=ids, ids_dtype=torch.int64, bias=True,
-                     gated=Activation(act).gated)
-    kw = {"swiglu_alpha": 1.5, "swiglu_limit": 1.0} if act == "swiglu_oai" else {}
-    out = check(p, error_log, f"bf16/gemv/{act}", tactic=gemv_tactic("bf16"), activation=act,
-                ref_kw=dict(activation=act, **kw), **kw)
-    assert torch.all(out[2] == 0), "a token with no local expert must get zeros"
-
-
-@pytest.mark.parametrize("mode", ["bf16", "fp8", "fp8_block"])
-def test_gemv_graph_replay_and_expert_parallel(mode, error_log):
-    E, ep, T = 16, 2, 4
-    p = make_problem(T=T, E=E, k=4, H=512, I=256, dtype=mode)
-    tactic = gemv_tactic(mode)
-    full = run(p, tactic=tactic).float()
-    total = torch.zeros_like(full)
-    names = ("w13", "w2", "w13_scale", "w2_scale") if mode != "bf16" else ("w13", "w2")
-    for r in range(ep):
-        q = dict(p)
-        for name in names:
-            q[name] = p[name][r * E // ep:(r + 1) * E // ep].contiguous()
-        total += run(q, ep_rank=r, ep_size=ep, tactic=tactic).float()
-    assert rel_error(total, full) < TOLERANCE[mode]
-    ws = torch.empty(moe_kernels.workspace_size(T, 4, E, 512, 256, quant=mode), dtype=torch.uint8,
-                     device="cuda")
-    out = torch.empty_like(p["hidden_states"])
-    args = (p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"])
-    kw = dict(scale_kwargs(p), workspace=ws, out=out, quant=mode, tactic=tactic)
-    fused_moe(*args, **kw)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fused_moe(*args, **kw)
-    fresh = make_problem(T=T, E=E, k=4, H=512, I=256)
-    p["hidden_states"].copy_(fresh["hidden_states"])
-    p["topk_ids"].copy_(fresh["topk_ids"])
-    out.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, run(p, tactic=tactic))
-    err = rel_error(out, reference_out(p))
-    error_log.add(f"{mode}/gemv/graph", err)
-    assert err < TOLERANCE[mode]
-
-
-def test_gemv_runs_only_as_a_pair():
-    p = make_problem(T=2, E=4, k=2, H=256, I=128)
-    other = next(k for k in moe_kernels.list_kernels(quant="bf16") if k.schedule != "gemv")
-    g = gemv_tactic("bf16").gemm1
-    for tactic in (Tactic(g, other.name), Tactic(other.name, g)):
-        with pytest.raises(ValueError, match="must both be gemv"):
-            run(p, tactic=tactic)

@@ -269,7 +269,6 @@ def peers(activation, quant="bf16"):
 def bench_shape(shape, tokens, args, ceilings, report, progress):
     import torch
     import moe_kernels
-    from .tactic import default_tactic
     from moe_kernels import reference
     from moe_kernels.modes import Activation
 
@@ -355,12 +354,7 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
                     ours(*sets[j], outs[j])
                 row["kernels_us"] = kernel_times(rotated, 4 * len(sets))
             if args.sweep:
-                def grouped_default(kernels):
-                    t = default_tactic(kernels, num_tokens=T, top_k=k, num_experts=E, hidden_size=H,
-                                       gemm1_n=(2 if act.gated else 1) * I,
-                                       sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
-                    return t.gemm1, t.gemm2
-                row["sweep"] = _sweep(moe_kernels, row["tactic"], args.quant, ours, timed, grouped_default)
+                row["sweep"] = _sweep(moe_kernels, row["tactic"], args.quant, ours, timed)
         report(row)
         progress()
         del ws, outs, sets
@@ -368,27 +362,20 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
     torch.cuda.empty_cache()
 
 
-def _sweep(moe_kernels, default, quant, ours, timed, grouped_default):
-    """Every usable kernel in each GEMM slot, the other slot on the default rule's kernel (the
-    small-batch "gemv" entries as their own pair in both slots; with a gemv default, the
-    grouped kernels run against the default rule's grouped pair, `grouped_default`)."""
+def _sweep(moe_kernels, default, quant, ours, timed):
+    """Every usable kernel in each GEMM slot, the other slot on the default rule's kernel."""
     from moe_kernels import Tactic
-    from moe_kernels.tactic import is_gemv
-    kernels = moe_kernels.list_kernels(quant=quant)
-    gemv = {k.name for k in kernels if is_gemv(k)}
     d1, d2 = default.split("+")
-    if d1 in gemv:
-        d1, d2 = grouped_default([k for k in kernels if k.name not in gemv])
+    names = [k.name for k in moe_kernels.list_kernels(quant=quant)]
 
     def t(tactic):
         r = timed(lambda *a: ours(*a, tactic=tactic))
         return r["us"] if r["status"] == "ok" else float("inf")
-    g1 = {k.name: t(Tactic(k.name, k.name if k.name in gemv else d2)) for k in kernels}
-    g2 = {k.name: g1[k.name] if k.name in gemv else t(Tactic(d1, k.name)) for k in kernels}
-    b1, b2 = min(g1, key=g1.get), min(g2, key=g2.get)
-    best = Tactic(b1, b1) if b1 in gemv else Tactic(b2, b2) if b2 in gemv else Tactic(b1, b2)
-    return {"default": default, "default_us": t(Tactic(*default.split("+"))), "best": str(best),
-            "best_us": t(best), "gemm1_us": g1, "gemm2_us": g2}
+    g1 = {n: t(Tactic(n, d2)) for n in names}
+    g2 = {n: t(Tactic(d1, n)) for n in names}
+    best = Tactic(min(g1, key=g1.get), min(g2, key=g2.get))
+    return {"default": default, "default_us": g1[d1], "best": str(best), "best_us": t(best),
+            "gemm1_us": g1, "gemm2_us": g2}
 
 
 # ---- output --------------------------------------------------------------------------------

@@ -55,24 +55,6 @@ DECODE_WIDE_BLOCKS_PER_SM = 4
 # both GEMMs at 1 and 16 tokens (1 and ~1.3 rows per expert); untimed beyond a few rows, hence
 # the small bound.
 SWAP_AB_ROWS = 8
-# The small-batch path (catalog "gemv": two kernels over (token, slot) pairs, no routing): the
-# default up to this many pairs. Beyond a few tokens it reads an expert's weights once per
-# pair that picked it, so the tuner does not even try it past GEMV_MAX_PAIRS.
-GEMV_PAIRS = 8
-GEMV_MAX_PAIRS = 256
-
-
-def is_gemv(kernel: KernelInfo) -> bool:
-    """The small-batch path's entry: it runs only as the pair Tactic(name, name)."""
-    return kernel.schedule == "gemv"
-
-
-def pairs(kernels: list) -> list:
-    """Every tactic these kernels can form: grouped kernels in any combination, each gemv
-    entry only with itself."""
-    grouped = [k.name for k in kernels if not is_gemv(k)]
-    return ([Tactic(a, b) for a in grouped for b in grouped] +
-            [Tactic(k.name, k.name) for k in kernels if is_gemv(k)])
 
 
 def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_count: int,
@@ -113,11 +95,6 @@ def default_tactic(kernels: list, *, num_tokens: int, top_k: int, num_experts: i
     if not kernels:
         raise ValueError("no kernels to choose from")
     pairs = num_tokens * top_k
-    gemv = [k for k in kernels if is_gemv(k)]
-    grouped = [k for k in kernels if not is_gemv(k)]
-    if gemv and (pairs <= GEMV_PAIRS or not grouped):
-        return Tactic(gemv[0].name, gemv[0].name)
-    kernels = grouped
     experts_hit = max(1, min(num_experts, pairs))
     rows = pairs / experts_hit
     return Tactic(_pick(kernels, rows, gemm1_n, experts_hit, sm_count, DECODE_PAIRS[0]).name,

@@ -30,7 +30,7 @@ import warnings
 
 from . import _native
 from .modes import Activation, QuantMode
-from .tactic import GEMV_MAX_PAIRS, Tactic, is_gemv, pairs
+from .tactic import Tactic
 
 # Token buckets: powers of two to 256, then x4 steps. A forward of T tokens uses the
 # smallest bucket >= T (the largest for more tokens).
@@ -101,8 +101,7 @@ def list_tactics(quant="bf16", device=None) -> TacticSet:
             filtered[k.name] = why
         else:
             usable.append(k.name)
-    infos = {k.name: k for k in _native.library_for(dev)["kernels"]}
-    return TacticSet(pairs([infos[n] for n in usable]), usable, filtered)
+    return TacticSet([Tactic(a, b) for a in usable for b in usable], usable, filtered)
 
 
 # ---- the cache ------------------------------------------------------------------------------
@@ -367,17 +366,12 @@ def _worker(args) -> int:
                 return False
             return True
 
-        # Probe: each kernel alone in both slots. A fault here is blamed on that kernel. The
-        # small-batch path only for a few tokens (it reads weights once per (token, slot) pair).
-        probe = [k for k in ts.kernels if k not in excluded and
-                 (not is_gemv(infos[k]) or T * spec.top_k <= GEMV_MAX_PAIRS)]
+        # Probe: each kernel alone in both slots. A fault here is blamed on that kernel.
         good = []
-        for i, k in enumerate(probe):
-            _emit(event="try", bucket=T, tactic=f"{k}+{k}", suspect=k, index=i, count=len(probe))
+        for i, k in enumerate(kk for kk in ts.kernels if kk not in excluded):
+            _emit(event="try", bucket=T, tactic=f"{k}+{k}", suspect=k, index=i, count=len(ts.kernels))
             if valid(Tactic(k, k)):
                 good.append(k)
-        gemv = [k for k in good if is_gemv(infos[k])]
-        good = [k for k in good if not is_gemv(infos[k])]
 
         def measure(tactic, suspect, index, count):
             key = str(tactic)
@@ -395,33 +389,27 @@ def _worker(args) -> int:
                 run(tactic, *sets[j], outs[j])
             return profiling.time_graph(call, args.replays, len(sets))[0] * 1e6
 
-        if not good and not gemv:
+        if not good:
             _emit(event="bucket", bucket=T, record=None)
             continue
-        rule = dict(num_tokens=T, top_k=spec.top_k, num_experts=spec.experts, hidden_size=spec.hidden,
-                    gemm1_n=(2 if act.gated else 1) * spec.inter, sm_count=sm_count)
-        default = default_tactic([infos[k] for k in good + gemv], **rule)
+        default = default_tactic([infos[k] for k in good], num_tokens=T, top_k=spec.top_k,
+                                 num_experts=spec.experts, hidden_size=spec.hidden,
+                                 gemm1_n=(2 if act.gated else 1) * spec.inter, sm_count=sm_count)
         default_us = measure(default, default.gemm1, 0, 1)
         if args.exhaustive:
-            every = pairs([infos[k] for k in good + gemv])
-            for i, t in enumerate(every):
-                measure(t, t.gemm1, i, len(every))
-        for i, k in enumerate(gemv):  # the small-batch path: one candidate pair each
-            measure(Tactic(k, k), k, i, len(gemv))
-        searched = default
-        if good:
-            # Coordinate search over the grouped kernels: GEMM1 with GEMM2 on the default rule's,
-            # then GEMM2 with the best GEMM1. After an exhaustive run every pair is timed already,
-            # so this replays the search on the same timings: what tuning would have chosen.
-            base = default_tactic([infos[k] for k in good], **rule)
-            for i, k in enumerate(good):
-                measure(Tactic(k, base.gemm2), k, i, 2 * len(good))
-            best1 = min(good, key=lambda k: timings.get(str(Tactic(k, base.gemm2)), float("inf")))
-            for i, k in enumerate(good):
-                measure(Tactic(best1, k), k, len(good) + i, 2 * len(good))
-            best2 = min(good, key=lambda k: timings.get(str(Tactic(best1, k)), float("inf")))
-            searched = min([Tactic(best1, best2)] + [Tactic(k, k) for k in gemv],
-                           key=lambda t: timings.get(str(t), float("inf")))
+            pairs = [Tactic(a, b) for a in good for b in good]
+            for i, t in enumerate(pairs):
+                measure(t, t.gemm1, i, len(pairs))
+        # Coordinate search: GEMM1 with GEMM2 on the default, then GEMM2 with the best GEMM1.
+        # After an exhaustive run every pair is timed already, so this replays the search on the
+        # same timings: what tuning would have chosen, comparable with the exhaustive best.
+        for i, k in enumerate(good):
+            measure(Tactic(k, default.gemm2), k, i, 2 * len(good))
+        best1 = min(good, key=lambda k: timings.get(str(Tactic(k, default.gemm2)), float("inf")))
+        for i, k in enumerate(good):
+            measure(Tactic(best1, k), k, len(good) + i, 2 * len(good))
+        best2 = min(good, key=lambda k: timings.get(str(Tactic(best1, k)), float("inf")))
+        searched = Tactic(best1, best2)
         if not timings:
             _emit(event="bucket", bucket=T, record=None)
             continue

@@ -37,7 +37,6 @@ struct GroupedGemmArgs {
 };
 
 struct GemmKernelOps {
-  // NULL for the catalog's "gemv" entries: not grouped GEMMs, the runner's small-batch path.
   int (*run)(const GroupedGemmArgs& args, char* err, size_t errlen);
   size_t (*workspace_size)(int num_groups, int sm_count);
   int smem_bytes;
@@ -47,9 +46,6 @@ struct KernelEntry {
   moek_kernel_info info;
   const GemmKernelOps* ops;
 };
-
-// The registry's "gemv" entries all point here (runner.cu).
-extern const GemmKernelOps kGemvOps;
 
 // Generated registry (<arch>/registry.cpp).
 extern const KernelEntry kKernels[];
