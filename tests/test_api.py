@@ -182,11 +182,15 @@ def test_default_rule_fp8():
     dsv3 = dict(top_k=8, num_experts=256, hidden_size=7168, gemm1_n=4096, sm_count=132)
     assert default_tactic(block, num_tokens=1024, **dsv3).gemm1 == "p64x128_blockwise"  # 32 rows/expert
     assert default_tactic(block, num_tokens=4096, **dsv3).gemm1 == "c128x128_blockwise"  # 128
-    # Swap-AB up to 8 rows per expert, the narrowest tile that holds them, before decode.
+    # Swap-AB up to 1 (GEMM1) and 4 (GEMM2) rows per expert, before decode, the narrowest tile
+    # that holds 8x the rows.
     swap = block + [k("s16", 16, 128, "coop_swapab", "fp8_block"), k("s8", 8, 128, "coop_swapab", "fp8_block"),
                     k("d8", 8, 16, "decode", "fp8_block")]
     assert default_tactic(swap, num_tokens=1, **dsv3) == Tactic("s8", "s8")
-    assert default_tactic(swap, num_tokens=256, **dsv3) == Tactic("s8", "s8")    # 8 rows/expert
+    assert default_tactic(swap, num_tokens=32, **dsv3) == Tactic("s8", "s8")     # 1 row/expert
+    assert default_tactic(swap, num_tokens=64, **dsv3) == Tactic("p64x128_blockwise", "s16")  # 2
+    assert default_tactic(swap, num_tokens=128, **dsv3) == Tactic("p64x128_blockwise", "s16")  # 4
+    assert default_tactic(swap, num_tokens=256, **dsv3) == Tactic("p64x128_blockwise", "p64x128_blockwise")
     assert default_tactic(swap, num_tokens=1024, **dsv3).gemm1 == "p64x128_blockwise"
     assert default_tactic(swap, num_tokens=4096, **dsv3).gemm1 == "c128x128_blockwise"
 

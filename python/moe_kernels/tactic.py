@@ -51,17 +51,21 @@ DECODE_PAIRS = (64, 64)  # GEMM1, GEMM2
 # so that a few experts' weights still spread over every SM.
 DECODE_WIDE_BLOCKS_PER_SM = 4
 # Swap-AB CUTLASS kernels (catalog "coop_swapab", fp8_block): the default up to this many rows
-# per expert, before the decode kernel. DeepSeek-V3 on H200 (sweep, uniform routing): best in
-# both GEMMs at 1 and 16 tokens (1 and ~1.3 rows per expert); untimed beyond a few rows, hence
-# the small bound.
-SWAP_AB_ROWS = 8
+# per expert (GEMM1, GEMM2), before the decode kernel, with the narrowest tile that holds
+# SWAP_AB_HEADROOM times the rows (routing is never even). DeepSeek-V3 on H200 (sweep at 1 and
+# 16 tokens, uniform routing; tuner at 32-128 tokens, skewed): best in both GEMMs at 1 row per
+# expert; at 2 and 4 rows (64 and 128 tokens) GEMM1 was 9-17% faster with the 64x128 ping-pong
+# tile (1408 vs 1534 us, 1914 vs 2237 us for the whole layer), GEMM2 still best swapped, the
+# 16-wide tile 2-3% ahead of the 8-wide. Untimed beyond 4 rows, hence the bounds.
+SWAP_AB_ROWS = (1, 4)
+SWAP_AB_HEADROOM = 8
 
 
 def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_count: int,
-          decode_pairs: int) -> KernelInfo:
+          decode_pairs: int, swap_rows: float) -> KernelInfo:
     swap = sorted((k for k in kernels if k.schedule.endswith("_swapab")), key=lambda k: k.tile[0])
-    if swap and rows_per_expert <= SWAP_AB_ROWS:
-        return next((k for k in swap if k.tile[0] >= rows_per_expert), swap[-1])
+    if swap and rows_per_expert <= swap_rows:
+        return next((k for k in swap if k.tile[0] >= SWAP_AB_HEADROOM * rows_per_expert), swap[-1])
     decode = sorted((k for k in kernels if k.schedule == "decode"), key=lambda k: k.tile[0])
     if decode and rows_per_expert * experts_hit <= decode_pairs:
         tm = next((k.tile[0] for k in decode if k.tile[0] >= rows_per_expert), decode[-1].tile[0])
@@ -97,5 +101,5 @@ def default_tactic(kernels: list, *, num_tokens: int, top_k: int, num_experts: i
     pairs = num_tokens * top_k
     experts_hit = max(1, min(num_experts, pairs))
     rows = pairs / experts_hit
-    return Tactic(_pick(kernels, rows, gemm1_n, experts_hit, sm_count, DECODE_PAIRS[0]).name,
-                  _pick(kernels, rows, hidden_size, experts_hit, sm_count, DECODE_PAIRS[1]).name)
+    return Tactic(_pick(kernels, rows, gemm1_n, experts_hit, sm_count, DECODE_PAIRS[0], SWAP_AB_ROWS[0]).name,
+                  _pick(kernels, rows, hidden_size, experts_hit, sm_count, DECODE_PAIRS[1], SWAP_AB_ROWS[1]).name)
