@@ -72,6 +72,40 @@ def test_prepare_fp8_checkpoint_validation():
         prepare_weights(q13.bfloat16(), q2.bfloat16(), w13_scale=s13)
 
 
+def test_prepare_fp8_static_activation_scales():
+    # One scale, or one per expert (a checkpoint's input_scale) reduced to the max.
+    _, _, p = fp8_problem()
+    w = dict(w13_scale=p["w13_scale"], w2_scale=p["w2_scale"])
+    ok = prepare_weights(p["w13"], p["w2"], quant="fp8", a13_scale=torch.tensor([0.5, 2.0, 1.0]),
+                         a2_scale=torch.tensor([0.25]), **w)
+    assert ok["a13_scale"].tolist() == [2.0] and ok["a2_scale"].tolist() == [0.25]
+    assert prepare_weights(p["w13"], p["w2"], quant="fp8", **w)["a13_scale"] is None  # dynamic
+    for bad, exc, match in [(torch.tensor([1.0, 0.0, 1.0]), ValueError, "a13_scale: got non-positive"),
+                            (torch.tensor([float("nan")]), ValueError, "a13_scale: got non-positive"),
+                            (torch.ones(2), ValueError, r"a13_scale: got shape \(2,\), expected one element"),
+                            (torch.ones(1, dtype=torch.float16), TypeError, "a13_scale: got torch.float16"),
+                            (0.5, TypeError, "a13_scale: got float")]:
+        with pytest.raises(exc, match=match):
+            prepare_weights(p["w13"], p["w2"], quant="fp8", a13_scale=bad, **w)
+    _, _, b = fp8_problem(quant="fp8_block")
+    with pytest.raises(ValueError, match="a2_scale: got a static activation scale, expected None for quant='fp8_block'"):
+        prepare_weights(b["w13"], b["w2"], quant="fp8_block", w13_scale=b["w13_scale"],
+                        w2_scale=b["w2_scale"], a2_scale=torch.ones(1))
+    with pytest.raises(ValueError, match="expected none for quant='bf16'"):
+        prepare_weights(p["w13"].bfloat16(), p["w2"].bfloat16(), a13_scale=torch.ones(1))
+
+
+def test_layer_takes_this_ranks_max_activation_scale():
+    from moe_kernels import FusedMoE
+    _, _, p = fp8_problem(E=4)
+    layer = FusedMoE(4, 256, 128, quant="fp8", ep_rank=1, ep_size=2)
+    layer.load_weights(p["w13"], p["w2"], w13_scale=p["w13_scale"], w2_scale=p["w2_scale"],
+                       a13_scale=torch.tensor([1.0, 4.0, 3.0, 0.5]), a2_scale=torch.tensor([0.125]))
+    assert layer.weights["a13_scale"].tolist() == [3.0]  # experts 2 and 3 are this rank's
+    assert layer.weights["a2_scale"].tolist() == [0.125]
+    assert layer.weights["w13"].shape[0] == 2
+
+
 def test_prepare_fp8_block_validation():
     _, _, p = fp8_problem(H=200, I=136, quant="fp8_block")
     assert p["w13_scale"].shape == (3, 3, 2) and p["w2_scale"].shape == (3, 2, 2)

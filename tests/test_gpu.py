@@ -299,6 +299,24 @@ def test_fused_moe_layer_module_fp8(mode, error_log):
     assert err < TOLERANCE[mode]
 
 
+def test_fused_moe_layer_static_activation_scales(error_log):
+    # fp8 with checkpoint-style per-expert input scales: the layer quantizes with the max over
+    # its own experts.
+    E, H, I = 8, 256, 128
+    p = make_problem(T=50, E=E, k=2, H=H, I=I, dtype="fp8", bias=True)
+    a13 = (p["hidden_states"].float().abs().max() / 448) * torch.linspace(1, 2, E, device="cuda")
+    a2 = torch.linspace(0.02, 0.03, E, device="cuda")
+    layer = FusedMoE(E, H, I, quant="fp8", activation="swiglu", ep_rank=1, ep_size=2)
+    layer.load_weights(p["w13"], p["w2"], p["w13_bias"], p["w2_bias"], w13_scale=p["w13_scale"],
+                       w2_scale=p["w2_scale"], a13_scale=a13, a2_scale=a2)
+    out = layer(p["hidden_states"], p["topk_weights"], p["topk_ids"])
+    q = {**p, **{n: p[n][4:8] for n in ("w13", "w2", "w13_bias", "w2_bias", "w13_scale", "w2_scale")},
+         "a13_scale": a13[4:8].max().reshape(1), "a2_scale": a2[4:8].max().reshape(1)}
+    err = rel_error(out, reference_out(q, expert_offset=4))
+    error_log.add("fp8/layer/static", err)
+    assert err < TOLERANCE["fp8"]
+
+
 @pytest.mark.parametrize("mode", FP8_MODES)
 def test_fp8_every_built_kernel(mode, error_log):
     kernels = moe_kernels.list_kernels(quant=mode)

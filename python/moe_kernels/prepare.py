@@ -47,16 +47,39 @@ def _check_scale(name, scale, mode, E, N, K):
     return scale.reshape(E) if scale.numel() == E else scale.reshape(E, N)
 
 
+def _check_act_scale(name, scale, mode, E):
+    """A static activation scale (fp8 only): one element, or one per expert ([E] or [E, 1], a
+    checkpoint's input_scale), reduced to their max: the kernels quantize each GEMM input with
+    one scale, and the largest one saturates no expert's inputs (vLLM does the same)."""
+    if scale is None:
+        return None
+    if mode is not QuantMode.FP8:
+        raise ValueError(f"{name}: got a static activation scale, expected None for quant={mode.value!r} "
+                         "(only fp8 takes static scales; fp8_block quantizes per token per 128 columns)")
+    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
+        got = scale.dtype if isinstance(scale, torch.Tensor) else type(scale).__name__
+        raise TypeError(f"{name}: got {got}, expected a float32 torch.Tensor")
+    if scale.numel() not in (1, E) or (scale.numel() == E and tuple(scale.shape) not in ((E,), (E, 1))):
+        raise ValueError(f"{name}: got shape {tuple(scale.shape)}, expected one element or one per "
+                         f"expert ({E},)")
+    if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
+        raise ValueError(f"{name}: got non-positive or non-finite values, expected scales > 0")
+    return scale.float().max().reshape(1)
+
+
 def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None, w2_bias=None,
-                    w13_scale=None, w2_scale=None, device=None) -> dict:
+                    w13_scale=None, w2_scale=None, a13_scale=None, a2_scale=None,
+                    device=None) -> dict:
     """Validate expert weights and return them contiguous on `device`.
 
     w13 [E, 2I, H] (gate rows, then up rows; [E, I, H] for non-gated activations),
     w2 [E, H, I], optional w13_bias [E, 2I or I] and w2_bias [E, H] (in the 16-bit type;
     bfloat16 for the FP8 modes). For `fp8` and `fp8_block`, the weights are
     torch.float8_e4m3fn with their float32 scales (see `_check_scale`; dequantized weight =
-    q * scale). Returns a dict with keys w13, w2, w13_bias, w2_bias (and w13_scale,
-    w2_scale for FP8) ready for `moe_kernels.fused_moe`.
+    q * scale). `fp8` may also take static activation scales a13_scale / a2_scale (see
+    `_check_act_scale`); without them the GEMM inputs are quantized per token. Returns a dict
+    with keys w13, w2, w13_bias, w2_bias (and w13_scale, w2_scale, a13_scale, a2_scale for
+    FP8; the activation scales None when dynamic) ready for `moe_kernels.fused_moe`.
     """
     mode = QuantMode.parse(quant)
     if mode not in _DTYPES:
@@ -80,9 +103,12 @@ def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None
     scales = {}
     if mode in _FP8:
         scales = {"w13_scale": _check_scale("w13_scale", w13_scale, mode, E, n1, H),
-                  "w2_scale": _check_scale("w2_scale", w2_scale, mode, E, H, I)}
-    elif w13_scale is not None or w2_scale is not None:
-        raise ValueError(f"w13_scale/w2_scale: got scales, expected none for quant={mode.value!r}")
+                  "w2_scale": _check_scale("w2_scale", w2_scale, mode, E, H, I),
+                  "a13_scale": _check_act_scale("a13_scale", a13_scale, mode, E),
+                  "a2_scale": _check_act_scale("a2_scale", a2_scale, mode, E)}
+    elif any(t is not None for t in (w13_scale, w2_scale, a13_scale, a2_scale)):
+        raise ValueError(f"w13_scale/w2_scale/a13_scale/a2_scale: got scales, expected none for "
+                         f"quant={mode.value!r}")
     device = torch.device(device) if device is not None else w13.device
 
     def place(t):
