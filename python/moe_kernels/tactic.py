@@ -56,7 +56,7 @@ DECODE_WIDE_BLOCKS_PER_SM = 4
 # 16 tokens, uniform routing; tuner at 32-128 tokens, skewed): best in both GEMMs at 1 row per
 # expert; at 2 and 4 rows (64 and 128 tokens) GEMM1 was 9-17% faster with the 64x128 ping-pong
 # tile (1408 vs 1534 us, 1914 vs 2237 us for the whole layer), GEMM2 still best swapped, the
-# 16-wide tile 2-3% ahead of the 8-wide. Untimed beyond 4 rows, hence the bounds.
+# 16-wide tile 1.7-3.5% ahead of the 8-wide. Untimed beyond 4 rows, hence the bounds.
 SWAP_AB_ROWS = (1, 4)
 SWAP_AB_HEADROOM = 8
 
