@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -95,6 +96,8 @@ def add_arguments(p) -> None:
     p.add_argument("--no-peers", action="store_true", help="time moe_kernels only")
     p.add_argument("--sweep", action="store_true",
                    help="also time every built kernel in each GEMM slot (the other on the default)")
+    p.add_argument("--sweep-only", metavar="REGEX",
+                   help="--sweep only the kernels whose names match (e.g. skip slow decode tiles at large T)")
     p.add_argument("--breakdown", action="store_true",
                    help="also time each step (routing, GEMM1, activation, GEMM2, finalize)")
     p.add_argument("--kernels", action="store_true",
@@ -354,7 +357,7 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
                     ours(*sets[j], outs[j])
                 row["kernels_us"] = kernel_times(rotated, 4 * len(sets))
             if args.sweep:
-                row["sweep"] = _sweep(moe_kernels, row["tactic"], args.quant, ours, timed)
+                row["sweep"] = _sweep(moe_kernels, row["tactic"], args.quant, ours, timed, args.sweep_only)
         report(row)
         progress()
         del ws, outs, sets
@@ -362,11 +365,12 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
     torch.cuda.empty_cache()
 
 
-def _sweep(moe_kernels, default, quant, ours, timed):
-    """Every usable kernel in each GEMM slot, the other slot on the default rule's kernel."""
+def _sweep(moe_kernels, default, quant, ours, timed, only=None):
+    """Every usable kernel (matching only) in each GEMM slot, the other slot on the default."""
     from moe_kernels import Tactic
     d1, d2 = default.split("+")
-    names = [k.name for k in moe_kernels.list_kernels(quant=quant)]
+    names = [k.name for k in moe_kernels.list_kernels(quant=quant)
+             if not only or re.search(only, k.name) or k.name in (d1, d2)]
 
     def t(tactic):
         r = timed(lambda *a: ours(*a, tactic=tactic))
@@ -398,6 +402,8 @@ def format_row(row, peer_names) -> str:
     if "sweep" in row:
         sw = row["sweep"]
         lines.append(f"    default {sw['default']} {sw['default_us']:.1f} us; best {sw['best']} {sw['best_us']:.1f} us")
+        for slot in ("gemm1", "gemm2"):
+            lines += [f"    {slot} {us:9.1f} us  {n}" for n, us in sorted(sw[f"{slot}_us"].items(), key=lambda x: x[1])]
     if "breakdown_us" in row:
         lines.append("    steps (us): " + ", ".join(f"{k} {v:.1f}" for k, v in row["breakdown_us"].items()))
     for name, us in row.get("kernels_us", {}).items():

@@ -59,11 +59,15 @@ DECODE_WIDE_BLOCKS_PER_SM = 4
 # 16-wide tile 1.7-3.5% ahead of the 8-wide. Untimed beyond 4 rows, hence the bounds.
 SWAP_AB_ROWS = (1, 4)
 SWAP_AB_HEADROOM = 8
+# The narrow swap tiles (tokens per tile) this decode rule picks from; wider ones are for
+# prefill.
+SWAP_AB_DECODE_TILE = 16
 
 
 def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_count: int,
           decode_pairs: int, swap_rows: float) -> KernelInfo:
-    swap = sorted((k for k in kernels if k.schedule.endswith("_swapab")), key=lambda k: k.tile[0])
+    swap = sorted((k for k in kernels if k.schedule.endswith("_swapab") and k.tile[0] <= SWAP_AB_DECODE_TILE),
+                  key=lambda k: k.tile[0])
     if swap and rows_per_expert <= swap_rows:
         return next((k for k in swap if k.tile[0] >= SWAP_AB_HEADROOM * rows_per_expert), swap[-1])
     decode = sorted((k for k in kernels if k.schedule == "decode"), key=lambda k: k.tile[0])
