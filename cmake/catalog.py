@@ -194,6 +194,8 @@ _SM90_FP8_BLOCK_SWAPAB = [
     (64, 128, 128, 1, 1, "coop_swapab", "blockwise"),
     (128, 128, 128, 1, 1, "coop_swapab", "blockwise"),
     (160, 128, 128, 1, 1, "coop_swapab", "blockwise"),
+    (128, 128, 128, 1, 2, "coop_swapab", "blockwise"),
+    (160, 128, 128, 1, 2, "coop_swapab", "blockwise"),
 ]
 
 # Decode: 8 or 16 tokens per pass over an expert's weights (in registers); more rows make

@@ -11,7 +11,7 @@
 // Swap-AB schedules (Schedule::kSwapAB, for a few rows per expert) compute D_g^T = B_g x A_g^T
 // instead: the weights are the wgmma's A operand (tile_n rows) and the tokens its narrow N, so a
 // handful of tokens does not pad a 64-row tile; D^T is stored column-major, which is D
-// row-major. The catalog's tile_m/tile_n stay those of D (tokens, output columns).
+// row-major. The catalog's tile and cluster shapes stay those of D (tokens, output columns).
 #pragma once
 
 #include <cstdio>
@@ -79,7 +79,8 @@ struct CutlassGroupedGemm {
   // CUTLASS's M and N: the weights' rows first when swapped.
   using TileShape = cute::Shape<cute::Int<kSwapAB ? TileN : TileM>, cute::Int<kSwapAB ? TileM : TileN>,
                                 cute::Int<TileK>>;
-  using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>;
+  using ClusterShape = cute::Shape<cute::Int<kSwapAB ? ClusterN : ClusterM>,
+                                   cute::Int<kSwapAB ? ClusterM : ClusterN>, cute::_1>;
   // Both inputs K-major whichever is A: activations [M, K] and weights [N, K].
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutB = cutlass::layout::ColumnMajor;
@@ -166,6 +167,13 @@ struct CutlassGroupedGemm {
     args.epilogue.ptr_D = reinterpret_cast<ElementD**>(a.ptr_d);
     args.epilogue.dD = reinterpret_cast<StrideD*>(a.stride_d);
     args.hw_info = hw;
+    // Consecutive tiles along CUTLASS's N, so that the CTAs running at once share a weight
+    // tile (from L2) rather than each reading another from DRAM: the default (along M) is
+    // that already when the tokens are M; swapped, the tokens are N.
+    if constexpr (kSwapAB) {
+      using Raster = typename Kernel::TileScheduler::RasterOrderOptions;
+      args.scheduler.raster_order = Raster::AlongN;
+    }
     args.epilogue.thread.alpha = 1.0f;
     args.epilogue.thread.beta = 0.0f;
     return args;
