@@ -184,18 +184,16 @@ _SM90_FP8_BLOCK_MINIMAL = _SM90_FP8_BLOCK_FULL[:2]
 # Measured and dropped: a ping-pong variant (no faster); per-tensor fp8 with fast or promoted
 # accumulation (Qwen3-30B-A3B, 1 and 16 tokens: 35 vs 28 us and 123-145 vs 118 us behind
 # the decode kernel).
-# Wide swap-AB tiles (64-160 tokens, for prefill) are in effect 128-row tiles up to 160 columns
-# wide: unswapped, a tile wider than 128 columns would split or double the weights' 128-column
-# scale block (128x256 does not compile, above); swapped, the weights keep one scale per tile.
-# 192 tokens spill (ptxas: 276 bytes of spill stores), 160 do not.
+# 64 tokens swapped: 32 rows per expert (DeepSeek-V3, 1024 tokens, uniform sweep, H200) took
+# GEMM1 2855 vs 3129 us for the layer against the 64x128 ping-pong tile (GEMM2 2904 vs 2912).
+# Measured and dropped (same sweeps, 4096 and 16384 tokens): 128 and 160 tokens swapped, 1x1
+# and 1x2 clusters, i.e. 128-row tiles up to 160 columns wide (unswapped, the weights'
+# 128-column scale block would be split): the layer 2-30% slower in either GEMM than with
+# the 128x128 cooperative tile.
 _SM90_FP8_BLOCK_SWAPAB = [
     (8, 128, 128, 1, 1, "coop_swapab", "blockwise"),
     (16, 128, 128, 1, 1, "coop_swapab", "blockwise"),
     (64, 128, 128, 1, 1, "coop_swapab", "blockwise"),
-    (128, 128, 128, 1, 1, "coop_swapab", "blockwise"),
-    (160, 128, 128, 1, 1, "coop_swapab", "blockwise"),
-    (128, 128, 128, 1, 2, "coop_swapab", "blockwise"),
-    (160, 128, 128, 1, 2, "coop_swapab", "blockwise"),
 ]
 
 # Decode: 8 or 16 tokens per pass over an expert's weights (in registers); more rows make

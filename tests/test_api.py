@@ -185,7 +185,7 @@ def test_default_rule_fp8():
     # Swap-AB up to 1 (GEMM1) and 4 (GEMM2) rows per expert, before decode, the narrowest tile
     # that holds 8x the rows, of the narrow (decode) tiles.
     swap = block + [k("s16", 16, 128, "coop_swapab", "fp8_block"), k("s8", 8, 128, "coop_swapab", "fp8_block"),
-                    k("d8", 8, 16, "decode", "fp8_block"), k("s160", 160, 128, "coop_swapab", "fp8_block")]
+                    k("d8", 8, 16, "decode", "fp8_block"), k("s64", 64, 128, "coop_swapab", "fp8_block")]
     assert default_tactic(swap, num_tokens=1, **dsv3) == Tactic("s8", "s8")
     assert default_tactic(swap, num_tokens=32, **dsv3) == Tactic("s8", "s8")     # 1 row/expert
     assert default_tactic(swap, num_tokens=64, **dsv3) == Tactic("p64x128_blockwise", "s16")  # 2
