@@ -184,8 +184,9 @@ _SM90_FP8_BLOCK_MINIMAL = _SM90_FP8_BLOCK_FULL[:2]
 # Measured and dropped: a ping-pong variant (no faster); per-tensor fp8 with fast or promoted
 # accumulation (Qwen3-30B-A3B, 1 and 16 tokens: 35 vs 28 us and 123-145 vs 118 us behind
 # the decode kernel).
-# 64 tokens swapped: 32 rows per expert (DeepSeek-V3, 1024 tokens, uniform sweep, H200) took
-# GEMM1 2855 vs 3129 us for the layer against the 64x128 ping-pong tile (GEMM2 2904 vs 2912).
+# 64 tokens swapped, for ~32 rows per expert (DeepSeek-V3, 1024 tokens, H200): GEMM1 0.8% ahead
+# of the 64x128 ping-pong tile in the tuner's interleaved rounds (skewed routing; 9% in one
+# uniform sweep, whose timings drifted by as much within the run).
 # Measured and dropped (same sweeps, 4096 and 16384 tokens): 128 and 160 tokens swapped, 1x1
 # and 1x2 clusters, i.e. 128-row tiles up to 160 columns wide (unswapped, the weights'
 # 128-column scale block would be split): the layer 2-30% slower in either GEMM than with
