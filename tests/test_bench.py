@@ -38,6 +38,9 @@ def test_shapes_and_parallel_variants():
     assert bench.parse_tokens("1,16, 128") == [1, 16, 128]
     with pytest.raises(SystemExit):
         bench.parse_tokens("1,x")
+    assert parse("--sweep-only", "_64x").sweep_only == "_64x"
+    with pytest.raises(SystemExit):
+        parse("--sweep-only", "(")
 
 
 def test_floor_arithmetic():

@@ -80,8 +80,9 @@ def test_prepare_fp8_static_activation_scales():
                          a2_scale=torch.tensor([0.25]), **w)
     assert ok["a13_scale"].tolist() == [2.0] and ok["a2_scale"].tolist() == [0.25]
     assert prepare_weights(p["w13"], p["w2"], quant="fp8", **w)["a13_scale"] is None  # dynamic
-    for bad, exc, match in [(torch.tensor([1.0, 0.0, 1.0]), ValueError, "a13_scale: got non-positive"),
-                            (torch.tensor([float("nan")]), ValueError, "a13_scale: got non-positive"),
+    for bad, exc, match in [(torch.tensor([1.0, 0.0, 1.0]), ValueError,
+                             r"a13_scale: got 1 non-positive or non-finite value\(s\), first 0.0, expected"),
+                            (torch.tensor([float("nan")]), ValueError, "a13_scale: got 1 non-positive.*first nan"),
                             (torch.ones(2), ValueError, r"a13_scale: got shape \(2,\), expected one element"),
                             (torch.ones(1, dtype=torch.float16), TypeError, "a13_scale: got torch.float16"),
                             (0.5, TypeError, "a13_scale: got float")]:

@@ -96,8 +96,8 @@ def add_arguments(p) -> None:
     p.add_argument("--no-peers", action="store_true", help="time moe_kernels only")
     p.add_argument("--sweep", action="store_true",
                    help="also time every built kernel in each GEMM slot (the other on the default)")
-    p.add_argument("--sweep-only", metavar="REGEX",
-                   help="--sweep only the kernels whose names match (e.g. skip slow decode tiles at large T)")
+    p.add_argument("--sweep-only", metavar="REGEX", type=_regex,
+                   help="--sweep, only the kernels whose names match (e.g. to skip slow decode tiles at large T)")
     p.add_argument("--breakdown", action="store_true",
                    help="also time each step (routing, GEMM1, activation, GEMM2, finalize)")
     p.add_argument("--kernels", action="store_true",
@@ -106,6 +106,14 @@ def add_arguments(p) -> None:
     p.add_argument("--json", help="write the results to this file")
     p.add_argument("--plot", help="write a plot (PNG) to this file; needs matplotlib")
     p.add_argument("--markdown", help="write the results as a Markdown table to this file")
+
+
+def _regex(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a regular expression ({e})") from None
+    return text
 
 
 def add_problem_arguments(p) -> None:
@@ -356,7 +364,7 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
                     j = next(order) % len(sets)
                     ours(*sets[j], outs[j])
                 row["kernels_us"] = kernel_times(rotated, 4 * len(sets))
-            if args.sweep:
+            if args.sweep or args.sweep_only:
                 row["sweep"] = _sweep(moe_kernels, row["tactic"], args.quant, ours, timed, args.sweep_only)
         report(row)
         progress()

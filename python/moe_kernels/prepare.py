@@ -62,9 +62,11 @@ def _check_act_scale(name, scale, mode, E):
     if scale.numel() not in (1, E) or (scale.numel() == E and tuple(scale.shape) not in ((E,), (E, 1))):
         raise ValueError(f"{name}: got shape {tuple(scale.shape)}, expected one element or one per "
                          f"expert ({E},)")
-    if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
-        raise ValueError(f"{name}: got non-positive or non-finite values, expected scales > 0")
-    return scale.float().max().reshape(1)
+    bad = scale[~(torch.isfinite(scale) & (scale > 0))]
+    if bad.numel():
+        raise ValueError(f"{name}: got {bad.numel()} non-positive or non-finite value(s), first "
+                         f"{bad.flatten()[0].item()}, expected finite scales > 0")
+    return scale.max().reshape(1)
 
 
 def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None, w2_bias=None,
