@@ -322,7 +322,7 @@ def test_fp8_every_built_kernel(mode, error_log):
     kernels = moe_kernels.list_kernels(quant=mode)
     assert kernels, f"no {mode} kernels usable on this GPU"
     H, I = (528, 272) if mode == "fp8" else (640, 384)
-    # ~175 rows per expert: every tile (up to 128 rows, or 64 tokens swapped) is full once and partial once.
+    # ~175 rows per expert: every tile (up to 128 rows, or 64 tokens swapped) is full at least once and partial once.
     p = make_problem(T=700, E=8, k=2, H=H, I=I, dtype=mode)
     ref = reference_out(p)
     for kern in kernels:

@@ -59,8 +59,8 @@ DECODE_WIDE_BLOCKS_PER_SM = 4
 # 16-wide tile 1.7-3.5% ahead of the 8-wide. Untimed beyond 4 rows, hence the bounds.
 SWAP_AB_ROWS = (1, 4)
 SWAP_AB_HEADROOM = 8
-# The narrow swap tiles (tokens per tile) this decode rule picks from; wider ones are for
-# prefill.
+# The narrow swap tiles (tokens per tile) this decode rule picks from; the wider ones (64
+# tokens) are not in the default rule, only in tuned tables (measured near a tie).
 SWAP_AB_DECODE_TILE = 16
 
 
