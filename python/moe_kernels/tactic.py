@@ -62,6 +62,15 @@ SWAP_AB_HEADROOM = 8
 # The narrow swap tiles (tokens per tile) this decode rule picks from; the wider ones (64
 # tokens) are not in the default rule, only in tuned tables (measured near a tie).
 SWAP_AB_DECODE_TILE = 16
+# The "fused" schedule (src/fused_decode.cu): the whole FP8 forward in two kernels, one name
+# for both GEMMs. It takes at most FUSED_MAX_PAIRS (token, expert) pairs (the runner's
+# kFusedMaxPairs) and is the default up to FUSED_PAIRS of them.
+FUSED_MAX_PAIRS = 256
+FUSED_PAIRS = 16
+
+
+def is_fused(kernel: KernelInfo) -> bool:
+    return kernel.schedule == "fused"
 
 
 def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_count: int,
@@ -103,6 +112,10 @@ def default_tactic(kernels: list, *, num_tokens: int, top_k: int, num_experts: i
     if not kernels:
         raise ValueError("no kernels to choose from")
     pairs = num_tokens * top_k
+    fused = [k for k in kernels if is_fused(k)]
+    if fused and pairs <= FUSED_PAIRS:
+        return Tactic(fused[0].name, fused[0].name)
+    kernels = [k for k in kernels if not is_fused(k)] or kernels
     experts_hit = max(1, min(num_experts, pairs))
     rows = pairs / experts_hit
     return Tactic(_pick(kernels, rows, gemm1_n, experts_hit, sm_count, DECODE_PAIRS[0], SWAP_AB_ROWS[0]).name,
