@@ -119,8 +119,11 @@ struct FusedDownParams {
   void* out;                 // [T, H]
 };
 
-// Launches `up`, then (unless up_only) `down`. Needs pairs <= kFusedMaxPairs and I, H
-// multiples of 16 (the runner checks, with a message).
+// Whether the fused path takes this problem: at most kFusedMaxPairs pairs, H and I multiples
+// of 16, and H, I and top_k small enough for its shared memory (H up to ~28000).
+bool fused_decode_fits(int64_t pairs, int64_t hidden, int64_t inter, int64_t top_k);
+
+// Launches `up`, then (unless up_only) `down`, if fused_decode_fits.
 cudaError_t launch_fused_decode(int activation, bool ids_int64, int64_t tokens,
                                 const FusedUpParams& up, const FusedDownParams& down, bool up_only,
                                 cudaStream_t stream);

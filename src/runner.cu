@@ -260,6 +260,10 @@ int run_fused(const moek_args* a, const Layout& L, int last, char* err, size_t e
     return fail(err, errlen, MOEK_INVALID_ARGUMENT,
                 "%s takes at most %lld (token, expert) pairs; T*k = %lld", a->gemm1,
                 (long long)kFusedMaxPairs, (long long)rows);
+  if (!fused_decode_fits(rows, s.hidden_size, s.inter_size, s.top_k))
+    return fail(err, errlen, MOEK_UNSUPPORTED,
+                "%s: H=%lld, I=%lld, top_k=%lld exceed its shared memory", a->gemm1,
+                (long long)s.hidden_size, (long long)s.inter_size, (long long)s.top_k);
   float* h = reinterpret_cast<float*>(static_cast<char*>(a->workspace) + L.h);
   FusedUpParams up{a->topk_ids, rows, static_cast<int>(s.top_k), s.expert_offset,
                    static_cast<int>(s.num_experts), a->hidden, s.hidden_size, s.inter_size,

@@ -14,7 +14,7 @@ import torch
 
 from . import _native
 from .modes import Activation, QuantMode
-from .tactic import FUSED_MAX_PAIRS, Tactic, default_tactic, is_fused
+from .tactic import FUSED_MAX_PAIRS, Tactic, default_tactic, fused_fits, is_fused
 
 
 
@@ -320,6 +320,8 @@ def _fused_problem(p: _Problem, tactic: Tactic, usable: dict):
     if p.T * p.k > FUSED_MAX_PAIRS:
         return (f"{fused[0]} takes at most {FUSED_MAX_PAIRS} (token, expert) pairs, "
                 f"got T*k = {p.T}*{p.k} = {p.T * p.k}")
+    if not fused_fits(p.T, p.k, p.H, p.I):
+        return f"{fused[0]}: H={p.H}, I={p.I}, top_k={p.k} exceed its shared memory"
     return None
 
 
