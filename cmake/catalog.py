@@ -31,12 +31,7 @@ DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cut
 # K split over its 4 warps, or 64, 16 per warp), the same source for both families; the
 # others are CUTLASS's. "coop_swapab": CUTLASS's cooperative schedule with the weights as the
 # wgmma's A operand (M = tile_n) and the tile_m tokens as its N, for a few rows per expert.
-# "fused": not one GEMM but the whole FP8 forward in two kernels for a few tokens
-# (src/fused_decode.cu: routing, expand and the activation fused into GEMM1, the weighted
-# sum into GEMM2; tile_m tokens per pass, tile_n columns per block); a tactic uses it for
-# both GEMMs or not at all.
-SCHEDULES = {"sm90": ("pingpong", "coop", "coop_swapab", "decode", "fused"),
-             "sm100": ("1sm", "2sm", "decode", "fused")}
+SCHEDULES = {"sm90": ("pingpong", "coop", "coop_swapab", "decode"), "sm100": ("1sm", "2sm", "decode")}
 DECODE_TILE_N = (16, 64)
 
 # FP8 mainloops (SM90). "": partial sums promoted to fp32 every few k-blocks (accurate for
@@ -98,11 +93,6 @@ class GemmConfig:
         # SM100's FP8 MMA accumulates in fp32 (no fast-accumulation variant); blockwise is
         # CUTLASS's block-scaled mainloop there as on SM90.
         assert family == "sm90" or self.mainloop in ("", "blockwise"), f"{self.name}: SM90 mainloop"
-        if self.schedule == "fused":
-            assert (self.act_dtype, self.mainloop, self.tile_m, self.tile_n) == ("e4m3", "", 8, 16), \
-                f"{self.name}: the fused path is FP8 (per tensor/channel), 8 tokens x 16 columns"
-            assert (self.cluster_m, self.cluster_n) == (1, 1), f"{self.name}: fused has no clusters"
-            return
         if self.schedule == "decode":
             assert self.tile_n in DECODE_TILE_N and self.tile_m % 8 == 0, f"{self.name}: decode tile"
             assert (self.cluster_m, self.cluster_n) == (1, 1), f"{self.name}: decode has no clusters"
@@ -211,7 +201,6 @@ _SM90_FP8_BLOCK_SWAPAB = [
 # more passes, so these are for a few rows per expert only. K steps of 128 bytes. On SM100
 # too (mma.sync is there; compiled, not yet run on a B200), for every mode.
 _DECODE = [(m, n, 128, 1, 1, "decode") for m in (8, 16) for n in DECODE_TILE_N]
-_FUSED = [(8, 16, 128, 1, 1, "fused")]
 
 # SM100: 1-CTA tiles for decode and moderate M, 2-CTA (256-row) tiles for prefill. A first,
 # untuned set (no B200 to measure on yet), for bf16/fp16 (K=64) and fp8 (K=128).
@@ -235,7 +224,7 @@ _SM100_FP8_BLOCK_MINIMAL = _SM100_FP8_BLOCK_FULL[:1]
 
 
 def _subset(sm90_16bit, sm90_fp8, sm100, sm100_fp8_block):
-    fp8_decode = _DECODE + [(*t, "blockwise") for t in _DECODE] + _FUSED
+    fp8_decode = _DECODE + [(*t, "blockwise") for t in _DECODE]
     rows = _rows("90a", "e4m3", sm90_fp8 + fp8_decode, out="bf16")
     for d in ("bf16", "fp16"):
         rows += _rows("90a", d, sm90_16bit + _k(_DECODE, 64))

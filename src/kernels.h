@@ -5,8 +5,6 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "gemm/grouped_gemm.h"
-
 namespace moe_kernels {
 
 // Device-side description of one grouped GEMM's per-expert arguments, filled by the
@@ -81,61 +79,5 @@ cudaError_t launch_finalize(bool fp16, const void* y, const void* bias, const fl
                             const void* topk_ids, bool ids_int64, int64_t expert_offset,
                             const RoutingBuffers& rb, void* out, int64_t num_tokens, int top_k,
                             int64_t hidden_size, const Fp8Scales& q, cudaStream_t stream);
-
-// The fused decode path (fused_decode.cu): the whole FP8 forward in two kernels for up to
-// kFusedMaxPairs (token, slot) pairs. h: [pairs, I] float32, the activation's output.
-constexpr int64_t kFusedMaxPairs = 256;
-
-struct FusedUpParams {
-  const void* ids;           // [T, k] topk_ids
-  int64_t pairs;             // T * k
-  int top_k;
-  int64_t expert_offset;
-  int num_experts;
-  const void* hidden;        // [T, H] bf16
-  int64_t hidden_size, inter;
-  const uint8_t* w13;        // [E, N1, H] E4M3
-  const float* w13_scale;    // [E] or [E, N1]
-  bool w13_per_channel;
-  const float* a13_scale;    // static input scale, or NULL for per token
-  const void* bias;          // [E, N1] or NULL
-  float alpha, limit;
-  float* h;
-  const uint8_t* w2;         // [E, H, I] E4M3: each block asks L2 to prefetch a share for `down`
-};
-
-struct FusedDownParams {
-  const void* ids;
-  const float* topk_weights;
-  int top_k;
-  int64_t expert_offset;
-  int num_experts;
-  const float* h;
-  int64_t hidden_size, inter;
-  const uint8_t* w2;         // [E, H, I] E4M3
-  const float* w2_scale;     // [E] or [E, H]
-  bool w2_per_channel;
-  const float* a2_scale;
-  const void* bias;          // [E, H] or NULL
-  void* out;                 // [T, H]
-};
-
-// Whether the fused path takes this problem: at most kFusedMaxPairs pairs, H and I multiples
-// of 16, and H, I and top_k small enough for its shared memory (H up to ~28000).
-bool fused_decode_fits(int64_t pairs, int64_t hidden, int64_t inter, int64_t top_k);
-
-// Launches `up`, then (unless up_only) `down`, if fused_decode_fits.
-cudaError_t launch_fused_decode(int activation, bool ids_int64, int64_t tokens,
-                                const FusedUpParams& up, const FusedDownParams& down, bool up_only,
-                                cudaStream_t stream);
-
-// The registry's entry for the fused kernels (catalog schedule "fused"): the runner launches
-// them itself; as a grouped GEMM they refuse to run.
-int fused_decode_as_gemm(const GroupedGemmArgs& args, char* err, size_t errlen);
-size_t fused_decode_workspace(int num_groups, int sm_count);
-// An upper bound on the fused kernels' static shared memory per block (fused_decode.cu
-// checks it).
-constexpr int kFusedSmemBytes = 6 * 1024;
-constexpr GemmKernelOps kFusedDecodeOps{&fused_decode_as_gemm, &fused_decode_workspace, kFusedSmemBytes};
 
 }  // namespace moe_kernels

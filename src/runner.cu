@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <mutex>
 
-#include "act.cuh"
 #include "gemm/grouped_gemm.h"
 #include "kernels.h"
 #include "moe_kernels/c_api.h"
@@ -87,6 +86,9 @@ bool kernel_fits(const KernelEntry& k, const moek_shape& s) {
 }
 // Scales per row of a quantized GEMM input of `cols` columns (fp8_block: one per 128).
 int64_t scales_per_row(const moek_shape& s, int64_t cols) { return is_block(s) ? cols / 128 : 1; }
+bool is_gated(int act) {
+  return act == MOEK_ACT_SWIGLU || act == MOEK_ACT_GEGLU || act == MOEK_ACT_SWIGLU_OAI;
+}
 
 const KernelEntry* find_kernel(const char* name) {
   if (!name) return nullptr;
@@ -120,7 +122,6 @@ struct Layout {
   size_t a;             // [T*k, I] activation output (GEMM2's input)
   size_t x_scale;       // fp8: float [T*k] per-row scales of x ([T*k, H/128] fp8_block)
   size_t a_scale;       // fp8: float [T*k] per-row scales of a ([T*k, I/128] fp8_block)
-  size_t h;             // fp8, T*k <= kFusedMaxPairs: float [T*k, I] for the fused path
   size_t total;
 };
 
@@ -162,7 +163,7 @@ int validate_shape(const moek_shape& s, char* err, size_t errlen) {
 Layout plan(const moek_shape& s, int sm_count) {
   const int64_t rows = s.num_tokens * s.top_k, e = s.num_experts, eb = 2;
   const int64_t in_bytes = is_fp8(s) ? 1 : 2;  // GEMM inputs
-  const int64_t n1 = is_gated_act(s.activation) ? 2 * s.inter_size : s.inter_size;
+  const int64_t n1 = is_gated(s.activation) ? 2 * s.inter_size : s.inter_size;
   size_t gemm_ws = 0;
   for (int i = 0; i < kNumKernels; ++i)
     if (kernel_fits(kKernels[i], s))
@@ -183,7 +184,6 @@ Layout plan(const moek_shape& s, int sm_count) {
   L.a = take(rows * s.inter_size * in_bytes);
   L.x_scale = is_fp8(s) ? take(sizeof(float) * rows * scales_per_row(s, s.hidden_size)) : 0;
   L.a_scale = is_fp8(s) ? take(sizeof(float) * rows * scales_per_row(s, s.inter_size)) : 0;
-  L.h = s.quant == MOEK_QUANT_FP8 && rows <= kFusedMaxPairs ? take(sizeof(float) * rows * s.inter_size) : 0;
   L.total = at;
   return L;
 }
@@ -249,37 +249,6 @@ GroupedGemmArgs gemm_args(const GroupSetup& g, int e, int64_t rows, void* ws, in
 }
 
 bool misaligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a != 0; }
-bool is_fused(const KernelEntry& k) { return strcmp(k.info.schedule, "fused") == 0; }
-
-// The fused decode path (fused_decode.cu) in place of the five steps; last_step 1-3 stop
-// after its first kernel (routing, GEMM1 and the activation).
-int run_fused(const moek_args* a, const Layout& L, int last, char* err, size_t errlen) {
-  const moek_shape& s = a->shape;
-  const int64_t rows = s.num_tokens * s.top_k;
-  if (rows > kFusedMaxPairs)
-    return fail(err, errlen, MOEK_INVALID_ARGUMENT,
-                "%s takes at most %lld (token, expert) pairs; T*k = %lld", a->gemm1,
-                (long long)kFusedMaxPairs, (long long)rows);
-  if (!fused_decode_fits(rows, s.hidden_size, s.inter_size, s.top_k))
-    return fail(err, errlen, MOEK_UNSUPPORTED,
-                "%s: H=%lld, I=%lld, top_k=%lld exceed its shared memory", a->gemm1,
-                (long long)s.hidden_size, (long long)s.inter_size, (long long)s.top_k);
-  float* h = reinterpret_cast<float*>(static_cast<char*>(a->workspace) + L.h);
-  FusedUpParams up{a->topk_ids, rows, static_cast<int>(s.top_k), s.expert_offset,
-                   static_cast<int>(s.num_experts), a->hidden, s.hidden_size, s.inter_size,
-                   static_cast<const uint8_t*>(a->w13), a->w13_scale, s.w13_scale_per_channel != 0,
-                   a->a13_scale, a->w13_bias, s.act_alpha, s.act_limit, h,
-                   static_cast<const uint8_t*>(a->w2)};
-  FusedDownParams down{a->topk_ids, a->topk_weights, static_cast<int>(s.top_k), s.expert_offset,
-                       static_cast<int>(s.num_experts), h, s.hidden_size, s.inter_size,
-                       static_cast<const uint8_t*>(a->w2), a->w2_scale, s.w2_scale_per_channel != 0,
-                       a->a2_scale, a->w2_bias, a->out};
-  MOEK_CUDA_TRY(launch_fused_decode(s.activation, s.index_dtype == MOEK_INDEX_INT64,
-                                    s.num_tokens, up, down,
-                                    last > 0 && last <= 3, static_cast<cudaStream_t>(a->stream)),
-                "fused decode");
-  return MOEK_OK;
-}
 
 // Test-only hook: MOE_KERNELS_TEST_FAULT_KERNEL=<kernel name> makes forwards that use that
 // kernel fault with an illegal address instead, so tests can show that the isolated tuner
@@ -381,18 +350,6 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
     return fail(err, errlen, MOEK_INVALID_ARGUMENT, "workspace has %zu bytes, needs %zu",
                 a->workspace_bytes, L.total);
 
-  if (is_fused(*k1) || is_fused(*k2)) {
-    if (k1 != k2)
-      return fail(err, errlen, MOEK_INVALID_ARGUMENT,
-                  "%s runs the whole forward: pass it as both gemm1 and gemm2 (got %s and %s)",
-                  is_fused(*k1) ? k1->info.name : k2->info.name, k1->info.name, k2->info.name);
-    if (is_fault_hook_target(k1->info.name)) {
-      deliberate_fault_kernel<<<1, 1, 0, static_cast<cudaStream_t>(a->stream)>>>();
-      MOEK_CUDA_TRY(cudaGetLastError(), "deliberate fault (MOE_KERNELS_TEST_FAULT_KERNEL)");
-    }
-    return run_fused(a, L, a->last_step, err, errlen);
-  }
-
   cudaStream_t stream = static_cast<cudaStream_t>(a->stream);
   char* ws = static_cast<char*>(a->workspace);
   const int e = static_cast<int>(s.num_experts);
@@ -403,7 +360,7 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   const bool fp8 = is_fp8(s);
   const bool block = is_block(s);
   const int in_bytes = fp8 ? 1 : 2;
-  const int64_t n1 = is_gated_act(s.activation) ? 2 * s.inter_size : s.inter_size;
+  const int64_t n1 = is_gated(s.activation) ? 2 * s.inter_size : s.inter_size;
 
   RoutingBuffers rb{};
   rb.counts = reinterpret_cast<int32_t*>(ws + L.counts);

@@ -208,7 +208,7 @@ DECODE_CASES = {
 def test_decode_kernels(mode, error_log):
     kernels = [k for k in moe_kernels.list_kernels(quant=mode) if k.schedule == "decode"]
     assert kernels, f"no {mode} decode kernels usable on this GPU"
-    other = next(k for k in moe_kernels.list_kernels(quant=mode) if k.schedule not in ("decode", "fused"))
+    other = next(k for k in moe_kernels.list_kernels(quant=mode) if k.schedule != "decode")
     for T, E, k, H, I in DECODE_CASES[mode]:
         p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype=mode, bias=True)
         ref = reference_out(p)
@@ -319,8 +319,7 @@ def test_fused_moe_layer_static_activation_scales(error_log):
 
 @pytest.mark.parametrize("mode", FP8_MODES)
 def test_fp8_every_built_kernel(mode, error_log):
-    # The fused kernels take a few tokens only: test_fp8_fused_decode covers them.
-    kernels = [k for k in moe_kernels.list_kernels(quant=mode) if k.schedule != "fused"]
+    kernels = moe_kernels.list_kernels(quant=mode)
     assert kernels, f"no {mode} kernels usable on this GPU"
     H, I = (528, 272) if mode == "fp8" else (640, 384)
     # ~175 rows per expert: every tile (up to 128 rows, or 64 tokens swapped) is full at least once and partial once.
@@ -383,104 +382,3 @@ def test_fp8_graph_replay_and_expert_parallel(mode, error_log):
     torch.cuda.synchronize()
     assert torch.equal(out, run(p))
     error_log.add(f"{mode}/graph", rel_error(out, reference_out(p)))
-
-
-# ---- the fused FP8 decode path (two kernels for the whole forward, a few tokens) ---------------
-
-def _fused():
-    kernels = [k for k in moe_kernels.list_kernels(quant="fp8") if k.schedule == "fused"]
-    assert kernels, "no fused fp8 kernel usable on this GPU"
-    return Tactic(kernels[0].name, kernels[0].name)
-
-
-# (T, E, k, H, I, act, granularity, static, bias): one token; K tails in both GEMMs (H and I
-# not multiples of 128); 5 tokens over 64 experts; every non-gated and gated activation.
-FUSED_CASES = [
-    (1, 8, 2, 512, 256, "swiglu", "channel", False, False),
-    (1, 128, 8, 2048, 768, "swiglu", "channel", False, True),
-    (5, 64, 8, 1040, 144, "swiglu", "tensor", False, True),
-    (3, 16, 4, 272, 208, "relu2", "channel", True, True),
-    (2, 8, 2, 256, 128, "swiglu_oai", "tensor", True, False),
-    (4, 8, 3, 384, 96, "geglu", "channel", False, True),
-    (2, 8, 2, 256, 128, "identity", "channel", False, True),
-]
-
-
-@pytest.mark.parametrize("T,E,k,H,I,act,gran,static,bias", FUSED_CASES)
-def test_fp8_fused_decode(T, E, k, H, I, act, gran, static, bias, error_log):
-    p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype="fp8", gated=Activation(act).gated, bias=bias,
-                     granularity=gran)
-    if static:
-        p["a13_scale"] = (p["hidden_states"].float().abs().max() / 448).reshape(1)
-        p["a2_scale"] = torch.full((1,), 0.02, device="cuda")
-    kw = {"swiglu_alpha": 1.5, "swiglu_limit": 1.0} if act == "swiglu_oai" else {}
-    check(p, error_log, f"fp8/fused/{act}", "fp8", activation=act, tactic=_fused(),
-          ref_kw=dict(activation=act, **kw), **kw)
-
-
-def test_fp8_fused_decode_pairs_on_one_expert_ep_and_int64(error_log):
-    # 20 tokens on one expert (3 passes of 8), a token whose both slots name the same expert,
-    # ids of other ranks and -1 (skipped), int64 ids; the ranks' outputs add up to the whole.
-    E, ep = 8, 2
-    ids = torch.randint(0, E, (20, 2))
-    ids[:, 0] = 3
-    ids[4] = torch.tensor([5, 5])
-    ids[7, 1] = -1
-    p = make_problem(T=20, E=E, k=2, H=256, I=128, dtype="fp8", ids=ids, ids_dtype=torch.int64, bias=True)
-    check(p, error_log, "fp8/fused/one_expert", "fp8", tactic=_fused())
-    total = torch.zeros_like(p["hidden_states"], dtype=torch.float32)
-    for r in range(ep):
-        q = dict(p)
-        for name in ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias"):
-            q[name] = p[name][r * E // ep:(r + 1) * E // ep].contiguous()
-        total += run(q, ep_rank=r, ep_size=ep, tactic=_fused()).float()
-    err = rel_error(total, reference_out(p))
-    error_log.add("fp8/fused/ep", err)
-    assert err < TOLERANCE["fp8"]
-
-
-def test_fp8_fused_decode_extreme_rows_and_determinism(error_log):
-    p = make_problem(T=6, E=8, k=2, H=256, I=128, dtype="fp8")
-    p["hidden_states"][0] = 3e4    # its own dynamic scale; the other tokens unaffected
-    p["hidden_states"][1] = 0      # a zero row: safe scale, zero output
-    p["hidden_states"][2, ::2] = 1e-30
-    out = check(p, error_log, "fp8/fused/extreme_rows", "fp8", tactic=_fused())
-    assert torch.all(out[1] == 0)
-    assert torch.equal(run(p, tactic=_fused()), out)  # the same bits on every run
-
-
-def test_fp8_fused_decode_is_the_default_for_a_few_tokens_and_replays_in_a_graph():
-    from moe_kernels.tactic import FUSED_PAIRS
-    E, k, H, I = 16, 4, 256, 128
-    T = FUSED_PAIRS // k
-    p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype="fp8")
-    args = (p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"])
-    assert moe_kernels.api.choose_tactic(*args, **scale_kwargs(p)) == _fused()
-    ws = torch.empty(moe_kernels.workspace_size(T, k, E, H, I, quant="fp8"), dtype=torch.uint8, device="cuda")
-    out = torch.empty_like(p["hidden_states"])
-    kw = dict(scale_kwargs(p), workspace=ws, out=out)
-    fused_moe(*args, **kw)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fused_moe(*args, **kw)
-    fresh = make_problem(T=T, E=E, k=k, H=H, I=I)
-    p["hidden_states"].copy_(fresh["hidden_states"])
-    p["topk_ids"].copy_(fresh["topk_ids"])
-    out.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    assert rel_error(out, reference_out(p)) < TOLERANCE["fp8"]
-
-
-def test_fp8_fused_decode_rejects_what_it_cannot_run():
-    from moe_kernels.tactic import FUSED_MAX_PAIRS
-    fused = _fused()
-    other = next(k.name for k in moe_kernels.list_kernels(quant="fp8") if k.schedule != "fused")
-    p = make_problem(T=4, E=8, k=2, H=256, I=128, dtype="fp8")
-    with pytest.raises(ValueError, match="the same fused kernel as gemm1 and gemm2"):
-        run(p, tactic=Tactic(fused.gemm1, other))
-    p = make_problem(T=FUSED_MAX_PAIRS // 2 + 1, E=8, k=2, H=256, I=128, dtype="fp8")
-    with pytest.raises(ValueError, match=f"at most {FUSED_MAX_PAIRS}"):
-        run(p, tactic=fused)
-    p = make_problem(T=FUSED_MAX_PAIRS // 2, E=8, k=2, H=256, I=128, dtype="fp8")
-    assert rel_error(run(p, tactic=fused), reference_out(p)) < TOLERANCE["fp8"]

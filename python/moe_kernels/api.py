@@ -14,7 +14,7 @@ import torch
 
 from . import _native
 from .modes import Activation, QuantMode
-from .tactic import FUSED_MAX_PAIRS, Tactic, default_tactic, fused_fits, is_fused
+from .tactic import Tactic, default_tactic
 
 
 
@@ -289,8 +289,7 @@ def _resolve_tactic(p: _Problem, tactic) -> Tactic:
         from .tuning import ProblemSpec, cached_tactic
         spec = ProblemSpec(p.quant.value, p.activation.value, p.E, p.k, p.H, p.I)
         tuned = cached_tactic(spec, p.T, dev)
-        if (tuned is not None and tuned.gemm1 in usable and tuned.gemm2 in usable
-                and _fused_problem(p, tuned, usable) is None):
+        if tuned is not None and tuned.gemm1 in usable and tuned.gemm2 in usable:
             return _log_choice(spec, p.T, tuned, "tuned")
         return _log_choice(spec, p.T, default_tactic(
             list(usable.values()), num_tokens=p.T, top_k=p.k, num_experts=p.E, hidden_size=p.H,
@@ -304,25 +303,7 @@ def _resolve_tactic(p: _Problem, tactic) -> Tactic:
                 k.name == name for k in _native.library_for(dev)["kernels"]) else "not in this build"
             _fail(f"tactic.{which}", repr(name),
                   f"a {p.quant.value} kernel usable on this GPU ({why}); usable: {sorted(usable)}")
-    why = _fused_problem(p, tactic, usable)
-    if why:
-        _fail("tactic", str(tactic), why)
     return tactic
-
-
-def _fused_problem(p: _Problem, tactic: Tactic, usable: dict):
-    """Why a tactic with a fused kernel cannot run this problem, or None."""
-    fused = [n for n in (tactic.gemm1, tactic.gemm2) if is_fused(usable[n])]
-    if not fused:
-        return None
-    if tactic.gemm1 != tactic.gemm2:
-        return f"{fused[0]} runs the whole forward: the same fused kernel as gemm1 and gemm2"
-    if p.T * p.k > FUSED_MAX_PAIRS:
-        return (f"{fused[0]} takes at most {FUSED_MAX_PAIRS} (token, expert) pairs, "
-                f"got T*k = {p.T}*{p.k} = {p.T * p.k}")
-    if not fused_fits(p.T, p.k, p.H, p.I):
-        return f"{fused[0]}: H={p.H}, I={p.I}, top_k={p.k} exceed its shared memory"
-    return None
 
 
 def choose_tactic(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,

@@ -34,7 +34,6 @@ DEFAULT_TOKENS = [1, 16, 128, 1024, 4096]
 ROUTING_SETS = 8   # forwards per graph, each on its own routing and input set
 REL_TOL = {"bf16": 2e-2, "fp16": 2e-2, "fp8": 5e-2, "fp8_block": 5e-2}  # against the float32 reference
 STEPS = ["routing", "gemm1", "activation", "gemm2", "finalize"]
-FUSED_STEPS = ["routing+gemm1+activation", "gemm2+finalize"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,12 +354,9 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
                 row["results"][name] = {"status": f"failed: {type(e).__name__}: {e}"[:200]}
         if row["results"]["moe_kernels"]["status"] == "ok":
             if args.breakdown:
-                # The fused path has two kernels: the first stops at step 3 (the activation).
-                steps = (3,) if row["tactic"].endswith("_fused") else (1, 2, 3, 4)
-                names = FUSED_STEPS if steps == (3,) else STEPS
-                prefix = [timed(lambda *a, s=s: ours(*a, last_step=s), check=False)["us"] for s in steps]
+                prefix = [timed(lambda *a, s=s: ours(*a, last_step=s), check=False)["us"] for s in (1, 2, 3, 4)]
                 prefix.append(row["results"]["moe_kernels"]["us"])
-                row["breakdown_us"] = {n: b - a for n, a, b in zip(names, [0.0] + prefix[:-1], prefix)}
+                row["breakdown_us"] = {n: b - a for n, a, b in zip(STEPS, [0.0] + prefix[:-1], prefix)}
             if getattr(args, "kernels", False):
                 order = iter(range(1 << 62))
 
@@ -369,16 +365,7 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
                     ours(*sets[j], outs[j])
                 row["kernels_us"] = kernel_times(rotated, 4 * len(sets))
             if args.sweep or args.sweep_only:
-                plain = None
-                if row["tactic"].endswith("_fused"):
-                    from moe_kernels.tactic import default_tactic, is_fused
-                    plain = str(default_tactic(
-                        [k for k in moe_kernels.list_kernels(quant=args.quant) if not is_fused(k)],
-                        num_tokens=T, top_k=k, num_experts=E, hidden_size=H,
-                        gemm1_n=(2 if act.gated else 1) * I,
-                        sm_count=torch.cuda.get_device_properties(x0.device).multi_processor_count))
-                row["sweep"] = _sweep(moe_kernels, row["tactic"], args.quant, ours, timed,
-                                      args.sweep_only, plain)
+                row["sweep"] = _sweep(moe_kernels, row["tactic"], args.quant, ours, timed, args.sweep_only)
         report(row)
         progress()
         del ws, outs, sets
@@ -386,31 +373,21 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
     torch.cuda.empty_cache()
 
 
-def _sweep(moe_kernels, default, quant, ours, timed, only=None, plain_default=None):
-    """Every usable kernel (matching only) in each GEMM slot, the other slot on the default
-    (plain_default, the rule without fused kernels, when the default is fused); fused
-    kernels, which run both GEMMs, alone."""
+def _sweep(moe_kernels, default, quant, ours, timed, only=None):
+    """Every usable kernel (matching only) in each GEMM slot, the other slot on the default."""
     from moe_kernels import Tactic
-    from moe_kernels.tactic import is_fused
-    d1, d2 = (plain_default or default).split("+")
-    kernels = [k for k in moe_kernels.list_kernels(quant=quant)
-               if not only or re.search(only, k.name) or k.name in (d1, d2, *default.split("+"))]
-    names = [k.name for k in kernels if not is_fused(k)]
+    d1, d2 = default.split("+")
+    names = [k.name for k in moe_kernels.list_kernels(quant=quant)
+             if not only or re.search(only, k.name) or k.name in (d1, d2)]
 
     def t(tactic):
         r = timed(lambda *a: ours(*a, tactic=tactic))
         return r["us"] if r["status"] == "ok" else float("inf")
     g1 = {n: t(Tactic(n, d2)) for n in names}
     g2 = {n: t(Tactic(d1, n)) for n in names}
-    fused = {k.name: t(Tactic(k.name, k.name)) for k in kernels if is_fused(k)}
     best = Tactic(min(g1, key=g1.get), min(g2, key=g2.get))
-    best_us = t(best)
-    if fused and min(fused.values()) < best_us:
-        f = min(fused, key=fused.get)
-        best, best_us = Tactic(f, f), fused[f]
-    d_us = fused[default.split("+")[0]] if default.split("+")[0] in fused else g1[d1]
-    return {"default": default, "default_us": d_us, "best": str(best), "best_us": best_us,
-            "gemm1_us": g1, "gemm2_us": g2, "fused_us": fused}
+    return {"default": default, "default_us": g1[d1], "best": str(best), "best_us": t(best),
+            "gemm1_us": g1, "gemm2_us": g2}
 
 
 # ---- output --------------------------------------------------------------------------------
@@ -433,8 +410,8 @@ def format_row(row, peer_names) -> str:
     if "sweep" in row:
         sw = row["sweep"]
         lines.append(f"    default {sw['default']} {sw['default_us']:.1f} us; best {sw['best']} {sw['best_us']:.1f} us")
-        for slot in ("gemm1", "gemm2", "fused"):
-            lines += [f"    {slot} {us:9.1f} us  {n}" for n, us in sorted(sw.get(f"{slot}_us", {}).items(), key=lambda x: x[1])]
+        for slot in ("gemm1", "gemm2"):
+            lines += [f"    {slot} {us:9.1f} us  {n}" for n, us in sorted(sw[f"{slot}_us"].items(), key=lambda x: x[1])]
     if "breakdown_us" in row:
         lines.append("    steps (us): " + ", ".join(f"{k} {v:.1f}" for k, v in row["breakdown_us"].items()))
     for name, us in row.get("kernels_us", {}).items():

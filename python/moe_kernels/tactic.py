@@ -62,25 +62,6 @@ SWAP_AB_HEADROOM = 8
 # The narrow swap tiles (tokens per tile) this decode rule picks from; the wider ones (64
 # tokens) are not in the default rule, only in tuned tables (measured near a tie).
 SWAP_AB_DECODE_TILE = 16
-# The "fused" schedule (src/fused_decode.cu): the whole FP8 forward in two kernels, one name
-# for both GEMMs. It takes at most FUSED_MAX_PAIRS (token, expert) pairs (the runner's
-# kFusedMaxPairs) and is the default up to FUSED_PAIRS of them.
-FUSED_MAX_PAIRS = 256
-FUSED_PAIRS = 8
-
-
-def is_fused(kernel: KernelInfo) -> bool:
-    return kernel.schedule == "fused"
-
-
-def fused_fits(num_tokens: int, top_k: int, hidden_size: int, inter_size: int) -> bool:
-    """Whether the fused kernels take this problem (the runner's fused_decode_fits): few
-    enough pairs, and shared memory for a quantized token row plus two weight pieces (GEMM1)
-    and per-slot data plus 8 quantized h rows (GEMM2) per block."""
-    limit = (227 - 6) * 1024
-    up = (hidden_size + 127) // 128 * 128 + 2 * 16 * (hidden_size if hidden_size <= 2048 else 2048 + 64)
-    down = (12 * top_k + 15) // 16 * 16 + 8 * inter_size
-    return num_tokens * top_k <= FUSED_MAX_PAIRS and max(up, down) <= limit
 
 
 def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_count: int,
@@ -122,11 +103,6 @@ def default_tactic(kernels: list, *, num_tokens: int, top_k: int, num_experts: i
     if not kernels:
         raise ValueError("no kernels to choose from")
     pairs = num_tokens * top_k
-    fused = [k for k in kernels if is_fused(k)]
-    # gemm1_n bounds I from above (2I for gated activations).
-    if fused and pairs <= FUSED_PAIRS and fused_fits(num_tokens, top_k, hidden_size, gemm1_n):
-        return Tactic(fused[0].name, fused[0].name)
-    kernels = [k for k in kernels if not is_fused(k)] or kernels
     experts_hit = max(1, min(num_experts, pairs))
     rows = pairs / experts_hit
     return Tactic(_pick(kernels, rows, gemm1_n, experts_hit, sm_count, DECODE_PAIRS[0], SWAP_AB_ROWS[0]).name,

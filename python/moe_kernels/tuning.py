@@ -30,7 +30,7 @@ import warnings
 
 from . import _native
 from .modes import Activation, QuantMode
-from .tactic import FUSED_MAX_PAIRS, Tactic, is_fused
+from .tactic import Tactic
 
 # Token buckets: powers of two to 256, then x4 steps. A forward of T tokens uses the
 # smallest bucket >= T (the largest for more tokens).
@@ -101,11 +101,7 @@ def list_tactics(quant="bf16", device=None) -> TacticSet:
             filtered[k.name] = why
         else:
             usable.append(k.name)
-    fused = {k.name for k in _native.library_for(dev)["kernels"] if is_fused(k)}
-    # A fused kernel runs both GEMMs: it pairs only with itself.
-    pairs = [Tactic(a, b) for a in usable for b in usable
-             if a == b or (a not in fused and b not in fused)]
-    return TacticSet(pairs, usable, filtered)
+    return TacticSet([Tactic(a, b) for a in usable for b in usable], usable, filtered)
 
 
 # ---- the cache ------------------------------------------------------------------------------
@@ -372,10 +368,8 @@ def _worker(args) -> int:
 
         # Probe: each kernel alone in both slots. A fault here is blamed on that kernel.
         good = []
-        fits = [kk for kk in ts.kernels if kk not in excluded
-                and not (is_fused(infos[kk]) and T * spec.top_k > FUSED_MAX_PAIRS)]
-        for i, k in enumerate(fits):
-            _emit(event="try", bucket=T, tactic=f"{k}+{k}", suspect=k, index=i, count=len(fits))
+        for i, k in enumerate(kk for kk in ts.kernels if kk not in excluded):
+            _emit(event="try", bucket=T, tactic=f"{k}+{k}", suspect=k, index=i, count=len(ts.kernels))
             if valid(Tactic(k, k)):
                 good.append(k)
 
@@ -398,34 +392,24 @@ def _worker(args) -> int:
         if not good:
             _emit(event="bucket", bucket=T, record=None)
             continue
-        def rule(names):
-            return default_tactic([infos[k] for k in names], num_tokens=T, top_k=spec.top_k,
-                                  num_experts=spec.experts, hidden_size=spec.hidden,
-                                  gemm1_n=(2 if act.gated else 1) * spec.inter, sm_count=sm_count)
-        # Fused kernels run both GEMMs: timed as a whole, beside the search over the others.
-        fused = [k for k in good if is_fused(infos[k])]
-        plain = [k for k in good if k not in fused]
-        default = rule(good)
+        default = default_tactic([infos[k] for k in good], num_tokens=T, top_k=spec.top_k,
+                                 num_experts=spec.experts, hidden_size=spec.hidden,
+                                 gemm1_n=(2 if act.gated else 1) * spec.inter, sm_count=sm_count)
         default_us = measure(default, default.gemm1, 0, 1)
-        for i, k in enumerate(fused):
-            measure(Tactic(k, k), k, i, len(fused))
-        searched = None
-        if plain:
-            base = rule(plain)
-            if args.exhaustive:
-                pairs = [Tactic(a, b) for a in plain for b in plain]
-                for i, t in enumerate(pairs):
-                    measure(t, t.gemm1, i, len(pairs))
-            # Coordinate search: GEMM1 with GEMM2 on the default, then GEMM2 with the best GEMM1.
-            # After an exhaustive run every pair is timed already, so this replays the search on
-            # the same timings: what tuning would have chosen, comparable with the exhaustive best.
-            for i, k in enumerate(plain):
-                measure(Tactic(k, base.gemm2), k, i, 2 * len(plain))
-            best1 = min(plain, key=lambda k: timings.get(str(Tactic(k, base.gemm2)), float("inf")))
-            for i, k in enumerate(plain):
-                measure(Tactic(best1, k), k, len(plain) + i, 2 * len(plain))
-            best2 = min(plain, key=lambda k: timings.get(str(Tactic(best1, k)), float("inf")))
-            searched = Tactic(best1, best2)
+        if args.exhaustive:
+            pairs = [Tactic(a, b) for a in good for b in good]
+            for i, t in enumerate(pairs):
+                measure(t, t.gemm1, i, len(pairs))
+        # Coordinate search: GEMM1 with GEMM2 on the default, then GEMM2 with the best GEMM1.
+        # After an exhaustive run every pair is timed already, so this replays the search on the
+        # same timings: what tuning would have chosen, comparable with the exhaustive best.
+        for i, k in enumerate(good):
+            measure(Tactic(k, default.gemm2), k, i, 2 * len(good))
+        best1 = min(good, key=lambda k: timings.get(str(Tactic(k, default.gemm2)), float("inf")))
+        for i, k in enumerate(good):
+            measure(Tactic(best1, k), k, len(good) + i, 2 * len(good))
+        best2 = min(good, key=lambda k: timings.get(str(Tactic(best1, k)), float("inf")))
+        searched = Tactic(best1, best2)
         if not timings:
             _emit(event="bucket", bucket=T, record=None)
             continue
@@ -437,8 +421,7 @@ def _worker(args) -> int:
         ranked = list(confirm(timings, again).items())
         best = Tactic(*ranked[0][0].split("+"))
         rec = {"gemm1": best.gemm1, "gemm2": best.gemm2, "us": ranked[0][1],
-               "search": str(searched) if searched else None,
-               "search_us": timings.get(str(searched)) if searched else None,
+               "search": str(searched), "search_us": timings.get(str(searched)),
                "exhaustive": bool(args.exhaustive),
                "runner_up": ranked[1][0] if len(ranked) > 1 else None,
                "runner_up_us": ranked[1][1] if len(ranked) > 1 else None,
