@@ -171,6 +171,50 @@ def test_cuda_graph_capture_and_replay():
         assert rel_error(out, reference_out(static)) < TOLERANCE["bf16"]
 
 
+@pytest.mark.parametrize("decode", [False, True], ids=["default", "decode"])
+@pytest.mark.parametrize("T", [1, 4, 300])
+@pytest.mark.parametrize("mode", ["bf16", "fp8", "fp8_block"])
+def test_back_to_back_forwards_one_workspace(mode, T, decode, error_log):
+    """Four forwards with one workspace, each with its own routing, replayed as one CUDA graph
+    so that the GPU runs them back to back. Kernels read routing's lists before their wait for
+    the previous kernel (PDL, launch.cuh); one that read them before they were written would
+    take the previous forward's rows, experts and scales."""
+    E, k, H, I = 16, 4, 512, 256
+    base = make_problem(T=T, E=E, k=k, H=H, I=I, dtype=mode)
+    tactic = None
+    if decode:
+        kern = next(k for k in moe_kernels.list_kernels(quant=mode) if k.schedule == "decode")
+        tactic = Tactic(kern.name, kern.name)
+    ws = torch.empty(moe_kernels.workspace_size(T, k, E, H, I, quant=mode), dtype=torch.uint8,
+                     device="cuda")
+    routed = ("hidden_states", "topk_ids", "topk_weights")
+    problems = [{**base, **{n: make_problem(T=T, E=E, k=k, H=H, I=I)[n] for n in routed}}
+                for _ in range(4)]
+    outs = [torch.empty_like(base["hidden_states"]) for _ in problems]
+
+    def forwards():
+        for p, out in zip(problems, outs):
+            fused_moe(p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"],
+                      quant=p.get("quant"), workspace=ws, out=out, tactic=tactic, **scale_kwargs(p))
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        forwards()  # tactic choice and attribute setup outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forwards()
+    for out in outs:
+        out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for i, (p, out) in enumerate(zip(problems, outs)):
+        err = rel_error(out, reference_out(p))
+        error_log.add(f"{mode}/back_to_back", err)
+        assert err < TOLERANCE[mode], f"forward {i} of 4: relative error {err:.3e}"
+
+
 def test_bitwise_deterministic():
     p = make_problem(T=2048, E=32, k=8, H=512, I=256)
     first = run(p)
