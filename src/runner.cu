@@ -231,6 +231,7 @@ GroupedGemmArgs gemm_args(const GroupSetup& g, int e, int64_t rows, void* ws, in
   a.active_groups = g.active;
   a.max_active_groups = static_cast<int>(std::min<int64_t>(e, rows));
   a.n = g.n;
+  a.k = g.k;
   a.problem_shapes = g.problem_shapes;
   a.problem_shapes_t = g.problem_shapes_t;
   a.ptr_a = g.ptr_a;

@@ -25,12 +25,12 @@ struct GroupedGemmArgs {
   const float** ptr_sfa;    // block-scaled kernels only: per group, A's [M_g, K/128] scales
   const float** ptr_sfb;    // and B's [N/128, K/128] scales
   void* workspace;          // at least workspace_size(num_groups, sm_count) bytes
-  // For kernels that size their grid on the host (the decode schedule): the groups with
-  // rows, listed on the device ([0]: how many, [1..]: which), an upper bound on that count,
-  // and N (the same for every group).
+  // For kernels that size their grid and shared memory on the host (the decode schedule):
+  // the groups with rows, listed on the device ([0]: how many, [1..]: which), an upper bound
+  // on that count, and N and K (the same for every group).
   const int32_t* active_groups;
   int max_active_groups;
-  int64_t n;
+  int64_t n, k;
   int device;
   int sm_count;
   cudaStream_t stream;
