@@ -183,7 +183,7 @@ def test_back_to_back_forwards_one_workspace(mode, T, decode, error_log):
     base = make_problem(T=T, E=E, k=k, H=H, I=I, dtype=mode)
     tactic = None
     if decode:
-        kern = next(k for k in moe_kernels.list_kernels(quant=mode) if k.schedule == "decode")
+        kern = next(kn for kn in moe_kernels.list_kernels(quant=mode) if kn.schedule == "decode")
         tactic = Tactic(kern.name, kern.name)
     ws = torch.empty(moe_kernels.workspace_size(T, k, E, H, I, quant=mode), dtype=torch.uint8,
                      device="cuda")

@@ -25,7 +25,7 @@ struct GroupedGemmArgs {
   const float** ptr_sfa;    // block-scaled kernels only: per group, A's [M_g, K/128] scales
   const float** ptr_sfb;    // and B's [N/128, K/128] scales
   void* workspace;          // at least workspace_size(num_groups, sm_count) bytes
-  // For kernels that size their grid and shared memory on the host (the decode schedule):
+  // For kernels that size their grid and pick a variant on the host (the decode schedule):
   // the groups with rows, listed on the device ([0]: how many, [1..]: which), an upper bound
   // on that count, and N and K (the same for every group).
   const int32_t* active_groups;
