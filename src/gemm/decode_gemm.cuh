@@ -31,7 +31,6 @@ namespace decode {
 constexpr int kWarps = 4;     // per block
 constexpr int kRows = 16;     // weight rows (output columns) per warp tile: one mma M
 constexpr int kKBytes = 128;  // K bytes per warp step: one 128-column scale block for FP8
-constexpr int kBatch = 2;     // K steps whose loads a warp issues before using any
 
 struct Params {
   const int32_t* problem_shapes;
@@ -94,8 +93,12 @@ __device__ __forceinline__ Out to_out(float v) {
 // weight loads of one batch. Split K (16 columns per block): the block's 4 warps share the
 // columns and take K steps warp, warp + 4, ...; else (64 per block) each warp owns 16 columns
 // and takes every K step.
-template <class In, bool kBlockScaled, bool kSplitK>
+// kBatch: the K steps whose weight loads a warp issues before using any.
+template <class In_, bool kBlockScaled_, bool kSplitK_, int kBatch_>
 struct WarpTile {
+  using In = In_;
+  static constexpr bool kBlockScaled = kBlockScaled_, kSplitK = kSplitK_;
+  static constexpr int kBatch = kBatch_;
   using Weights = uint4[kBatch][2][2];  // [step][64-byte half][row r, r + 8]
   static constexpr int kStepStride = kSplitK ? kWarps : 1;
 
@@ -154,62 +157,68 @@ struct WarpTile {
 // [N/128, K/128] applied to each 128-column partial sum; else raw fp32 sums (the fp8 path's
 // scales are applied by the next step, as with the CUTLASS kernels). `w` holds the first
 // batch of weights when `preloaded`.
-template <class In, bool kBlockScaled, bool kSplitK, int kTiles>
-__device__ __forceinline__ void warp_sums(const WarpTile<In, kBlockScaled, kSplitK>& t,
-                                          const char* a, int64_t lda, const float* sfa,
-                                          int m0, int m_rows,
-                                          typename WarpTile<In, kBlockScaled, kSplitK>::Weights& w,
-                                          bool preloaded, float (&acc)[kTiles][4]) {
-  constexpr int kStride = WarpTile<In, kBlockScaled, kSplitK>::kStepStride;
+template <class Tile, int kTiles>
+__device__ __forceinline__ void warp_sums(const Tile& t, const char* a, int64_t lda,
+                                          const float* sfa, int m0, int m_rows,
+                                          typename Tile::Weights& w, bool preloaded,
+                                          float (&acc)[kTiles][4]) {
+  using In = typename Tile::In;
+  constexpr bool kBlockScaled = Tile::kBlockScaled;
+  constexpr int kStride = Tile::kStepStride, kBatch = Tile::kBatch;
+  constexpr int kXSteps = 2;
+  static_assert(kBatch % kXSteps == 0, "decode GEMM: batches of whole token-load pairs");
   const int lane = threadIdx.x & 31, r = lane >> 2, q = lane & 3;
   for (int s0 = t.first_step(); s0 < t.k_steps; s0 += kStride * kBatch) {
     if (!preloaded) t.load_weights(s0, w);
     preloaded = false;
-    uint4 x[kBatch][2][kTiles];  // [step][half][token tile]: token m0 + 8u + r
+    // Token loads two steps at a time (in flight together; more would cost registers).
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const int s = s0 + i * kStride;
+    for (int i0 = 0; i0 < kBatch; i0 += kXSteps) {
+      if (s0 + i0 * kStride >= t.k_steps) break;  // the same for the whole warp
+      uint4 x[kXSteps][2][kTiles];  // [step][half][token tile]: token m0 + 8u + r
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        int64_t off;
-        const bool in_k = t.k_piece(s, h, off);
+      for (int j = 0; j < kXSteps; ++j)
 #pragma unroll
-        for (int u = 0; u < kTiles; ++u) {
-          const int m = m0 + 8 * u + r;
-          x[i][h][u] = in_k && m < m_rows
-                           ? __ldg(reinterpret_cast<const uint4*>(a + m * lda + off))
-                           : make_uint4(0, 0, 0, 0);
+        for (int h = 0; h < 2; ++h) {
+          int64_t off;
+          const bool in_k = t.k_piece(s0 + (i0 + j) * kStride, h, off);
+#pragma unroll
+          for (int u = 0; u < kTiles; ++u) {
+            const int m = m0 + 8 * u + r;
+            x[j][h][u] = in_k && m < m_rows
+                             ? __ldg(reinterpret_cast<const uint4*>(a + m * lda + off))
+                             : make_uint4(0, 0, 0, 0);
+          }
         }
-      }
-    }
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const int s = s0 + i * kStride;
-      if (s >= t.k_steps) break;  // the same for the whole warp
-      float part[kTiles][4] = {};
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int v = 0; v < 2; ++v) {
-          const uint32_t wa[4] = {word(w[i][h][0], 2 * v), word(w[i][h][1], 2 * v),
-                                  word(w[i][h][0], 2 * v + 1), word(w[i][h][1], 2 * v + 1)};
-#pragma unroll
-          for (int u = 0; u < kTiles; ++u)
-            mma<In>(kBlockScaled ? part[u] : acc[u], wa, word(x[i][h][u], 2 * v),
-                    word(x[i][h][u], 2 * v + 1));
-        }
-      if constexpr (kBlockScaled) {
-        const float ws = t.sfb[s];
-#pragma unroll
-        for (int u = 0; u < kTiles; ++u) {
-          // c0/c2 are token 2q of the tile, c1/c3 token 2q + 1 (rows r and r + 8).
-          const int m = m0 + 8 * u + 2 * q;
-          const float s0a = m < m_rows ? sfa[int64_t(m) * t.k_steps + s] * ws : 0.f;
-          const float s1a = m + 1 < m_rows ? sfa[int64_t(m + 1) * t.k_steps + s] * ws : 0.f;
-          acc[u][0] += part[u][0] * s0a;
-          acc[u][1] += part[u][1] * s1a;
-          acc[u][2] += part[u][2] * s0a;
-          acc[u][3] += part[u][3] * s1a;
+      for (int j = 0; j < kXSteps; ++j) {
+        const int i = i0 + j, s = s0 + i * kStride;
+        if (s >= t.k_steps) break;  // the same for the whole warp
+        float part[kTiles][4] = {};
+  #pragma unroll
+        for (int h = 0; h < 2; ++h)
+  #pragma unroll
+          for (int v = 0; v < 2; ++v) {
+            const uint32_t wa[4] = {word(w[i][h][0], 2 * v), word(w[i][h][1], 2 * v),
+                                    word(w[i][h][0], 2 * v + 1), word(w[i][h][1], 2 * v + 1)};
+  #pragma unroll
+            for (int u = 0; u < kTiles; ++u)
+              mma<In>(kBlockScaled ? part[u] : acc[u], wa, word(x[j][h][u], 2 * v),
+                      word(x[j][h][u], 2 * v + 1));
+          }
+        if constexpr (kBlockScaled) {
+          const float ws = t.sfb[s];
+  #pragma unroll
+          for (int u = 0; u < kTiles; ++u) {
+            // c0/c2 are token 2q of the tile, c1/c3 token 2q + 1 (rows r and r + 8).
+            const int m = m0 + 8 * u + 2 * q;
+            const float s0a = m < m_rows ? sfa[int64_t(m) * t.k_steps + s] * ws : 0.f;
+            const float s1a = m + 1 < m_rows ? sfa[int64_t(m + 1) * t.k_steps + s] * ws : 0.f;
+            acc[u][0] += part[u][0] * s0a;
+            acc[u][1] += part[u][1] * s1a;
+            acc[u][2] += part[u][2] * s0a;
+            acc[u][3] += part[u][3] * s1a;
+          }
         }
       }
     }
@@ -220,11 +229,12 @@ __device__ __forceinline__ void warp_sums(const WarpTile<In, kBlockScaled, kSpli
 // Split K: the warps' sums are added in shared memory (`partial`), then stored by the block;
 // else each lane stores its own sums: c0 (row r, token 2q), c1 (r, 2q + 1), c2 (r + 8, 2q),
 // c3 (r + 8, 2q + 1) of each mma tile.
-template <class In, class Out, bool kBlockScaled, bool kSplitK, int kTiles>
-__device__ __forceinline__ void group_tile(const Params& p, const WarpTile<In, kBlockScaled, kSplitK>& t,
-                                           typename WarpTile<In, kBlockScaled, kSplitK>::Weights& w,
-                                           bool preloaded,
-                                           float (&partial)[kSplitK ? kWarps : 1][kTiles * 8][kRows + 1]) {
+template <class Out, class Tile, int kTiles>
+__device__ __forceinline__ void group_tile(const Params& p, const Tile& t,
+                                           typename Tile::Weights& w, bool preloaded,
+                                           float (&partial)[Tile::kSplitK ? kWarps : 1][kTiles * 8][kRows + 1]) {
+  using In = typename Tile::In;
+  constexpr bool kBlockScaled = Tile::kBlockScaled, kSplitK = Tile::kSplitK;
   const int g = t.g, n = t.n, n0 = t.n0;
   const int m_rows = p.problem_shapes[3 * g];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -237,7 +247,7 @@ __device__ __forceinline__ void group_tile(const Params& p, const WarpTile<In, k
 
   for (int m0 = 0; m0 < m_rows; m0 += kTiles * 8) {
     float acc[kTiles][4] = {};
-    warp_sums<In, kBlockScaled, kSplitK, kTiles>(t, a, lda, sfa, m0, m_rows, w, preloaded, acc);
+    warp_sums<Tile, kTiles>(t, a, lda, sfa, m0, m_rows, w, preloaded, acc);
     preloaded = false;
     if constexpr (kSplitK) {
 #pragma unroll
@@ -276,9 +286,9 @@ __device__ __forceinline__ void group_tile(const Params& p, const WarpTile<In, k
 // The weight stream thus starts while the previous kernel (expand or activation) finishes.
 // kMinBlocks > 0: at most 65536 / (128 * kMinBlocks) registers per thread, so that more
 // blocks, and more weight loads, are in flight per SM (DecodeGemm::run says when).
-template <class In, class Out, bool kBlockScaled, bool kSplitK, int kTiles, int kMinBlocks>
+template <class In, class Out, bool kBlockScaled, bool kSplitK, int kTiles, int kBatch, int kMinBlocks>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) decode_gemm_kernel(Params p) {
-  using Tile = WarpTile<In, kBlockScaled, kSplitK>;
+  using Tile = WarpTile<In, kBlockScaled, kSplitK, kBatch>;
   __shared__ float partial[kSplitK ? kWarps : 1][kTiles * 8][kRows + 1];
   const int active = p.active_groups[0];
   typename Tile::Weights w;
@@ -295,7 +305,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) decode_gemm_kernel(Pa
     const Tile t(p, p.active_groups[1 + y]);
     // Split K: the same for the whole block (it syncs); else per warp.
     if (t.has_columns())
-      group_tile<In, Out, kBlockScaled, kSplitK, kTiles>(p, t, w, preloaded, partial);
+      group_tile<Out, Tile, kTiles>(p, t, w, preloaded, partial);
     preloaded = false;
   }
 }
@@ -313,6 +323,7 @@ struct DecodeGemm {
   static constexpr int kTiles = kTokens / 8;
   static constexpr bool kSplitK = kColumns == decode::kRows;
   static constexpr int64_t kDenseMaxKBytes = 4096;
+  static constexpr int kWholeSteps = 6;
 
   static size_t workspace_size(int, int) { return 0; }
 
@@ -331,10 +342,28 @@ struct DecodeGemm {
     // (768 blocks) is one wave. H200, fp8, one token: 27.5 against 28.5 us for the previous
     // pick (16x16). Long K keeps the default, whose registers pay there (Mixtral-8x7B bf16,
     // whose GEMM2 has this tile at K = 14336: 2.7% slower with six blocks).
-    auto* kernel = decode::decode_gemm_kernel<In, Out, kBlockScaled, kSplitK, kTiles, 0>;
+    const int64_t k_bytes = a.k * int64_t(sizeof(In));
+    auto* kernel = decode::decode_gemm_kernel<In, Out, kBlockScaled, kSplitK, kTiles, 2, 0>;
     if constexpr (kSplitK && kTiles == 1)
-      if (a.k * int64_t(sizeof(In)) <= kDenseMaxKBytes)
-        kernel = decode::decode_gemm_kernel<In, Out, kBlockScaled, kSplitK, kTiles, 6>;
+      if (k_bytes <= kDenseMaxKBytes)
+        kernel = decode::decode_gemm_kernel<In, Out, kBlockScaled, kSplitK, kTiles, 2, 6>;
+    // 64-column tiles over short K (a warp's K in at most kWholeSteps steps: fp8 K <= 768,
+    // 16-bit K <= 384): each warp requests all its weights before the PDL wait, if the whole
+    // grid is resident at once (214 registers: two blocks per SM). H200, Qwen3-30B-A3B fp8,
+    // one token (GEMM2, 256 blocks): 26.4-26.7 against 27.3-27.6 us, three runs each; where
+    // the grid takes two waves (2-16 tokens) it lost 5-9%.
+    if constexpr (!kSplitK) {
+      auto* whole = decode::decode_gemm_kernel<In, Out, kBlockScaled, kSplitK, kTiles, kWholeSteps, 0>;
+      static const int per_sm = [whole] {
+        int n = 0;
+        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, whole, decode::kWarps * 32, 0) ==
+                       cudaSuccess ? n : 0;
+      }();
+      const int64_t steps = (k_bytes + decode::kKBytes - 1) / decode::kKBytes;
+      if (steps > 2 && steps <= kWholeSteps &&
+          int64_t(grid.x) * grid.y <= int64_t(per_sm) * a.sm_count)
+        kernel = whole;
+    }
     const cudaError_t e = launch(kernel, grid, decode::kWarps * 32, 0, a.stream, p);
     if (e != cudaSuccess) {
       snprintf(err, errlen, "decode GEMM launch: %s", cudaGetErrorString(e));
