@@ -195,20 +195,20 @@ __device__ __forceinline__ void warp_sums(const Tile& t, const char* a, int64_t 
         const int i = i0 + j, s = s0 + i * kStride;
         if (s >= t.k_steps) break;  // the same for the whole warp
         float part[kTiles][4] = {};
-  #pragma unroll
+#pragma unroll
         for (int h = 0; h < 2; ++h)
-  #pragma unroll
+#pragma unroll
           for (int v = 0; v < 2; ++v) {
             const uint32_t wa[4] = {word(w[i][h][0], 2 * v), word(w[i][h][1], 2 * v),
                                     word(w[i][h][0], 2 * v + 1), word(w[i][h][1], 2 * v + 1)};
-  #pragma unroll
+#pragma unroll
             for (int u = 0; u < kTiles; ++u)
               mma<In>(kBlockScaled ? part[u] : acc[u], wa, word(x[j][h][u], 2 * v),
                       word(x[j][h][u], 2 * v + 1));
           }
         if constexpr (kBlockScaled) {
           const float ws = t.sfb[s];
-  #pragma unroll
+#pragma unroll
           for (int u = 0; u < kTiles; ++u) {
             // c0/c2 are token 2q of the tile, c1/c3 token 2q + 1 (rows r and r + 8).
             const int m = m0 + 8 * u + 2 * q;
@@ -356,8 +356,10 @@ struct DecodeGemm {
       auto* whole = decode::decode_gemm_kernel<In, Out, kBlockScaled, kSplitK, kTiles, kWholeSteps, 0>;
       static const int per_sm = [whole] {
         int n = 0;
-        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, whole, decode::kWarps * 32, 0) ==
-                       cudaSuccess ? n : 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, whole, decode::kWarps * 32, 0) == cudaSuccess)
+          return n;
+        cudaGetLastError();  // not sticky: clear it, and never pick the whole-K kernel
+        return 0;
       }();
       const int64_t steps = (k_bytes + decode::kKBytes - 1) / decode::kKBytes;
       if (steps > 2 && steps <= kWholeSteps &&
