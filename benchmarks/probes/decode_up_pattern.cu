@@ -103,22 +103,13 @@ int main() {
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     CK(cudaFuncSetAttribute(idle_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                             idle == 2 ? int(cudaSharedmemCarveoutMaxShared) : int(cudaSharedmemCarveoutDefault)));
-    cudaGraph_t g; cudaGraphExec_t ge;
-    const int PER = 32;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < PER; ++i) {
+    std::vector<float> ts;
+    time_graph(st, 32, [&](int i) {
       cudaLaunchAttribute a[1]; a[0].id = cudaLaunchAttributeProgrammaticStreamSerialization; a[0].val.programmaticStreamSerializationAllowed = 1;
       cudaLaunchConfig_t c{}; c.stream = st; c.attrs = a; c.numAttrs = usepdl; c.gridDim = sms; c.blockDim = 64; c.dynamicSmemBytes = smem;
       CK(cudaLaunchKernelEx(&c, kern, (const char*)w13, (const int*)ids, i % SETS, out));
       if (idle) { c.blockDim = 256; c.dynamicSmemBytes = 0; CK(cudaLaunchKernelEx(&c, idle_kernel, (const char*)w13, (const int*)ids, i % SETS, out)); }
-    }
-    CK(cudaStreamEndCapture(st, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < 20; ++i) CK(cudaGraphLaunch(ge, st));
-    CK(cudaStreamSynchronize(st));
-    std::vector<float> ts;
-    cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-    for (int r = 0; r < 30; ++r) { cudaEventRecord(a, st); CK(cudaGraphLaunch(ge, st)); cudaEventRecord(b, st); CK(cudaEventSynchronize(b)); float ms; cudaEventElapsedTime(&ms, a, b); ts.push_back(ms * 1000 / PER); }
-    std::sort(ts.begin(), ts.end());
+    }, ts);
     printf("mode %d%s pdl %d: %.2f us per launch (min %.2f) = %.2f TB/s (floor at 4.22: %.2f us)\n", mode, idle == 0 ? "" : idle == 1 ? " + idle kernel" : " + idle kernel, max shared carveout", usepdl, ts[15], ts[0], bytes / ts[15] / 1e6, bytes / 4.22e6);
   };
   for (int usepdl = 0; usepdl < 2; ++usepdl) {

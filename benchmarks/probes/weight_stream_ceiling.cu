@@ -160,17 +160,8 @@ int main() {
       else if (mode == 1) { c.gridDim = NB; c.blockDim = 256; c.dynamicSmemBytes = smem1; CK(cudaLaunchKernelEx(&c, stream_kernel<1, false, 0, true>, (const char*)w13, (const char*)w2, (const int*)ids, set, out)); }
       else { int g[3] = {132 * 2, 132 * 4, 132 * 8}; c.gridDim = g[mode - 2]; c.blockDim = 512; CK(cudaLaunchKernelEx(&c, ld_kernel, (const char*)w13, (const char*)w2, (const int*)ids, set, out)); }
     };
-    cudaGraph_t g; cudaGraphExec_t ge;
-    const int PER = 32;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < PER; ++i) launch(i % SETS);
-    CK(cudaStreamEndCapture(st, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < 20; ++i) CK(cudaGraphLaunch(ge, st));
-    CK(cudaStreamSynchronize(st));
     std::vector<float> ts;
-    cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-    for (int r = 0; r < 30; ++r) { cudaEventRecord(a, st); CK(cudaGraphLaunch(ge, st)); cudaEventRecord(b, st); CK(cudaEventSynchronize(b)); float ms; cudaEventElapsedTime(&ms, a, b); ts.push_back(ms * 1000 / PER); }
-    std::sort(ts.begin(), ts.end());
+    time_graph(st, 32, [&](int i) { launch(i % SETS); }, ts);
     printf("mode %d pdl %d: %.2f us per launch (min %.2f) = %.2f TB/s (floor at 4.22: %.2f us)\n", mode, usepdl, ts[15], ts[0], bytes / ts[15] / 1e6, bytes / 4.22e6);
   }
   // plain copy ceiling for reference: 2 GiB elementwise
