@@ -31,7 +31,11 @@ DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cut
 # K split over its 4 warps, or 64, 16 per warp), the same source for both families; the
 # others are CUTLASS's. "coop_swapab": CUTLASS's cooperative schedule with the weights as the
 # wgmma's A operand (M = tile_n) and the tile_m tokens as its N, for a few rows per expert.
-SCHEDULES = {"sm90": ("pingpong", "coop", "coop_swapab", "decode"), "sm100": ("1sm", "2sm", "decode")}
+# "contig": our own TMA + wgmma kernel for fp8_block at many rows per expert
+# (src/gemm/sm90/contiguous_gemm.cuh: one descriptor per operand for all experts, an expert's
+# last M tile cut to the 64-row half with rows in it).
+SCHEDULES = {"sm90": ("pingpong", "coop", "coop_swapab", "decode", "contig"),
+             "sm100": ("1sm", "2sm", "decode")}
 DECODE_TILE_N = (16, 64)
 
 # FP8 mainloops (SM90). "": partial sums promoted to fp32 every few k-blocks (accurate for
@@ -97,6 +101,11 @@ class GemmConfig:
             assert self.tile_n in DECODE_TILE_N and self.tile_m % 8 == 0, f"{self.name}: decode tile"
             assert (self.cluster_m, self.cluster_n) == (1, 1), f"{self.name}: decode has no clusters"
             assert self.mainloop != "fastaccum", f"{self.name}: decode accumulates in fp32 (mma.sync)"
+            return
+        if self.schedule == "contig":
+            assert (self.tile_m, self.tile_k, self.cluster_m, self.cluster_n) == (128, 128, 1, 1) and \
+                self.tile_n in (128, 256) and self.mainloop == "blockwise", \
+                f"{self.name}: contig is fp8_block, 128 rows by 128 or 256 columns"
             return
         # Block scales cover 128 output columns; a tile must not split one.
         assert self.mainloop != "blockwise" or self.tile_n % 128 == 0, f"{self.name}: blockwise tile_n"
@@ -175,8 +184,13 @@ _SM90_FP8_BLOCK_FULL = [
     (64, 128, 128, 1, 1, "pingpong", "blockwise"),
     (128, 128, 128, 1, 1, "coop", "blockwise"),
     (128, 128, 128, 1, 2, "coop", "blockwise"),
+    # Our own kernel (schedule "contig"). H200, DeepSeek-V3, uniform routing, one sweep: correct,
+    # never the best in either GEMM at 1024-16384 tokens (GEMM1 128x256 3.5%/10% behind the
+    # 128x128 cooperative tile at 4096/16384; GEMM2 0.5%/1.6% behind the best, within drift).
+    (128, 128, 128, 1, 1, "contig", "blockwise"),
+    (128, 256, 128, 1, 1, "contig", "blockwise"),
 ]
-_SM90_FP8_BLOCK_MINIMAL = _SM90_FP8_BLOCK_FULL[:2]
+_SM90_FP8_BLOCK_MINIMAL = _SM90_FP8_BLOCK_FULL[:2] + _SM90_FP8_BLOCK_FULL[3:]
 # fp8_block swap-AB: tile_m tokens per tile as the wgmma's N, tile_n = 128 weight rows (one
 # scale block) as its M, so a few tokens per expert pad 8 or 16 columns, not 64 rows. H200,
 # DeepSeek-V3 (sweep, uniform routing): in both GEMMs faster than our decode kernel and the

@@ -224,9 +224,16 @@ GroupSetup group_setup(char* ws, size_t at, int64_t e, const void* a, const void
   return g;
 }
 
-GroupedGemmArgs gemm_args(const GroupSetup& g, int e, int64_t rows, void* ws, int device,
-                          int sms, cudaStream_t stream) {
+GroupedGemmArgs gemm_args(const GroupSetup& g, int e, int64_t rows, const int32_t* offsets,
+                          void* ws, int device, int sms, cudaStream_t stream) {
   GroupedGemmArgs a{};
+  a.offsets = offsets;
+  a.rows = rows;
+  a.a_base = g.a_base;
+  a.b_base = g.b_base;
+  a.d_base = g.d_base;
+  a.sfa_base = g.ptr_sfa ? g.sfa_base : nullptr;
+  a.sfb_base = g.ptr_sfb ? g.sfb_base : nullptr;
   a.num_groups = e;
   a.active_groups = g.active;
   a.max_active_groups = static_cast<int>(std::min<int64_t>(e, rows));
@@ -406,7 +413,7 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   }
   const int last = a->last_step > 0 ? a->last_step : 5;
   if (last <= 1) return MOEK_OK;
-  if (int st = k1->ops->run(gemm_args(g1, e, rows, ws + L.gemm_ws, a->device, d.sm_count, stream),
+  if (int st = k1->ops->run(gemm_args(g1, e, rows, rb.offsets, ws + L.gemm_ws, a->device, d.sm_count, stream),
                             err, errlen))
     return st;
   if (last <= 2) return MOEK_OK;
@@ -415,7 +422,7 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
                                   s.act_alpha, s.act_limit, q_mid, stream),
                 "activation");
   if (last <= 3) return MOEK_OK;
-  if (int st = k2->ops->run(gemm_args(g2, e, rows, ws + L.gemm_ws, a->device, d.sm_count, stream),
+  if (int st = k2->ops->run(gemm_args(g2, e, rows, rb.offsets, ws + L.gemm_ws, a->device, d.sm_count, stream),
                             err, errlen))
     return st;
   if (last <= 4) return MOEK_OK;

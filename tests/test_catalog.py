@@ -147,6 +147,10 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
                 assert f"DecodeGemm<{generate.CUDA_TYPES[c.act_dtype]}, " in text
                 assert f", {blockwise}, {c.tile_m}, {c.tile_n}>::kOps" in text
                 continue
+            if c.schedule == "contig":
+                assert f'#include "gemm/{family}/contiguous_gemm.cuh"' in text
+                assert f"ContiguousBlockwise<{c.tile_n}>::kOps" in text
+                continue
             assert f'#include "gemm/{family}/grouped_gemm.cuh"' in text
             assert generate.SCHEDULE_TYPES[c.schedule] + generate.MAINLOOP_SUFFIX[c.mainloop] + ">" in text
     assert set(generate.SCHEDULE_TYPES) == {s for v in catalog.SCHEDULES.values() for s in v}

@@ -171,10 +171,10 @@ def test_cuda_graph_capture_and_replay():
         assert rel_error(out, reference_out(static)) < TOLERANCE["bf16"]
 
 
-@pytest.mark.parametrize("decode", [False, True], ids=["default", "decode"])
 @pytest.mark.parametrize("T", [1, 4, 300])
-@pytest.mark.parametrize("mode", ["bf16", "fp8", "fp8_block"])
-def test_back_to_back_forwards_one_workspace(mode, T, decode, error_log):
+@pytest.mark.parametrize("mode,schedule", [(m, s) for m in ("bf16", "fp8", "fp8_block") for s in ("default", "decode")]
+                         + [("fp8_block", "contig")])
+def test_back_to_back_forwards_one_workspace(mode, schedule, T, error_log):
     """Four forwards with one workspace, each with its own routing, replayed as one CUDA graph
     so that the GPU runs them back to back. Kernels read routing's lists before their wait for
     the previous kernel (PDL, launch.cuh); one that read them before they were written would
@@ -182,9 +182,11 @@ def test_back_to_back_forwards_one_workspace(mode, T, decode, error_log):
     E, k, H, I = 16, 4, 512, 256
     base = make_problem(T=T, E=E, k=k, H=H, I=I, dtype=mode)
     tactic = None
-    if decode:
-        kern = next(kn for kn in moe_kernels.list_kernels(quant=mode) if kn.schedule == "decode")
-        tactic = Tactic(kern.name, kern.name)
+    if schedule != "default":
+        kernels = [kn for kn in moe_kernels.list_kernels(quant=mode) if kn.schedule == schedule]
+        if not kernels:
+            pytest.skip(f"no {schedule} kernel for {mode} in this build")
+        tactic = Tactic(kernels[-1].name, kernels[-1].name)  # contig: the 256-column tile
     ws = torch.empty(moe_kernels.workspace_size(T, k, E, H, I, quant=mode), dtype=torch.uint8,
                      device="cuda")
     routed = ("hidden_states", "topk_ids", "topk_weights")
@@ -365,7 +367,7 @@ def test_fused_moe_layer_static_activation_scales(error_log):
 def test_fp8_every_built_kernel(mode, error_log):
     kernels = moe_kernels.list_kernels(quant=mode)
     assert kernels, f"no {mode} kernels usable on this GPU"
-    H, I = (528, 272) if mode == "fp8" else (640, 384)
+    H, I = (528, 272) if mode == "fp8" else (768, 384)  # fp8_block: N multiples of 256 (wide tiles)
     # ~175 rows per expert: every tile (up to 128 rows, or 64 tokens swapped) is full at least once and partial once.
     p = make_problem(T=700, E=8, k=2, H=H, I=I, dtype=mode)
     ref = reference_out(p)
@@ -373,6 +375,49 @@ def test_fp8_every_built_kernel(mode, error_log):
         err = rel_error(run(p, tactic=Tactic(kern.name, kern.name)), ref)
         error_log.add(f"{mode}/kernel/{kern.name}", err)
         assert err < TOLERANCE[mode], f"{kern.name}: relative error {err:.3e}"
+
+
+# The contiguous fp8_block kernel (schedule "contig") finds its tiles from the experts' row
+# offsets on the device: rows that end mid-tile (in either 64-row half), experts with no rows,
+# one expert with all rows, ids of other ranks, long K, and both GEMM slots beside another kernel.
+CONTIG_CASES = [  # T, E, k, H, I, ids, expert_offset
+    (1, 8, 2, 256, 128, None, 0),
+    (37, 64, 8, 512, 256, None, 0),
+    (1000, 8, 8, 512, 256, None, 0),     # 1000 rows per expert: 7 full tiles + 104 rows
+    (300, 16, 4, 7168, 256, None, 0),    # 56 K blocks
+    (777, 8, 1, 384, 128, "one", 0),     # every row on expert 6
+    (15, 64, 2, 256, 128, "sparse", 0),  # three experts with rows
+    (200, 8, 4, 256, 384, "ep", 8),      # global experts 0..15, this rank holds 8..15
+]
+
+
+@pytest.mark.parametrize("T,E,k,H,I,ids,offset", CONTIG_CASES)
+def test_fp8_block_contiguous_kernel(T, E, k, H, I, ids, offset, error_log):
+    kernels = moe_kernels.list_kernels(quant="fp8_block")
+    contig = [x for x in kernels if x.schedule == "contig"]
+    if not contig:
+        pytest.skip("no contiguous fp8_block kernel in this build")
+    other = kernels[0]
+    if ids == "one":
+        ids = torch.full((T, k), 6, dtype=torch.int32)
+    elif ids == "sparse":
+        ids = torch.tensor([[3, 5], [5, 3], [3, 60]] * (T // 3), dtype=torch.int32)
+    elif ids == "ep":
+        ids = torch.rand(T, 2 * E).argsort(dim=1)[:, :k].to(torch.int32)
+    p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype="fp8_block", ids=ids)
+    ref = reference_out(p, expert_offset=offset)
+    kw = dict(ep_rank=1, ep_size=2, num_experts=2 * E) if offset else {}
+    for kern in contig:
+        for tactic in (Tactic(kern.name, kern.name), Tactic(kern.name, other.name),
+                       Tactic(other.name, kern.name)):
+            n = [2 * I if tactic.gemm1 == kern.name else 0, H if tactic.gemm2 == kern.name else 0]
+            if any(x % kern.tile[1] for x in n):  # a tile wider than N's multiple: a clear error
+                with pytest.raises(RuntimeError, match=f"multiple of {kern.tile[1]}"):
+                    run(p, tactic=tactic, **kw)
+                continue
+            err = rel_error(run(p, tactic=tactic, **kw), ref)
+            error_log.add(f"fp8_block/contig/{kern.tile[1]}/T{T}/E{E}/H{H}/{n[0] > 0:d}{n[1] > 0:d}", err)
+            assert err < TOLERANCE["fp8_block"], f"{tactic} T={T} E={E}: relative error {err:.3e}"
 
 
 def test_fp8_block_extreme_rows(error_log):

@@ -31,6 +31,16 @@ struct GroupedGemmArgs {
   const int32_t* active_groups;
   int max_active_groups;
   int64_t n, k;
+  // For kernels that address all groups through one tensor each (the contiguous schedule):
+  // the experts' row offsets [num_groups + 1] on the device, the row capacity of A and D, and
+  // the base pointers the per-group ones above point into.
+  const int32_t* offsets;
+  int64_t rows;
+  const void* a_base;
+  const void* b_base;
+  void* d_base;
+  const float* sfa_base;
+  const float* sfb_base;
   int device;
   int sm_count;
   cudaStream_t stream;

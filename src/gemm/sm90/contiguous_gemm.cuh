@@ -1,0 +1,395 @@
+// Our own SM90 grouped GEMM for fp8_block (DeepSeek-style block scales) at many rows per expert:
+// the catalog's "contig" schedule. Same interface as the CUTLASS kernels (GroupedGemmArgs).
+//
+// Why not CUTLASS's ptr-array kernel: the routing leaves every expert's rows contiguous in one
+// [rows, K] buffer and the weights are one [E, N, K] tensor, so two TMA descriptors cover all
+// groups and no per-group descriptor is rewritten on the device; an expert's last M tile is
+// cut to the 64-row half that has rows in it (the other consumer warpgroup skips its wgmmas),
+// so a tile with a few tail rows costs half a tile, not a whole one; and a tile may be 256
+// columns wide (two weight-scale blocks), which reads 25% fewer bytes from L2 per FLOP than
+// 128 (CUTLASS 4.2's blockwise mainloop keeps a second fp32 accumulator and does not build it).
+//
+// Persistent: one CTA per SM walks tiles blockIdx.x, +gridDim.x, ...; tiles are ordered by
+// expert, then N tile, then M tile, so the CTAs running at once share weight tiles (L2).
+// Warp specialization: warp 0 loads (one lane issues the TMA loads of A and B, all 32 copy the
+// stage's 128 row scales and its weight-block scales with cp.async), warpgroups 1 and 2 each
+// compute 64 rows of the 128-row tile with wgmma (64x128x32 per 128 columns, fp32), promoting
+// each 128-deep K block's partial sums with scale(row) * scale(weight block) into their
+// accumulators. The epilogue stores 16-byte row pieces straight from registers (a 4x4
+// transpose within each quad of lanes).
+// A is loaded in 64-row halves, only those with rows of the tile's expert in them; a half may
+// still reach into the next expert's rows (or past the buffer: zeros): those rows are computed
+// and never stored, and their scales are the expert's last row's.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "cute/tensor.hpp"
+#include "cute/arch/copy_sm90_tma.hpp"
+#include "cute/atom/mma_atom.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/arch/reg_reconfig.h"
+
+#include "gemm/grouped_gemm.h"
+#include "launch.cuh"
+
+namespace moe_kernels::sm90 {
+namespace contig {
+
+constexpr int kTileM = 128, kTileK = 128;  // K: one 128-byte swizzle row, one scale block
+constexpr int kBlockN = 128;               // columns per weight-scale block and per wgmma
+constexpr int kHalfM = 64;                 // rows per consumer warpgroup
+constexpr int kThreads = 384;              // producer + 2 consumer warpgroups
+
+using namespace cute;
+using Element = cutlass::float_e4m3_t;
+using TiledMma = decltype(make_tiled_mma(SM90_64x128x32_F32E4M3E4M3_SS_TN<>{}));
+
+template <int kTileN>
+struct Config {
+  static constexpr int kBlocksN = kTileN / kBlockN;
+  static constexpr int kStageBytesA = kTileM * kTileK, kStageBytesB = kTileN * kTileK;
+  static constexpr int kStages = kTileN == 128 ? 6 : 4;  // ~200 KB of shared memory
+  // A stage of A (or B) is 128 rows x 128 bytes with the 128-byte swizzle, i.e. blocks of 64
+  // (128) rows back to back: A is indexed as (64, 128, 2 * kStages), half h of stage s at
+  // 2s + h; B as (128, 128, kBlocksN * kStages), block b of stage s at kBlocksN * s + b.
+  using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             Shape<Int<kHalfM>, Int<kTileK>, Int<2 * kStages>>{}));
+  using SmemLayoutB = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             Shape<Int<kBlockN>, Int<kTileK>, Int<kBlocksN * kStages>>{}));
+  struct alignas(1024) SharedStorage {
+    alignas(1024) Element a[kStages * kStageBytesA];
+    alignas(1024) Element b[kStages * kStageBytesB];
+    float sfa[kStages][kTileM];
+    float sfb[kStages][kBlocksN];
+    uint64_t full[kStages];   // TMA bytes landed and the 32 loader lanes' scale copies done
+    uint64_t empty[kStages];  // consumers done with the stage (one arrive per consumer warp)
+    // then, dynamically sized: int32 tile_start[E + 1] (prefix sums of M tiles per expert) and
+    // int32 offsets[E + 1] (the experts' row offsets)
+  };
+};
+
+struct Params {
+  CUtensorMap tma_a;  // A [rows, K] e4m3, box 64 x 128
+  CUtensorMap tma_b;  // B [E * N, K] e4m3, box 128 x tile_n
+  const float* sfa;   // [rows, K / 128]
+  const float* sfb;   // [E, N / 128, K / 128]
+  __nv_bfloat16* d;   // [rows, N]
+  const int32_t* offsets;  // [E + 1] row offsets of the experts
+  int num_experts, n, k;
+};
+
+__device__ __forceinline__ int upper_bound(const int32_t* v, int n, int x) {
+  int lo = 0, hi = n;  // first i with v[i] > x
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (v[mid] <= x) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+
+struct Tile {
+  int expert, n, row0, rows;  // rows of this expert from row0 (may exceed the tile)
+};
+
+// Tile t in expert-major, then N, then M order.
+__device__ __forceinline__ Tile tile_at(int t, const int32_t* tile_start, const int32_t* offsets,
+                                        int num_experts, int n_tiles) {
+  const int e = upper_bound(tile_start, num_experts + 1, t / n_tiles) - 1;  // non-empty expert
+  const int m_tiles = tile_start[e + 1] - tile_start[e];
+  const int j = t - tile_start[e] * n_tiles;
+  Tile tile;
+  tile.expert = e;
+  tile.n = j / m_tiles;
+  tile.row0 = offsets[e] + (j % m_tiles) * kTileM;
+  tile.rows = offsets[e + 1] - tile.row0;
+  return tile;
+}
+
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(cast_smem_ptr_to_uint(smem)),
+               "l"(gmem) : "memory");
+}
+
+// Lane q of a quad holds w[j] = its two columns of 8-column piece j (j < 4); afterwards it
+// holds the quad's four words of piece q, i.e. 8 consecutive columns.
+__device__ __forceinline__ uint4 quad_transpose(const uint32_t (&w)[4], int lane) {
+  const int q = lane & 3;
+  uint32_t o[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int give = (q - i) & 3, from = (q + i) & 3;
+    uint32_t send = w[0];
+#pragma unroll
+    for (int j = 1; j < 4; ++j) send = give == j ? w[j] : send;
+    const uint32_t got = __shfl_sync(0xffffffffu, send, (lane & ~3) | from);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[j] = from == j ? got : o[j];
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <int kTileN>
+__global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant__ Params p) {
+  using C = Config<kTileN>;
+  constexpr int kStages = C::kStages, kBlocksN = C::kBlocksN;
+  using SharedStorage = typename C::SharedStorage;
+  extern __shared__ __align__(1024) char smem_raw[];
+  SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_raw);
+  int32_t* tile_start = reinterpret_cast<int32_t*>(smem_raw + sizeof(SharedStorage));
+  int32_t* offsets = tile_start + p.num_experts + 1;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      cutlass::arch::ClusterTransactionBarrier::init(&smem.full[s], 1 + 32);
+      cutlass::arch::ClusterBarrier::init(&smem.empty[s], 2 * 4);
+    }
+    cutlass::arch::fence_barrier_init();
+    cute::prefetch_tma_descriptor(&p.tma_a);
+    cute::prefetch_tma_descriptor(&p.tma_b);
+  }
+  pdl_begin();  // the offsets, A and its scales come from the previous kernels
+
+  // Per-expert M tiles and their prefix sums (warp 0 scans 32 experts at a time).
+  const int E = p.num_experts;
+  for (int i = threadIdx.x; i <= E; i += kThreads) offsets[i] = p.offsets[i];
+  __syncthreads();
+  if (warp == 0) {
+    int carry = 0;
+    if (lane == 0) tile_start[0] = 0;
+    for (int base = 0; base < E; base += 32) {
+      const int e = base + lane;
+      int v = e < E ? (offsets[e + 1] - offsets[e] + kTileM - 1) / kTileM : 0;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int u = __shfl_up_sync(0xffffffffu, v, d);
+        if (lane >= d) v += u;
+      }
+      if (e < E) tile_start[e + 1] = carry + v;
+      carry += __shfl_sync(0xffffffffu, v, 31);
+    }
+  }
+  __syncthreads();
+  const int n_tiles = p.n / kTileN, k_blocks = p.k / kTileK;
+  const int num_tiles = tile_start[E] * n_tiles;
+
+  if (wg == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (warp != 0) return;
+    int stage = 0, phase = 0;
+    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      const Tile tile = tile_at(t, tile_start, offsets, E, n_tiles);
+      const int b_row = tile.expert * p.n + tile.n * kTileN;
+      // Lanes < kBlocksN copy the weight-block scales, every lane 4 of the 128 row scales.
+      const float* sfb = p.sfb + (int64_t(tile.expert) * (p.n / kBlockN) + tile.n * kBlocksN +
+                                  min(lane, kBlocksN - 1)) * k_blocks;
+      const float* sfa = p.sfa + int64_t(tile.row0) * k_blocks;
+      const int halves = tile.rows > kHalfM ? 2 : 1;  // 64-row halves of A with rows in them
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase ^ 1);
+        if (lane == 0) {
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
+              &smem.full[stage], halves * (C::kStageBytesA / 2) + C::kStageBytesB);
+          const auto hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
+          for (int h = 0; h < halves; ++h)
+            SM90_TMA_LOAD_2D::copy(&p.tma_a, &smem.full[stage], hint,
+                                   smem.a + stage * C::kStageBytesA + h * (C::kStageBytesA / 2),
+                                   kb * kTileK, tile.row0 + h * kHalfM);
+          SM90_TMA_LOAD_2D::copy(&p.tma_b, &smem.full[stage], hint,
+                                 smem.b + stage * C::kStageBytesB, kb * kTileK, b_row);
+        }
+        if (lane < kBlocksN) cp_async_4(&smem.sfb[stage][lane], sfb + kb);
+#pragma unroll
+        for (int j = 0; j < kTileM / 32; ++j)
+          cp_async_4(&smem.sfa[stage][32 * j + lane], sfa + min(32 * j + lane, tile.rows - 1) * k_blocks + kb);
+        cutlass::arch::cpasync_barrier_arrive_noinc(&smem.full[stage]);
+        if (++stage == kStages) { stage = 0; phase ^= 1; }
+      }
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const int half = wg - 1;  // this warpgroup's 64 rows of the tile
+  TiledMma mma;
+  auto thr = mma.get_thread_slice(threadIdx.x % 128);
+  Tensor sA = make_tensor(make_smem_ptr(smem.a), typename C::SmemLayoutA{});
+  Tensor sB = make_tensor(make_smem_ptr(smem.b), typename C::SmemLayoutB{});
+  Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA, 1, 4, 2 * kStages) descriptors
+  Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));  // (MMA, 1, 4, kBlocksN * kStages)
+  // acc(i, 0, b): block b of 128 columns; values i = (2 columns, 2 rows 8 apart, 16 pieces of 8).
+  Tensor acc = partition_fragment_C(mma, Shape<Int<kHalfM>, Int<kTileN>>{});
+  Tensor part = partition_fragment_C(mma, Shape<Int<kHalfM>, Int<kBlockN>>{});
+  Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<kHalfM>, Int<kBlockN>>{}));
+  const int my_row = get<0>(coord(0));  // within this half; the thread's other row is + 8
+  static_assert(decltype(size(part))::value == 64, "64x128 fp32 accumulator: 64 values per thread");
+
+  int stage = 0, phase = 0;
+  for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+    const Tile tile = tile_at(t, tile_start, offsets, E, n_tiles);
+    const int rows = min(tile.rows, kTileM) - half * kHalfM;  // rows this warpgroup stores
+    const bool active = rows > 0;
+    clear(acc);
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], phase);
+      if (active) {
+        const float a0 = smem.sfa[stage][half * kHalfM + my_row];
+        const float a1 = smem.sfa[stage][half * kHalfM + my_row + 8];
+#pragma unroll
+        for (int b = 0; b < kBlocksN; ++b) {
+          warpgroup_fence_operand(part);
+          warpgroup_arrive();
+          mma.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+          for (int k = 0; k < size<2>(tCrA); ++k) {
+            cute::gemm(mma, tCrA(_, _, k, 2 * stage + half), tCrB(_, _, k, kBlocksN * stage + b), part);
+            mma.accumulate_ = GMMA::ScaleOut::One;
+          }
+          warpgroup_commit_batch();
+          const float sb = smem.sfb[stage][b];
+          const float r0 = a0 * sb, r1 = a1 * sb;
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(part);
+          if (b == kBlocksN - 1) {
+            __syncwarp();
+            if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
+          }
+#pragma unroll
+          for (int i = 0; i < size(part); ++i) acc(i, 0, b) += part(i) * ((i & 2) ? r1 : r0);
+        }
+      } else if (lane == 0) {
+        cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
+      }
+      if (++stage == kStages) { stage = 0; phase ^= 1; }
+    }
+    if (!active) continue;
+    // Epilogue: per row (my_row, my_row + 8), per 32 columns, a quad transpose gives each lane
+    // 8 consecutive bf16; rows past the expert's end are skipped after the shuffles.
+    __nv_bfloat16* d = p.d + int64_t(tile.row0 + half * kHalfM) * p.n + tile.n * kTileN;
+#pragma unroll
+    for (int b = 0; b < kBlocksN; ++b) {
+#pragma unroll
+      for (int rs = 0; rs < 2; ++rs) {
+        const int r = my_row + 8 * rs;
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+          uint32_t w[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int i = 4 * (4 * g + j) + 2 * rs;  // piece 4g + j, row rs, both columns
+            w[j] = pack_bf16(acc(i, 0, b), acc(i + 1, 0, b));
+          }
+          const uint4 v = quad_transpose(w, lane);
+          if (r < rows)
+            *reinterpret_cast<uint4*>(d + int64_t(r) * p.n + b * kBlockN + 8 * (4 * g + (lane & 3))) = v;
+        }
+      }
+    }
+  }
+}
+
+// cuTensorMapEncodeTiled from the driver, found once through the runtime.
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess || q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A 2D K-major e4m3 tensor [rows, k] loaded in boxes of 128 bytes of K x box_rows with the
+// 128-byte swizzle (what GMMA::Layout_K_SW128_Atom expects); rows past the end read as zeros.
+inline bool encode(CUtensorMap* map, const void* base, int64_t rows, int64_t k, int box_rows) {
+  auto fn = encode_fn();
+  if (!fn) return false;
+  const cuuint64_t dims[2] = {cuuint64_t(k), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(k)};
+  const cuuint32_t box[2] = {kTileK, cuuint32_t(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box,
+            elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace contig
+
+template <int kTileN>
+struct ContiguousBlockwise {
+  static_assert(kTileN == 128 || kTileN == 256, "contiguous fp8_block GEMM: 128 or 256 columns");
+  using SharedStorage = typename contig::Config<kTileN>::SharedStorage;
+
+  static size_t smem_bytes(int num_experts) {
+    return sizeof(SharedStorage) + sizeof(int32_t) * 2 * (size_t(num_experts) + 1);
+  }
+
+  static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
+    using namespace contig;
+    if (a.k % kTileK || a.n % kTileN || !a.offsets || !a.sfa_base || !a.sfb_base) {
+      snprintf(err, errlen, "contiguous fp8_block GEMM: N=%lld must be a multiple of %d and K=%lld of %d",
+               (long long)a.n, kTileN, (long long)a.k, kTileK);
+      return MOEK_UNSUPPORTED;
+    }
+    const size_t smem = smem_bytes(a.num_groups);
+    int optin = 0;
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, a.device);
+    if (smem > size_t(optin)) {
+      snprintf(err, errlen, "contiguous fp8_block GEMM: %d experts need %zu bytes of shared "
+               "memory, the device allows %d", a.num_groups, smem, optin);
+      return MOEK_UNSUPPORTED;
+    }
+    if (a.rows == 0) return MOEK_OK;
+    Params p{};
+    if (!encode(&p.tma_a, a.a_base, a.rows, a.k, kHalfM) ||
+        !encode(&p.tma_b, a.b_base, int64_t(a.num_groups) * a.n, a.k, kTileN)) {
+      snprintf(err, errlen, "contiguous fp8_block GEMM: cuTensorMapEncodeTiled failed");
+      return MOEK_CUDA_ERROR;
+    }
+    p.sfa = a.sfa_base;
+    p.sfb = a.sfb_base;
+    p.d = static_cast<__nv_bfloat16*>(a.d_base);
+    p.offsets = a.offsets;
+    p.num_experts = a.num_groups;
+    p.n = static_cast<int>(a.n);
+    p.k = static_cast<int>(a.k);
+    auto kernel = gemm_kernel<kTileN>;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(smem));
+        e != cudaSuccess) {
+      snprintf(err, errlen, "contiguous fp8_block GEMM: %s", cudaGetErrorString(e));
+      return MOEK_CUDA_ERROR;
+    }
+    // Never more CTAs than tiles can exist: each expert has at most rows / 128 + 1 M tiles.
+    const int64_t max_tiles = (a.rows / kTileM + a.max_active_groups) * (a.n / kTileN);
+    const int grid = static_cast<int>(std::min<int64_t>(a.sm_count, max_tiles));
+    if (cudaError_t e = launch(kernel, dim3(grid), dim3(kThreads), smem, a.stream, p);
+        e != cudaSuccess) {
+      snprintf(err, errlen, "contiguous fp8_block GEMM launch: %s", cudaGetErrorString(e));
+      return MOEK_CUDA_ERROR;
+    }
+    return MOEK_OK;
+  }
+
+  static size_t workspace_size(int, int) { return 0; }
+
+  static constexpr GemmKernelOps kOps{&run, &workspace_size, int(sizeof(SharedStorage))};
+};
+
+}  // namespace moe_kernels::sm90
