@@ -44,6 +44,10 @@ constexpr int kTileM = 128, kTileK = 128;  // K: one 128-byte swizzle row, one s
 constexpr int kBlockN = 128;               // columns per weight-scale block and per wgmma
 constexpr int kHalfM = 64;                 // rows per consumer warpgroup
 constexpr int kThreads = 384;              // producer + 2 consumer warpgroups
+// Registers per thread after setmaxnreg: the consumers take what the producer warpgroup gives
+// back, within the CTA's allocation (128 * 40 + 256 * 232 = 384 * 168); asking for more than
+// the CTA holds blocks forever, so run() checks the kernel was built with 168.
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 
 using namespace cute;
 using Element = cutlass::float_e4m3_t;
@@ -185,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   const int num_tiles = tile_start[E] * n_tiles;
 
   if (wg == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<40>();
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     if (warp != 0) return;
     int stage = 0, phase = 0;
     for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
@@ -221,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     return;
   }
 
-  cutlass::arch::warpgroup_reg_alloc<232>();
+  cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
   const int half = wg - 1;  // this warpgroup's 64 rows of the tile
   TiledMma mma;
   auto thr = mma.get_thread_slice(threadIdx.x % 128);
@@ -370,6 +374,16 @@ struct ContiguousBlockwise {
     p.n = static_cast<int>(a.n);
     p.k = static_cast<int>(a.k);
     auto kernel = gemm_kernel<kTileN>;
+    static const int regs = [&] {
+      cudaFuncAttributes fa{};
+      if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) { cudaGetLastError(); return 0; }
+      return fa.numRegs;
+    }();
+    if (128 * kProducerRegs + 256 * kConsumerRegs > kThreads * regs) {
+      snprintf(err, errlen, "contiguous fp8_block GEMM: built with %d registers per thread, "
+               "its warpgroups need %d", regs, (128 * kProducerRegs + 256 * kConsumerRegs) / kThreads);
+      return MOEK_UNSUPPORTED;
+    }
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(smem));
         e != cudaSuccess) {
