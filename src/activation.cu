@@ -11,10 +11,6 @@
 namespace moe_kernels {
 namespace {
 
-constexpr bool is_gated(int act) {
-  return act == MOEK_ACT_SWIGLU || act == MOEK_ACT_GEGLU || act == MOEK_ACT_SWIGLU_OAI;
-}
-
 // Fast exp and division (a few ulp; 0 for x below about -88, where 1 + e^-x overflows): the
 // IEEE division was most of a long row's instructions.
 __device__ __forceinline__ float sigmoid_times(float x, float a) { return __fdividef(x, 1.0f + __expf(-a * x)); }

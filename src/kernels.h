@@ -5,7 +5,14 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "moe_kernels/c_api.h"
+
 namespace moe_kernels {
+
+// Gated activations read 2 * I columns of GEMM1's output (gate, then up) per row.
+__host__ __device__ constexpr bool is_gated(int act) {
+  return act == MOEK_ACT_SWIGLU || act == MOEK_ACT_GEGLU || act == MOEK_ACT_SWIGLU_OAI;
+}
 
 // Device-side description of one grouped GEMM's per-expert arguments, filled by the
 // routing kernels: A_e = a_base + offsets[e] rows, B_e = b_base + e * n * k, D_e likewise.

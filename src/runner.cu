@@ -86,9 +86,6 @@ bool kernel_fits(const KernelEntry& k, const moek_shape& s) {
 }
 // Scales per row of a quantized GEMM input of `cols` columns (fp8_block: one per 128).
 int64_t scales_per_row(const moek_shape& s, int64_t cols) { return is_block(s) ? cols / 128 : 1; }
-bool is_gated(int act) {
-  return act == MOEK_ACT_SWIGLU || act == MOEK_ACT_GEGLU || act == MOEK_ACT_SWIGLU_OAI;
-}
 
 const KernelEntry* find_kernel(const char* name) {
   if (!name) return nullptr;
