@@ -346,7 +346,13 @@ struct ContiguousBlockwise {
 
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     using namespace contig;
-    if (a.k % kTileK || a.n % kTileN || !a.offsets || !a.sfa_base || !a.sfb_base) {
+    if (!a.offsets || !a.sfa_base || !a.sfb_base) {
+      snprintf(err, errlen, "contiguous fp8_block GEMM: needs the experts' row offsets and both "
+               "block-scale tensors (offsets=%p, sfa=%p, sfb=%p)", (const void*)a.offsets,
+               (const void*)a.sfa_base, (const void*)a.sfb_base);
+      return MOEK_INVALID_ARGUMENT;
+    }
+    if (a.k % kTileK || a.n % kTileN) {
       snprintf(err, errlen, "contiguous fp8_block GEMM: N=%lld must be a multiple of %d and K=%lld of %d",
                (long long)a.n, kTileN, (long long)a.k, kTileK);
       return MOEK_UNSUPPORTED;
