@@ -38,6 +38,8 @@ struct GroupSetup {
   const float* sfb_base;
   int32_t sf_n, sf_k;       // ceil(n / 128), ceil(k / 128)
   int32_t* active;          // [E + 1]: experts with rows, [0] = how many (both GEMMs share it)
+  int32_t* tile_counter;    // this GEMM's next tile, for kernels that take tiles dynamically
+                            // (the contiguous schedule); routing zeroes it every forward
 };
 
 // FP8 on one side of a step: how values were or will be scaled. Dequantized = q * scale.

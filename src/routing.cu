@@ -60,7 +60,7 @@ __device__ __forceinline__ void fill_group(const GroupSetup& g, int e, int32_t r
 
 // Exclusive scan of the per-expert counts by one block, in chunks of its size with a carried
 // running sum (so any number of experts). Writes offsets[0..E], both GEMMs' group arguments
-// and the list of experts with rows (g1.active: [0] = how many, then which, in order); when
+// (and zeroes their tile counters) and the list of experts with rows (g1.active: [0] = how many, then which, in order); when
 // `starts` is given, also each expert's first row (scatter cursors). The rows (low 32 bits)
 // and the experts with rows (high 32 bits) are scanned together as one 64-bit sum.
 __device__ void scan_experts(const int32_t* counts, int num_experts, int32_t* offsets,
@@ -109,6 +109,8 @@ __device__ void scan_experts(const int32_t* counts, int num_experts, int32_t* of
   if (threadIdx.x == 0) {
     offsets[num_experts] = static_cast<int32_t>(carry_s & 0xffffffff);
     g1.active[0] = static_cast<int32_t>(carry_s >> 32);
+    *g1.tile_counter = 0;  // the GEMMs of this forward start from their first tile
+    *g2.tile_counter = 0;
   }
 }
 

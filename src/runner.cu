@@ -123,9 +123,10 @@ struct Layout {
 };
 
 // Per GEMM: E problem shapes, the same transposed (swap-AB kernels), then 8 arrays of E
-// pointers or strides (A, B, D pointers and strides, and the block scales' pointers).
+// pointers or strides (A, B, D pointers and strides, and the block scales' pointers), then
+// the GEMM's tile counter.
 size_t group_block_bytes(int64_t e) {
-  return 2 * align_up(12 * e) + 8 * align_up(8 * e);
+  return 2 * align_up(12 * e) + 8 * align_up(8 * e) + align_up(sizeof(int32_t));
 }
 
 int validate_shape(const moek_shape& s, char* err, size_t errlen) {
@@ -205,6 +206,7 @@ GroupSetup group_setup(char* ws, size_t at, int64_t e, const void* a, const void
   g.stride_d = reinterpret_cast<int64_t*>(next());
   g.ptr_sfa = reinterpret_cast<const float**>(next());
   g.ptr_sfb = reinterpret_cast<const float**>(next());
+  g.tile_counter = reinterpret_cast<int32_t*>(p);
   if (!sfa) g.ptr_sfa = g.ptr_sfb = nullptr;  // not block-scaled: routing leaves them alone
   g.sfa_base = sfa;
   g.sfb_base = sfb;
@@ -225,6 +227,7 @@ GroupedGemmArgs gemm_args(const GroupSetup& g, int e, int64_t rows, const int32_
                           void* ws, int device, int sms, cudaStream_t stream) {
   GroupedGemmArgs a{};
   a.offsets = offsets;
+  a.tile_counter = g.tile_counter;
   a.rows = rows;
   a.a_base = g.a_base;
   a.b_base = g.b_base;

@@ -33,8 +33,10 @@ struct GroupedGemmArgs {
   int64_t n, k;
   // For kernels that address all groups through one tensor each (the contiguous schedule):
   // the experts' row offsets [num_groups + 1] on the device, the row capacity of A and D, and
-  // the base pointers the per-group ones above point into.
+  // the base pointers the per-group ones above point into; and a counter (zero at launch,
+  // routing resets it every forward) from which the CTAs take their tiles.
   const int32_t* offsets;
+  int32_t* tile_counter;
   int64_t rows;
   const void* a_base;
   const void* b_base;
