@@ -413,14 +413,26 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   }
   const int last = a->last_step > 0 ? a->last_step : 5;
   if (last <= 1) return MOEK_OK;
-  if (int st = k1->ops->run(gemm_args(g1, e, rows, rb.offsets, ws + L.gemm_ws, a->device, d.sm_count, stream),
-                            err, errlen))
-    return st;
+  // fp8_block with a gated activation: a GEMM1 kernel that can apply it in its epilogue
+  // and writes GEMM2's quantized input itself (no activation launch).
+  const bool fuse_act = block && is_gated(s.activation) && k1->ops->fuses_activation;
+  GroupedGemmArgs args1 = gemm_args(g1, e, rows, rb.offsets, ws + L.gemm_ws, a->device, d.sm_count, stream);
+  if (fuse_act) {
+    args1.act_out = ws + L.a;
+    args1.act_scale = a_scale;
+    args1.act_bias = a->w13_bias;
+    args1.activation = s.activation;
+    args1.act_alpha = s.act_alpha;
+    args1.act_limit = s.act_limit;
+    args1.inter = s.inter_size;
+  }
+  if (int st = k1->ops->run(args1, err, errlen)) return st;
   if (last <= 2) return MOEK_OK;
-  MOEK_CUDA_TRY(launch_activation(s.activation, fp16, ws + L.g, a->w13_bias, ws + L.a, rows,
-                                  s.inter_size, a->topk_ids, ids64, s.expert_offset, rb, e,
-                                  s.act_alpha, s.act_limit, q_mid, stream),
-                "activation");
+  if (!fuse_act)
+    MOEK_CUDA_TRY(launch_activation(s.activation, fp16, ws + L.g, a->w13_bias, ws + L.a, rows,
+                                    s.inter_size, a->topk_ids, ids64, s.expert_offset, rb, e,
+                                    s.act_alpha, s.act_limit, q_mid, stream),
+                  "activation");
   if (last <= 3) return MOEK_OK;
   if (int st = k2->ops->run(gemm_args(g2, e, rows, rb.offsets, ws + L.gemm_ws, a->device, d.sm_count, stream),
                             err, errlen))

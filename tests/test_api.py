@@ -193,6 +193,11 @@ def test_default_rule_fp8():
     assert default_tactic(swap, num_tokens=256, **dsv3) == Tactic("p64x128_blockwise", "p64x128_blockwise")
     assert default_tactic(swap, num_tokens=1024, **dsv3).gemm1 == "p64x128_blockwise"
     assert default_tactic(swap, num_tokens=4096, **dsv3).gemm1 == "c128x128_blockwise"
+    # The 256-wide contiguous kernel past 64 rows per expert, where N is a multiple of 256.
+    contig = swap + [k("g128x128", 128, 128, "contig", "fp8_block"), k("g128x256", 128, 256, "contig", "fp8_block")]
+    assert default_tactic(contig, num_tokens=1024, **dsv3).gemm1 == "p64x128_blockwise"
+    assert default_tactic(contig, num_tokens=4096, **dsv3) == Tactic("g128x256", "g128x256")
+    assert default_tactic(contig, num_tokens=4096, **dict(dsv3, hidden_size=7040)) == Tactic("g128x256", "c128x128_blockwise")
 
 
 def test_default_rule_decode_kernels():

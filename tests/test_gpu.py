@@ -421,6 +421,29 @@ def test_fp8_block_contiguous_kernel(T, E, k, H, I, ids, offset, error_log):
             assert err < TOLERANCE["fp8_block"], f"{tactic} T={T} E={E}: relative error {err:.3e}"
 
 
+# With a gated activation, the 256-column contiguous kernel in GEMM1 applies the activation
+# (+ bias) and GEMM2's per-128-column quantization in its epilogue; non-gated ones take the
+# activation kernel. Rows end mid-tile, one expert has none; 3 intermediate tiles per expert.
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("act", ["swiglu", "geglu", "swiglu_oai", "silu"])
+def test_fp8_block_contiguous_fused_activation(act, bias, error_log):
+    kernels = moe_kernels.list_kernels(quant="fp8_block")
+    wide = [x for x in kernels if x.schedule == "contig" and x.tile[1] == 256]
+    if not wide:
+        pytest.skip("no 256-column contiguous fp8_block kernel in this build")
+    gated = Activation(act).gated
+    I = 384 if gated else 256  # N1 = 768 or 256: multiples of the tile
+    ids = torch.rand(333, 7).argsort(dim=1)[:, :4]
+    ids[ids >= 5] += 1  # expert 5 gets no rows
+    p = make_problem(T=333, E=8, k=4, H=512, I=I, dtype="fp8_block", gated=gated, bias=bias, ids=ids)
+    kw = {"swiglu_alpha": 1.5, "swiglu_limit": 1.0} if act == "swiglu_oai" else {}
+    ref = reference_out(p, activation=act, **kw)
+    for gemm2 in (wide[0].name, kernels[0].name):
+        err = rel_error(run(p, tactic=Tactic(wide[0].name, gemm2), activation=act, **kw), ref)
+        error_log.add(f"fp8_block/contig_act/{act}/{bias}", err)
+        assert err < TOLERANCE["fp8_block"], f"{act} bias={bias} gemm2={gemm2}: relative error {err:.3e}"
+
+
 def test_fp8_block_extreme_rows(error_log):
     p = make_problem(T=64, E=8, k=2, H=256, I=128, dtype="fp8_block")
     p["hidden_states"][0, :128] = 3e4   # one huge group: its own scale, the rest unaffected

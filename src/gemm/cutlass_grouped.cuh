@@ -216,7 +216,7 @@ struct CutlassGroupedGemm {
     return MOEK_OK;
   }
 
-  static constexpr GemmKernelOps kOps{&run, &workspace_size, Kernel::SharedStorageSize};
+  static constexpr GemmKernelOps kOps{&run, &workspace_size, Kernel::SharedStorageSize, false};
 };
 
 }  // namespace moe_kernels

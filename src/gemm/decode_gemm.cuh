@@ -376,7 +376,8 @@ struct DecodeGemm {
 
   static constexpr GemmKernelOps kOps{
       &run, &workspace_size,
-      static_cast<int>(sizeof(float) * (kSplitK ? decode::kWarps : 1) * kTiles * 8 * (decode::kRows + 1))};
+      static_cast<int>(sizeof(float) * (kSplitK ? decode::kWarps : 1) * kTiles * 8 * (decode::kRows + 1)),
+      false};
 };
 
 }  // namespace moe_kernels

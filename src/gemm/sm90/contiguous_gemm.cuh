@@ -25,6 +25,11 @@
 // A is loaded in 64-row halves, only those with rows of the tile's expert in them; a half may
 // still reach into the next expert's rows (or past the buffer: zeros): those rows are computed
 // and never stored, and their scales are the expert's last row's.
+// GEMM1 with a gated activation (256-wide tile): the two 128-row weight blocks of a tile are
+// gate block n and up block n (I rows further), so the epilogue holds both halves of 128
+// intermediate columns and writes what the activation kernel would: act(gate, up) of the
+// bf16-rounded outputs plus bias, quantized to E4M3 per row per 128 columns. That saves
+// GEMM1's 16-bit output (4I bytes per row), its reread and a launch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -39,8 +44,10 @@
 #include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"
 
+#include "act.cuh"
 #include "gemm/grouped_gemm.h"
 #include "launch.cuh"
+#include "vec.cuh"
 
 namespace moe_kernels::sm90 {
 namespace contig {
@@ -89,13 +96,19 @@ struct Config {
 
 struct Params {
   CUtensorMap tma_a;  // A [rows, K] e4m3, box 64 x 128
-  CUtensorMap tma_b;  // B [E * N, K] e4m3, box 128 x tile_n
+  CUtensorMap tma_b;  // B [E * N, K] e4m3, box 128 x 128
   const float* sfa;   // [rows, K / 128]
   const float* sfb;   // [E, N / 128, K / 128]
   __nv_bfloat16* d;   // [rows, N]
   const int32_t* offsets;  // [E + 1] row offsets of the experts
   int32_t* tile_counter;   // next tile to take; zero at launch
   int num_experts, n, k;
+  // The fused activation (act_out != NULL: GEMM1, 256 columns, n = 2 * inter).
+  uint8_t* act_out;                // E4M3 [rows, inter]
+  float* act_scale;                // [rows, inter / 128]
+  const __nv_bfloat16* act_bias;   // [E, n] or NULL
+  int activation, inter;
+  float act_alpha, act_limit;
 };
 
 __device__ __forceinline__ int upper_bound(const int32_t* v, int n, int x) {
@@ -125,6 +138,13 @@ __device__ __forceinline__ Tile tile_at(int t, const int32_t* tile_start, const 
   return tile;
 }
 
+// First weight row (within the expert) of 128-row block b of N tile n: consecutive blocks, or
+// with the activation fused, gate block n and up block n.
+template <int kTileN>
+__device__ __forceinline__ int block_row(const Params& p, int n, int b) {
+  return p.act_out ? n * kBlockN + b * p.inter : n * kTileN + b * kBlockN;
+}
+
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(cast_smem_ptr_to_uint(smem)),
                "l"(gmem) : "memory");
@@ -151,6 +171,49 @@ __device__ __forceinline__ uint4 quad_transpose(const uint32_t (&w)[4], int lane
 __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
   __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// The fused activation's epilogue for this warpgroup's rows row0 + [0, rows): acc(i, 0, 0)
+// holds gate columns, acc(i, 0, 1) the up columns of the same intermediate columns.
+template <int kAct, class Acc>
+__device__ __forceinline__ void store_activation(const Params& p, const Acc& acc, const Tile& tile,
+                                                 int row0, int rows, int my_row, int lane) {
+  const int q = lane & 3;
+  const int64_t col0 = int64_t(tile.n) * kBlockN;  // the tile's first intermediate column
+  const __nv_bfloat16* bias = p.act_bias ? p.act_bias + int64_t(tile.expert) * p.n + col0 : nullptr;
+#pragma unroll
+  for (int rs = 0; rs < 2; ++rs) {
+    const int r = my_row + 8 * rs;
+    float v[32];  // columns 8 * (j / 2) + 2q + j % 2
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const int i = 4 * (j / 2) + 2 * rs + j % 2, col = 8 * (j / 2) + 2 * q + j % 2;
+      // GEMM1's output is bf16: round as the unfused path stores it.
+      float g = __bfloat162float(__float2bfloat16_rn(acc(i, 0, 0)));
+      float u = __bfloat162float(__float2bfloat16_rn(acc(i, 0, 1)));
+      if (bias) {
+        g += __bfloat162float(bias[col]);
+        u += __bfloat162float(bias[p.inter + col]);
+      }
+      v[j] = activate<kAct>(g, u, p.act_alpha, p.act_limit);
+      amax = fmaxf(amax, fabsf(v[j]));
+    }
+    // The row's 128 columns are spread over the 4 lanes of the quad.
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float scale = fp8_scale(amax), inv = __frcp_rn(scale);
+    uint8_t* out = p.act_out + (row0 + r) * int64_t(p.inter) + col0;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      uint32_t w[4];  // low 16 bits: this lane's 2 bytes of piece 4g + j
+#pragma unroll
+      for (int j = 0; j < 4; ++j) w[j] = to_fp8x2(v[2 * (4 * g + j)], v[2 * (4 * g + j) + 1], inv);
+      const uint4 o = quad_transpose(w, lane);
+      if (r < rows) *reinterpret_cast<uint2*>(out + 8 * (4 * g + q)) = make_uint2(o.x | (o.y << 16), o.z | (o.w << 16));
+    }
+    if (q == 0 && r < rows) p.act_scale[(row0 + r) * int64_t(p.inter / kBlockN) + tile.n] = scale;
+  }
 }
 
 template <int kTileN>
@@ -200,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     }
   }
   __syncthreads();
-  const int n_tiles = p.n / kTileN, k_blocks = p.k / kTileK;
+  const int n_tiles = p.act_out ? p.inter / kBlockN : p.n / kTileN, k_blocks = p.k / kTileK;
   const int num_tiles = tile_start[E] * n_tiles;
 
   if (wg == 0) {
@@ -220,10 +283,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       if (++slot == kSchedSlots) { slot = 0; slot_phase ^= 1; }
       if (t >= num_tiles) break;
       const Tile tile = tile_at(t, tile_start, offsets, E, n_tiles);
-      const int b_row = tile.expert * p.n + tile.n * kTileN;
+      const int b_row = tile.expert * p.n;
       // Lanes < kBlocksN copy the weight-block scales, every lane 4 of the 128 row scales.
-      const float* sfb = p.sfb + (int64_t(tile.expert) * (p.n / kBlockN) + tile.n * kBlocksN +
-                                  min(lane, kBlocksN - 1)) * k_blocks;
+      const float* sfb = p.sfb + (int64_t(tile.expert) * (p.n / kBlockN) +
+                                  block_row<kTileN>(p, tile.n, min(lane, kBlocksN - 1)) / kBlockN) * k_blocks;
       const float* sfa = p.sfa + int64_t(tile.row0) * k_blocks;
       const int halves = tile.rows > kHalfM ? 2 : 1;  // 64-row halves of A with rows in them
       for (int kb = 0; kb < k_blocks; ++kb) {
@@ -236,8 +299,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
             SM90_TMA_LOAD_2D::copy(&p.tma_a, &smem.full[stage], hint,
                                    smem.a + stage * C::kStageBytesA + h * (C::kStageBytesA / 2),
                                    kb * kTileK, tile.row0 + h * kHalfM);
-          SM90_TMA_LOAD_2D::copy(&p.tma_b, &smem.full[stage], hint,
-                                 smem.b + stage * C::kStageBytesB, kb * kTileK, b_row);
+#pragma unroll
+          for (int b = 0; b < kBlocksN; ++b)
+            SM90_TMA_LOAD_2D::copy(&p.tma_b, &smem.full[stage], hint,
+                                   smem.b + stage * C::kStageBytesB + b * (kBlockN * kTileK),
+                                   kb * kTileK, b_row + block_row<kTileN>(p, tile.n, b));
         }
         if (lane < kBlocksN) cp_async_4(&smem.sfb[stage][lane], sfb + kb);
 #pragma unroll
@@ -311,6 +377,17 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       if (++stage == kStages) { stage = 0; phase ^= 1; }
     }
     if (!active) continue;
+    if constexpr (kBlocksN == 2) {
+      if (p.act_out) {
+        const int row0 = tile.row0 + half * kHalfM;
+        switch (p.activation) {
+          case MOEK_ACT_SWIGLU: store_activation<MOEK_ACT_SWIGLU>(p, acc, tile, row0, rows, my_row, lane); break;
+          case MOEK_ACT_GEGLU: store_activation<MOEK_ACT_GEGLU>(p, acc, tile, row0, rows, my_row, lane); break;
+          default: store_activation<MOEK_ACT_SWIGLU_OAI>(p, acc, tile, row0, rows, my_row, lane); break;
+        }
+        continue;
+      }
+    }
     // Epilogue: per row (my_row, my_row + 8), per 32 columns, a quad transpose gives each lane
     // 8 consecutive bf16; rows past the expert's end are skipped after the shuffles.
     __nv_bfloat16* d = p.d + int64_t(tile.row0 + half * kHalfM) * p.n + tile.n * kTileN;
@@ -385,6 +462,14 @@ struct ContiguousBlockwise {
                (const void*)a.sfb_base);
       return MOEK_INVALID_ARGUMENT;
     }
+    const bool fused = a.act_out != nullptr;
+    if (fused && !(kTileN == 256 && a.n == 2 * a.inter && a.inter % kBlockN == 0 && a.act_scale &&
+                   (a.activation == MOEK_ACT_SWIGLU || a.activation == MOEK_ACT_GEGLU ||
+                    a.activation == MOEK_ACT_SWIGLU_OAI))) {
+      snprintf(err, errlen, "contiguous fp8_block GEMM: cannot fuse activation %d with %d columns, "
+               "N=%lld, I=%lld", a.activation, kTileN, (long long)a.n, (long long)a.inter);
+      return MOEK_UNSUPPORTED;
+    }
     if (a.k % kTileK || a.n % kTileN) {
       snprintf(err, errlen, "contiguous fp8_block GEMM: N=%lld must be a multiple of %d and K=%lld of %d",
                (long long)a.n, kTileN, (long long)a.k, kTileK);
@@ -401,7 +486,7 @@ struct ContiguousBlockwise {
     if (a.rows == 0) return MOEK_OK;
     Params p{};
     if (!encode(&p.tma_a, a.a_base, a.rows, a.k, kHalfM) ||
-        !encode(&p.tma_b, a.b_base, int64_t(a.num_groups) * a.n, a.k, kTileN)) {
+        !encode(&p.tma_b, a.b_base, int64_t(a.num_groups) * a.n, a.k, kBlockN)) {
       snprintf(err, errlen, "contiguous fp8_block GEMM: cuTensorMapEncodeTiled failed");
       return MOEK_CUDA_ERROR;
     }
@@ -410,6 +495,13 @@ struct ContiguousBlockwise {
     p.d = static_cast<__nv_bfloat16*>(a.d_base);
     p.offsets = a.offsets;
     p.tile_counter = a.tile_counter;
+    p.act_out = static_cast<uint8_t*>(a.act_out);
+    p.act_scale = a.act_scale;
+    p.act_bias = static_cast<const __nv_bfloat16*>(a.act_bias);
+    p.activation = a.activation;
+    p.inter = static_cast<int>(a.inter);
+    p.act_alpha = a.act_alpha;
+    p.act_limit = a.act_limit;
     p.num_experts = a.num_groups;
     p.n = static_cast<int>(a.n);
     p.k = static_cast<int>(a.k);
@@ -443,7 +535,7 @@ struct ContiguousBlockwise {
 
   static size_t workspace_size(int, int) { return 0; }
 
-  static constexpr GemmKernelOps kOps{&run, &workspace_size, int(sizeof(SharedStorage))};
+  static constexpr GemmKernelOps kOps{&run, &workspace_size, int(sizeof(SharedStorage)), kTileN == 256};
 };
 
 }  // namespace moe_kernels::sm90
