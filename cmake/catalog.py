@@ -32,8 +32,8 @@ DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cut
 # others are CUTLASS's. "coop_swapab": CUTLASS's cooperative schedule with the weights as the
 # wgmma's A operand (M = tile_n) and the tile_m tokens as its N, for a few rows per expert.
 # "contig": our own TMA + wgmma kernel for fp8_block at many rows per expert
-# (src/gemm/sm90/contiguous_gemm.cuh: one descriptor per operand for all experts, an expert's
-# last M tile cut to the 64-row half with rows in it).
+# (src/gemm/sm90/contiguous_gemm.cuh: one descriptor per operand for all experts, tiles taken
+# from a counter, an expert's last M tile cut to the 64-row half with rows in it).
 SCHEDULES = {"sm90": ("pingpong", "coop", "coop_swapab", "decode", "contig"),
              "sm100": ("1sm", "2sm", "decode")}
 DECODE_TILE_N = (16, 64)
@@ -184,9 +184,9 @@ _SM90_FP8_BLOCK_FULL = [
     (64, 128, 128, 1, 1, "pingpong", "blockwise"),
     (128, 128, 128, 1, 1, "coop", "blockwise"),
     (128, 128, 128, 1, 2, "coop", "blockwise"),
-    # Our own kernel (schedule "contig"). H200, DeepSeek-V3, uniform routing, one sweep: correct,
-    # never the best in either GEMM at 1024-16384 tokens (GEMM1 128x256 3.5%/10% behind the
-    # 128x128 cooperative tile at 4096/16384; GEMM2 0.5%/1.6% behind the best, within drift).
+    # Our own kernel (schedule "contig"): the default past 64 rows per expert, 256 wide
+    # (tactic.py; in GEMM1 it also applies a gated activation). The 128-wide form is kept for
+    # N not a multiple of 256 and the tuner; it trailed the 128x128 cooperative tile in H200 sweeps.
     (128, 128, 128, 1, 1, "contig", "blockwise"),
     (128, 256, 128, 1, 1, "contig", "blockwise"),
 ]

@@ -34,8 +34,9 @@ class Tactic:
 # within 1% at 1024, where M=128 cooperative led GEMM1 by 1%. Among same-M tiles, the widest
 # N tile that still gives at least half the SMs a tile won: fewer CTAs cannot pull the
 # weights at full bandwidth (Mixtral GEMM2 at T=1: 64x64 beat 64x256 by 21%).
-# fp8_block (DeepSeek-V3 sweep, 1 to 16384 tokens): the M=128 cooperative tile already led
-# GEMM1 at 128 rows per expert, and M=64 ping-pong led at 32.
+# fp8_block (DeepSeek-V3 sweep, 1 to 16384 tokens): among CUTLASS's tiles the M=128
+# cooperative one led GEMM1 at 128 rows per expert, and M=64 ping-pong led at 32 (past 64 rows
+# per expert our contiguous kernel comes first: CONTIG_TILE_N below).
 DECODE_ROWS = 512
 DECODE_ROWS_FP8_BLOCK = 64
 MIN_SM_FILL = 0.5
