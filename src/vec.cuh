@@ -39,9 +39,8 @@ struct Vec8 {
 
 // Floats to E4M3, each x * (1 / scale) rounded to nearest even and saturated to +-448
 // (moe_kernels/fp8.py defines the same for the reference): two (given 1 / scale), or eight
-// as 8 bytes. One correctly
-// rounded reciprocal and eight multiplies: eight IEEE divisions made the activation and
-// expand kernels instruction-bound.
+// as 8 bytes. One correctly rounded reciprocal and eight multiplies: eight IEEE divisions
+// made the activation and expand kernels instruction-bound.
 __device__ __forceinline__ uint16_t to_fp8x2(float a, float b, float inv_scale) {
   return __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(a, inv_scale), __fmul_rn(b, inv_scale)),
                                   __NV_SATFINITE, __NV_E4M3);

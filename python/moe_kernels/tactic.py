@@ -66,8 +66,8 @@ SWAP_AB_DECODE_TILE = 16
 # Our contiguous fp8_block kernel (catalog "contig"), 256 columns wide, in both GEMMs past
 # DECODE_ROWS_FP8_BLOCK rows per expert where N allows (in GEMM1 it also applies a gated
 # activation). H200, DeepSeek-V3, uniform routing, one sweep: at 4096 tokens the pair took
-# 4974 us against 5641 us for CUTLASS's 128x128 cooperative pair; at 16384 GEMM1 14873 vs
-# 15555 us, GEMM2 15652 vs 15565 (a tie). Its 128-wide form lost to the cooperative tile.
+# 4751 us, with CUTLASS's 128x128 cooperative tile in GEMM1 instead 5265, in GEMM2 4916; at
+# 16384 GEMM1 14578 vs 15435 us, GEMM2 14585 vs 14420 (a tie). Its 128-wide form tied or lost.
 CONTIG_TILE_N = 256
 
 
