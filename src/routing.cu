@@ -62,8 +62,8 @@ __device__ __forceinline__ void fill_group(const GroupSetup& g, int e, int32_t r
 // running sum (so any number of experts). Writes offsets[0..E], both GEMMs' group arguments
 // (and zeroes their tile counters) and the list of experts with rows (g1.active: [0] = how
 // many, then which, in order); when `starts` is given, also each expert's first row (scatter
-// cursors). The rows (low 32 bits)
-// and the experts with rows (high 32 bits) are scanned together as one 64-bit sum.
+// cursors). The rows (low 32 bits) and the experts with rows (high 32 bits) are scanned
+// together as one 64-bit sum.
 __device__ void scan_experts(const int32_t* counts, int num_experts, int32_t* offsets,
                              const GroupSetup& g1, const GroupSetup& g2, int32_t* starts) {
   __shared__ int64_t warp_sums[kScanThreads / 32];
