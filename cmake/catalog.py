@@ -185,8 +185,9 @@ _SM90_FP8_BLOCK_FULL = [
     (128, 128, 128, 1, 1, "coop", "blockwise"),
     (128, 128, 128, 1, 2, "coop", "blockwise"),
     # Our own kernel (schedule "contig"): the default past 64 rows per expert, 256 wide
-    # (tactic.py; in GEMM1 it also applies a gated activation). The 128-wide form is kept for
-    # N not a multiple of 256 and the tuner; it tied or trailed the 128x128 cooperative tile (H200).
+    # (tactic.py; in GEMM1 it also applies a gated activation). The 128-wide form is only for
+    # the tuner (the default rule takes CUTLASS's tiles where N is not a multiple of 256): it
+    # tied or trailed the 128x128 cooperative tile (H200).
     (128, 128, 128, 1, 1, "contig", "blockwise"),
     (128, 256, 128, 1, 1, "contig", "blockwise"),
 ]
