@@ -424,7 +424,6 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
     args1.activation = s.activation;
     args1.act_alpha = s.act_alpha;
     args1.act_limit = s.act_limit;
-    args1.inter = s.inter_size;
   }
   if (int st = k1->ops->run(args1, err, errlen)) return st;
   if (last <= 2) return MOEK_OK;

@@ -45,14 +45,13 @@ struct GroupedGemmArgs {
   const float* sfb_base;
   // GEMM1 only, for kernels with GemmKernelOps::fuses_activation (else act_out is NULL and D
   // is written as usual): instead of D, the gated activation of D (gate columns [0, I), up
-  // columns [I, 2I)) plus the bias, quantized to E4M3 per row per 128 columns, as the
+  // columns [I, 2I), I = n / 2) plus the bias, quantized to E4M3 per row per 128 columns, as the
   // activation kernel would write it: act_out [rows, I], act_scale [rows, I / 128].
   void* act_out;
   float* act_scale;
   const void* act_bias;  // [E, 2I] or NULL
   int activation;        // moek_activation, gated
   float act_alpha, act_limit;
-  int64_t inter;
   int device;
   int sm_count;
   cudaStream_t stream;

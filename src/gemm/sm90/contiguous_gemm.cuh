@@ -463,11 +463,11 @@ struct ContiguousBlockwise {
       return MOEK_INVALID_ARGUMENT;
     }
     const bool fused = a.act_out != nullptr;
-    if (fused && !(kTileN == 256 && a.n == 2 * a.inter && a.inter % kBlockN == 0 && a.act_scale &&
+    if (fused && !(kTileN == 256 && a.n % (2 * kBlockN) == 0 && a.act_scale &&
                    (a.activation == MOEK_ACT_SWIGLU || a.activation == MOEK_ACT_GEGLU ||
                     a.activation == MOEK_ACT_SWIGLU_OAI))) {
       snprintf(err, errlen, "contiguous fp8_block GEMM: cannot fuse activation %d with %d columns, "
-               "N=%lld, I=%lld", a.activation, kTileN, (long long)a.n, (long long)a.inter);
+               "N=%lld", a.activation, kTileN, (long long)a.n);
       return MOEK_UNSUPPORTED;
     }
     if (a.k % kTileK || a.n % kTileN) {
@@ -499,7 +499,7 @@ struct ContiguousBlockwise {
     p.act_scale = a.act_scale;
     p.act_bias = static_cast<const __nv_bfloat16*>(a.act_bias);
     p.activation = a.activation;
-    p.inter = static_cast<int>(a.inter);
+    p.inter = static_cast<int>(a.n / 2);
     p.act_alpha = a.act_alpha;
     p.act_limit = a.act_limit;
     p.num_experts = a.num_groups;
