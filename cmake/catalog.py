@@ -104,8 +104,8 @@ class GemmConfig:
             return
         if self.schedule == "contig":
             assert (self.tile_m, self.tile_k, self.cluster_m, self.cluster_n) == (128, 128, 1, 1) and \
-                self.tile_n in (128, 256) and self.mainloop == "blockwise", \
-                f"{self.name}: contig is fp8_block, 128 rows by 128 or 256 columns"
+                self.tile_n == 256 and self.mainloop == "blockwise", \
+                f"{self.name}: contig is fp8_block, 128 rows by 256 columns"
             return
         # Block scales cover 128 output columns; a tile must not split one.
         assert self.mainloop != "blockwise" or self.tile_n % 128 == 0, f"{self.name}: blockwise tile_n"
@@ -184,11 +184,9 @@ _SM90_FP8_BLOCK_FULL = [
     (64, 128, 128, 1, 1, "pingpong", "blockwise"),
     (128, 128, 128, 1, 1, "coop", "blockwise"),
     (128, 128, 128, 1, 2, "coop", "blockwise"),
-    # Our own kernel (schedule "contig"): the default past 64 rows per expert, 256 wide
-    # (tactic.py; in GEMM1 it also applies a gated activation). The 128-wide form is only for
-    # the tuner (the default rule takes CUTLASS's tiles where N is not a multiple of 256): it
-    # tied or trailed the 128x128 cooperative tile (H200).
-    (128, 128, 128, 1, 1, "contig", "blockwise"),
+    # Our own kernel (schedule "contig"): the default past 64 rows per expert where N is a
+    # multiple of 256 (tactic.py; in GEMM1 it also applies a gated activation). A 128-wide form
+    # tied or trailed CUTLASS's 128x128 cooperative tile on H200 and was dropped.
     (128, 256, 128, 1, 1, "contig", "blockwise"),
 ]
 _SM90_FP8_BLOCK_MINIMAL = _SM90_FP8_BLOCK_FULL[:2] + _SM90_FP8_BLOCK_FULL[3:]

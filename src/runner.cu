@@ -403,16 +403,6 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
     q_out.row = a_scale;
   }
 
-  MOEK_CUDA_TRY(launch_routing(a->topk_ids, ids64, rows, top_k, s.expert_offset, e, a->hidden,
-                               fp16, s.hidden_size, ws + L.x, q_in, rb, g1, g2, d.sm_count,
-                               stream),
-                "routing");
-  if (is_fault_hook_target(k1->info.name) || is_fault_hook_target(k2->info.name)) {
-    deliberate_fault_kernel<<<1, 1, 0, stream>>>();
-    MOEK_CUDA_TRY(cudaGetLastError(), "deliberate fault (MOE_KERNELS_TEST_FAULT_KERNEL)");
-  }
-  const int last = a->last_step > 0 ? a->last_step : 5;
-  if (last <= 1) return MOEK_OK;
   // fp8_block with a gated activation: a GEMM1 kernel that can apply it in its epilogue
   // and writes GEMM2's quantized input itself (no activation launch).
   const bool fuse_act = block && is_gated(s.activation) && k1->ops->fuses_activation;
@@ -425,6 +415,21 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
     args1.act_alpha = s.act_alpha;
     args1.act_limit = s.act_limit;
   }
+  const GroupedGemmArgs args2 = gemm_args(g2, e, rows, rb.offsets, ws + L.gemm_ws, a->device, d.sm_count, stream);
+  // A kernel that cannot take this shape is refused before anything is launched.
+  if (int st = k1->ops->check(args1, err, errlen)) return st;
+  if (int st = k2->ops->check(args2, err, errlen)) return st;
+
+  MOEK_CUDA_TRY(launch_routing(a->topk_ids, ids64, rows, top_k, s.expert_offset, e, a->hidden,
+                               fp16, s.hidden_size, ws + L.x, q_in, rb, g1, g2, d.sm_count,
+                               stream),
+                "routing");
+  if (is_fault_hook_target(k1->info.name) || is_fault_hook_target(k2->info.name)) {
+    deliberate_fault_kernel<<<1, 1, 0, stream>>>();
+    MOEK_CUDA_TRY(cudaGetLastError(), "deliberate fault (MOE_KERNELS_TEST_FAULT_KERNEL)");
+  }
+  const int last = a->last_step > 0 ? a->last_step : 5;
+  if (last <= 1) return MOEK_OK;
   if (int st = k1->ops->run(args1, err, errlen)) return st;
   if (last <= 2) return MOEK_OK;
   if (!fuse_act)
@@ -433,9 +438,7 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
                                     s.act_alpha, s.act_limit, q_mid, stream),
                   "activation");
   if (last <= 3) return MOEK_OK;
-  if (int st = k2->ops->run(gemm_args(g2, e, rows, rb.offsets, ws + L.gemm_ws, a->device, d.sm_count, stream),
-                            err, errlen))
-    return st;
+  if (int st = k2->ops->run(args2, err, errlen)) return st;
   if (last <= 4) return MOEK_OK;
   MOEK_CUDA_TRY(launch_finalize(fp16, ws + L.x, a->w2_bias, a->topk_weights, a->topk_ids, ids64,
                                 s.expert_offset, rb, a->out, s.num_tokens, top_k, s.hidden_size,

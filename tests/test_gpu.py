@@ -412,9 +412,14 @@ def test_fp8_block_contiguous_kernel(T, E, k, H, I, ids, offset, error_log):
         for tactic in (Tactic(kern.name, kern.name), Tactic(kern.name, other.name),
                        Tactic(other.name, kern.name)):
             n = [2 * I if tactic.gemm1 == kern.name else 0, H if tactic.gemm2 == kern.name else 0]
-            if any(x % kern.tile[1] for x in n):  # a tile wider than N's multiple: a clear error
+            if any(x % kern.tile[1] for x in n):  # a tile wider than N's multiple: a clear error,
+                # before anything is launched (the workspace keeps its poison)
+                ws = torch.full((moe_kernels.workspace_size(T, k, E, H, I, quant="fp8_block"),), 0xA5,
+                                dtype=torch.uint8, device="cuda")
                 with pytest.raises(RuntimeError, match=f"multiple of {kern.tile[1]}"):
-                    run(p, tactic=tactic, **kw)
+                    run(p, tactic=tactic, workspace=ws, **kw)
+                torch.cuda.synchronize()
+                assert bool((ws == 0xA5).all()), f"{tactic}: refused, but wrote the workspace"
                 continue
             err = rel_error(run(p, tactic=tactic, **kw), ref)
             error_log.add(f"fp8_block/contig/{kern.tile[1]}/T{T}/E{E}/H{H}/{n[0] > 0:d}{n[1] > 0:d}", err)

@@ -67,7 +67,8 @@ SWAP_AB_DECODE_TILE = 16
 # DECODE_ROWS_FP8_BLOCK rows per expert where N allows (in GEMM1 it also applies a gated
 # activation). H200, DeepSeek-V3, uniform routing, one sweep: at 4096 tokens the pair took
 # 4751 us, with CUTLASS's 128x128 cooperative tile in GEMM1 instead 5265, in GEMM2 4916; at
-# 16384 GEMM1 14578 vs 15435 us, GEMM2 14585 vs 14420 (a tie). Its 128-wide form tied or lost.
+# 16384 GEMM1 14578 vs 15435 us, GEMM2 14585 vs 14420 (a tie). A 128-wide form tied or lost
+# and is not in the catalog.
 CONTIG_TILE_N = 256
 
 

@@ -186,14 +186,20 @@ struct CutlassGroupedGemm {
     return layout_bytes(num_groups) + Gemm::get_workspace_size(make_arguments(a));
   }
 
-  static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
-    Gemm gemm;
-    auto args = make_arguments(a);
-    cutlass::Status st = gemm.can_implement(args);
+  static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
+    const cutlass::Status st = Gemm::can_implement(make_arguments(a));
     if (st != cutlass::Status::kSuccess) {
       snprintf(err, errlen, "CUTLASS can_implement failed: %s", cutlassGetStatusString(st));
       return MOEK_UNSUPPORTED;
     }
+    return MOEK_OK;
+  }
+
+  static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
+    if (int st = check(a, err, errlen)) return st;
+    Gemm gemm;
+    auto args = make_arguments(a);
+    cutlass::Status st;
     if constexpr (kLayoutsOnDevice) {
       write_scale_layouts<ScaleConfig><<<(a.num_groups + 127) / 128, 128, 0, a.stream>>>(
           a.problem_shapes, a.num_groups, layouts_sfa(a), layouts_sfb(a));
@@ -216,7 +222,7 @@ struct CutlassGroupedGemm {
     return MOEK_OK;
   }
 
-  static constexpr GemmKernelOps kOps{&run, &workspace_size, Kernel::SharedStorageSize, false};
+  static constexpr GemmKernelOps kOps{&run, &check, &workspace_size, Kernel::SharedStorageSize, false};
 };
 
 }  // namespace moe_kernels

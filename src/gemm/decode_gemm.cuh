@@ -327,11 +327,16 @@ struct DecodeGemm {
 
   static size_t workspace_size(int, int) { return 0; }
 
-  static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
+  static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (a.n <= 0 || a.max_active_groups <= 0 || !a.active_groups) {
       snprintf(err, errlen, "decode GEMM: needs N, the active-group list and its bound");
       return MOEK_INVALID_ARGUMENT;
     }
+    return MOEK_OK;
+  }
+
+  static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
+    if (int st = check(a, err, errlen)) return st;
     decode::Params p{a.problem_shapes, a.active_groups, a.ptr_a, a.stride_a, a.ptr_b,
                      a.stride_b, a.ptr_d, a.stride_d, a.ptr_sfa, a.ptr_sfb};
     const dim3 grid(static_cast<unsigned>((a.n + kColumns - 1) / kColumns),
@@ -375,7 +380,7 @@ struct DecodeGemm {
   }
 
   static constexpr GemmKernelOps kOps{
-      &run, &workspace_size,
+      &run, &check, &workspace_size,
       static_cast<int>(sizeof(float) * (kSplitK ? decode::kWarps : 1) * kTiles * 8 * (decode::kRows + 1)),
       false};
 };

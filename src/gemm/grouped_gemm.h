@@ -59,6 +59,9 @@ struct GroupedGemmArgs {
 
 struct GemmKernelOps {
   int (*run)(const GroupedGemmArgs& args, char* err, size_t errlen);
+  // Whether run() can take these arguments, from host-side values only; launches nothing, so
+  // the runner asks both GEMMs before the forward's first launch.
+  int (*check)(const GroupedGemmArgs& args, char* err, size_t errlen);
   size_t (*workspace_size)(int num_groups, int sm_count);
   int smem_bytes;
   bool fuses_activation;  // takes GroupedGemmArgs::act_out (the fp8_block gated activation)

@@ -5,7 +5,7 @@
 // [rows, K] buffer and the weights are one [E, N, K] tensor, so two TMA descriptors cover all
 // groups and no per-group descriptor is rewritten on the device; an expert's last M tile is
 // cut to the 64-row half that has rows in it (the other consumer warpgroup skips its wgmmas),
-// so a tile with a few tail rows costs half a tile, not a whole one; and a tile may be 256
+// so a tile with a few tail rows costs half a tile, not a whole one; and the tile is 256
 // columns wide (two weight-scale blocks), which reads 25% fewer bytes from L2 per FLOP than
 // 128 (CUTLASS 4.2's blockwise mainloop keeps a second fp32 accumulator and does not build it).
 //
@@ -25,7 +25,7 @@
 // A is loaded in 64-row halves, only those with rows of the tile's expert in them; a half may
 // still reach into the next expert's rows (or past the buffer: zeros): those rows are computed
 // and never stored, and their scales are the expert's last row's.
-// GEMM1 with a gated activation (256-wide tile): the two 128-row weight blocks of a tile are
+// GEMM1 with a gated activation: the two 128-row weight blocks of a tile are
 // gate block n and up block n (I rows further), so the epilogue holds both halves of 128
 // intermediate columns and writes what the activation kernel would: act(gate, up) of the
 // bf16-rounded outputs plus bias, quantized to E4M3 per row per 128 columns. That saves
@@ -71,7 +71,7 @@ template <int kTileN>
 struct Config {
   static constexpr int kBlocksN = kTileN / kBlockN;
   static constexpr int kStageBytesA = kTileM * kTileK, kStageBytesB = kTileN * kTileK;
-  static constexpr int kStages = kTileN == 128 ? 6 : 4;  // ~200 KB of shared memory
+  static constexpr int kStages = 4;  // 4 x 48 KB of shared memory
   // A stage of A (or B) is 128 rows x 128 bytes with the 128-byte swizzle, i.e. blocks of 64
   // (128) rows back to back: A is indexed as (64, 128, 2 * kStages), half h of stage s at
   // 2s + h; B as (128, 128, kBlocksN * kStages), block b of stage s at kBlocksN * s + b.
@@ -377,16 +377,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       if (++stage == kStages) { stage = 0; phase ^= 1; }
     }
     if (!active) continue;
-    if constexpr (kBlocksN == 2) {
-      if (p.act_out) {
-        const int row0 = tile.row0 + half * kHalfM;
-        switch (p.activation) {
-          case MOEK_ACT_SWIGLU: store_activation<MOEK_ACT_SWIGLU>(p, acc, tile, row0, rows, my_row, lane); break;
-          case MOEK_ACT_GEGLU: store_activation<MOEK_ACT_GEGLU>(p, acc, tile, row0, rows, my_row, lane); break;
-          default: store_activation<MOEK_ACT_SWIGLU_OAI>(p, acc, tile, row0, rows, my_row, lane); break;
-        }
-        continue;
+    if (p.act_out) {
+      const int row0 = tile.row0 + half * kHalfM;
+      switch (p.activation) {
+        case MOEK_ACT_SWIGLU: store_activation<MOEK_ACT_SWIGLU>(p, acc, tile, row0, rows, my_row, lane); break;
+        case MOEK_ACT_GEGLU: store_activation<MOEK_ACT_GEGLU>(p, acc, tile, row0, rows, my_row, lane); break;
+        default: store_activation<MOEK_ACT_SWIGLU_OAI>(p, acc, tile, row0, rows, my_row, lane); break;
       }
+      continue;
     }
     // Epilogue: per row (my_row, my_row + 8), per 32 columns, a quad transpose gives each lane
     // 8 consecutive bf16; rows past the expert's end are skipped after the shuffles.
@@ -446,14 +444,14 @@ inline bool encode(CUtensorMap* map, const void* base, int64_t rows, int64_t k, 
 
 template <int kTileN>
 struct ContiguousBlockwise {
-  static_assert(kTileN == 128 || kTileN == 256, "contiguous fp8_block GEMM: 128 or 256 columns");
+  static_assert(kTileN == 256, "contiguous fp8_block GEMM: 256 columns (two weight-scale blocks)");
   using SharedStorage = typename contig::Config<kTileN>::SharedStorage;
 
   static size_t smem_bytes(int num_experts) {
     return sizeof(SharedStorage) + sizeof(int32_t) * 2 * (size_t(num_experts) + 1);
   }
 
-  static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
+  static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
     using namespace contig;
     if (!a.offsets || !a.tile_counter || !a.sfa_base || !a.sfb_base) {
       snprintf(err, errlen, "contiguous fp8_block GEMM: needs the experts' row offsets, a tile "
@@ -463,7 +461,7 @@ struct ContiguousBlockwise {
       return MOEK_INVALID_ARGUMENT;
     }
     const bool fused = a.act_out != nullptr;
-    if (fused && !(kTileN == 256 && a.n % (2 * kBlockN) == 0 && a.act_scale &&
+    if (fused && !(a.n % (2 * kBlockN) == 0 && a.act_scale &&
                    (a.activation == MOEK_ACT_SWIGLU || a.activation == MOEK_ACT_GEGLU ||
                     a.activation == MOEK_ACT_SWIGLU_OAI))) {
       snprintf(err, errlen, "contiguous fp8_block GEMM: cannot fuse activation %d with %d columns, "
@@ -483,6 +481,25 @@ struct ContiguousBlockwise {
                "memory, the device allows %d", a.num_groups, smem, optin);
       return MOEK_UNSUPPORTED;
     }
+    static const int regs = [] {
+      cudaFuncAttributes fa{};
+      if (cudaFuncGetAttributes(&fa, gemm_kernel<kTileN>) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+      }
+      return fa.numRegs;
+    }();
+    if (128 * kProducerRegs + 256 * kConsumerRegs > kThreads * regs) {
+      snprintf(err, errlen, "contiguous fp8_block GEMM: built with %d registers per thread, "
+               "its warpgroups need %d", regs, (128 * kProducerRegs + 256 * kConsumerRegs) / kThreads);
+      return MOEK_UNSUPPORTED;
+    }
+    return MOEK_OK;
+  }
+
+  static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
+    using namespace contig;
+    if (int st = check(a, err, errlen)) return st;
     if (a.rows == 0) return MOEK_OK;
     Params p{};
     if (!encode(&p.tma_a, a.a_base, a.rows, a.k, kHalfM) ||
@@ -506,18 +523,8 @@ struct ContiguousBlockwise {
     p.n = static_cast<int>(a.n);
     p.k = static_cast<int>(a.k);
     auto kernel = gemm_kernel<kTileN>;
-    static const int regs = [&] {
-      cudaFuncAttributes fa{};
-      if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) { cudaGetLastError(); return 0; }
-      return fa.numRegs;
-    }();
-    if (128 * kProducerRegs + 256 * kConsumerRegs > kThreads * regs) {
-      snprintf(err, errlen, "contiguous fp8_block GEMM: built with %d registers per thread, "
-               "its warpgroups need %d", regs, (128 * kProducerRegs + 256 * kConsumerRegs) / kThreads);
-      return MOEK_UNSUPPORTED;
-    }
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(smem));
+                                             static_cast<int>(smem_bytes(a.num_groups)));
         e != cudaSuccess) {
       snprintf(err, errlen, "contiguous fp8_block GEMM: %s", cudaGetErrorString(e));
       return MOEK_CUDA_ERROR;
@@ -525,7 +532,7 @@ struct ContiguousBlockwise {
     // Never more CTAs than tiles can exist: each expert has at most rows / 128 + 1 M tiles.
     const int64_t max_tiles = (a.rows / kTileM + a.max_active_groups) * (a.n / kTileN);
     const int grid = static_cast<int>(std::min<int64_t>(a.sm_count, max_tiles));
-    if (cudaError_t e = launch(kernel, dim3(grid), dim3(kThreads), smem, a.stream, p);
+    if (cudaError_t e = launch(kernel, dim3(grid), dim3(kThreads), smem_bytes(a.num_groups), a.stream, p);
         e != cudaSuccess) {
       snprintf(err, errlen, "contiguous fp8_block GEMM launch: %s", cudaGetErrorString(e));
       return MOEK_CUDA_ERROR;
@@ -535,7 +542,7 @@ struct ContiguousBlockwise {
 
   static size_t workspace_size(int, int) { return 0; }
 
-  static constexpr GemmKernelOps kOps{&run, &workspace_size, int(sizeof(SharedStorage)), kTileN == 256};
+  static constexpr GemmKernelOps kOps{&run, &check, &workspace_size, int(sizeof(SharedStorage)), true};
 };
 
 }  // namespace moe_kernels::sm90
