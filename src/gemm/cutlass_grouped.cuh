@@ -198,8 +198,7 @@ struct CutlassGroupedGemm {
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
     Gemm gemm;
-    auto args = make_arguments(a);
-    cutlass::Status st;
+    const auto args = make_arguments(a);
     if constexpr (kLayoutsOnDevice) {
       write_scale_layouts<ScaleConfig><<<(a.num_groups + 127) / 128, 128, 0, a.stream>>>(
           a.problem_shapes, a.num_groups, layouts_sfa(a), layouts_sfb(a));
@@ -208,7 +207,8 @@ struct CutlassGroupedGemm {
         return MOEK_CUDA_ERROR;
       }
     }
-    st = gemm.initialize(args, static_cast<char*>(a.workspace) + layout_bytes(a.num_groups), a.stream);
+    cutlass::Status st =
+        gemm.initialize(args, static_cast<char*>(a.workspace) + layout_bytes(a.num_groups), a.stream);
     if (st != cutlass::Status::kSuccess) {
       snprintf(err, errlen, "CUTLASS initialize failed: %s", cutlassGetStatusString(st));
       return MOEK_CUDA_ERROR;
