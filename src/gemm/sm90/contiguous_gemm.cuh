@@ -461,9 +461,9 @@ struct ContiguousBlockwise {
       return MOEK_INVALID_ARGUMENT;
     }
     const bool fused = a.act_out != nullptr;
-    if (fused && !(a.n % (2 * kBlockN) == 0 && a.act_scale &&
-                   (a.activation == MOEK_ACT_SWIGLU || a.activation == MOEK_ACT_GEGLU ||
-                    a.activation == MOEK_ACT_SWIGLU_OAI))) {
+    // (N = 2I with I % 128 == 0: the N check below covers the fused tile too.)
+    if (fused && !(a.act_scale && (a.activation == MOEK_ACT_SWIGLU || a.activation == MOEK_ACT_GEGLU ||
+                                   a.activation == MOEK_ACT_SWIGLU_OAI))) {
       snprintf(err, errlen, "contiguous fp8_block GEMM: cannot fuse activation %d with %d columns, "
                "N=%lld", a.activation, kTileN, (long long)a.n);
       return MOEK_UNSUPPORTED;
