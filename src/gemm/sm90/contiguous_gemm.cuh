@@ -20,9 +20,9 @@
 // stage's 128 row scales and its weight-block scales with cp.async), warpgroups 1 and 2 each
 // compute 64 rows of the 128-row tile with wgmma (64x128x32 per 128 columns, fp32), promoting
 // each 128-deep K block's partial sums with scale(row) * scale(weight block) into their
-// accumulators. The bf16 epilogue goes through shared memory (stmatrix) and leaves by TMA
-// stores, so the warpgroups are back at their wgmmas while it is written out (GEMM2 at
-// DeepSeek-V3 16384 tokens: 11% faster than 16-byte stores from registers after quad shuffles).
+// accumulators. Both epilogues go through shared memory and leave by TMA stores, so the
+// warpgroups are back at their wgmmas while the tile is written out (GEMM2 at DeepSeek-V3 16384
+// tokens: 11% faster than 16-byte stores from registers after quad shuffles).
 // A is loaded in 64-row halves, only those with rows of the tile's expert in them; a half may
 // still reach into the next expert's rows (or past the buffer: zeros): those rows are computed
 // and never stored, and their scales are the expert's last row's.
@@ -76,7 +76,7 @@ struct Config {
   static constexpr int kStageBytesA = kTileM * kTileK, kStageBytesB = kTileN * kTileK;
   // x 48 KB; GEMM2 with 3 stages measured within 3% of 4 (DeepSeek-V3, 4096/16384 tokens).
   static constexpr int kStages = kFused ? 4 : 3;
-  static constexpr int kOutBytes = kFused ? 16 : kTileM * kTileN * 2;
+  static constexpr int kOutBytes = kTileM * (kFused ? kBlockN : kTileN * 2);  // E4M3 or bf16 rows
   // A stage of A (or B) is 128 rows x 128 bytes with the 128-byte swizzle, i.e. blocks of 64
   // (128) rows back to back: A is indexed as (64, 128, 2 * kStages), half h of stage s at
   // 2s + h; B as (128, 128, kBlocksN * kStages), block b of stage s at kBlocksN * s + b.
@@ -87,7 +87,7 @@ struct Config {
   struct alignas(1024) SharedStorage {
     alignas(1024) Element a[kStages * kStageBytesA];
     alignas(1024) Element b[kStages * kStageBytesB];
-    alignas(1024) uint8_t out[kOutBytes];  // per warpgroup: 4 TMA boxes of 64 x 64 bf16, swizzled
+    alignas(1024) uint8_t out[kOutBytes];  // per warpgroup: 1 (E4M3) or 4 (bf16) TMA boxes
     float sfa[kStages][kTileM];
     float sfb[kStages][kBlocksN];
     uint64_t full[kStages];   // TMA bytes landed and the 32 loader lanes' scale copies done
@@ -103,7 +103,8 @@ struct Config {
 struct Params {
   CUtensorMap tma_a;  // A [rows, K] e4m3, box 64 x 128
   CUtensorMap tma_b;  // B [E * N, K] e4m3, box 128 x 128
-  CUtensorMap tma_d;  // D [rows, N] bf16 as bytes, box 64 x 128 bytes (the unfused epilogue)
+  CUtensorMap tma_d;    // D [rows, N] bf16 as bytes, box 64 x 128 bytes (unfused)
+  CUtensorMap tma_act;  // act_out [rows, inter] E4M3, box 64 x 128 (fused)
   const float* sfa;   // [rows, K / 128]
   const float* sfb;   // [E, N / 128, K / 128]
   __nv_bfloat16* d;   // [rows, N]
@@ -157,24 +158,6 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
                "l"(gmem) : "memory");
 }
 
-// Lane q of a quad holds w[j] = its two columns of 8-column piece j (j < 4); afterwards it
-// holds the quad's four words of piece q, i.e. 8 consecutive columns.
-__device__ __forceinline__ uint4 quad_transpose(const uint32_t (&w)[4], int lane) {
-  const int q = lane & 3;
-  uint32_t o[4] = {0, 0, 0, 0};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int give = (q - i) & 3, from = (q + i) & 3;
-    uint32_t send = w[0];
-#pragma unroll
-    for (int j = 1; j < 4; ++j) send = give == j ? w[j] : send;
-    const uint32_t got = __shfl_sync(0xffffffffu, send, (lane & ~3) | from);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) o[j] = from == j ? got : o[j];
-  }
-  return make_uint4(o[0], o[1], o[2], o[3]);
-}
-
 __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
   __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
   return *reinterpret_cast<uint32_t*>(&v);
@@ -185,21 +168,58 @@ __device__ __forceinline__ void warpgroup_sync(int half) {
   asm volatile("bar.sync %0, 128;" ::"r"(1 + half) : "memory");
 }
 
-// The bf16 epilogue of this warpgroup's 64 rows: stmatrix into the out buffer (each thread's
-// accumulator pairs are already the fragments stmatrix takes), laid out as TMA's 128-byte
-// swizzle wants it (4 boxes of 64 rows x 64 columns; piece c of a row at c ^ row % 8, so the 8
-// rows of a matrix fall in different banks); then one thread stores the 4 boxes with TMA while
-// the warpgroup goes on to its next tile. A half with fewer rows (an expert's last tile: the
-// rows past its end are the next expert's) is written row by row from the buffer instead.
+// Both epilogues write this warpgroup's 64 rows of the tile into its out buffer in shared
+// memory, laid out as TMA's 128-byte swizzle wants it: boxes of 64 rows x 128 bytes, 16-byte
+// piece c of a row at c ^ row % 8 (which also puts the 8 rows a warp writes at once in
+// different banks). Then one thread stores the boxes with TMA while the warpgroup goes back to
+// its wgmmas. A half with fewer rows (an expert's last tile: the rows past its end are the next
+// expert's) is copied row by row from the buffer instead.
+constexpr int kBoxBytes = kHalfM * 128;
+
+__device__ __forceinline__ uint32_t swizzled(int box, int row, int byte) {  // offset in out
+  return box * kBoxBytes + row * 128 + (((byte / 16) ^ (row % 8)) * 16) + byte % 16;
+}
+
+// Before writing the buffer: the last tile's TMA stores have read it.
+__device__ __forceinline__ void out_acquire(int half, bool copier) {
+  if (copier) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  warpgroup_sync(half);
+}
+
+// The buffer's kBoxes boxes to map (rows from row0, bytes from x0), or the first `rows` rows.
+template <int kBoxes>
+__device__ __forceinline__ void out_release(const CUtensorMap* map, const uint8_t* out, uint8_t* gmem,
+                                            int64_t ld, int x0, int64_t row0, int rows, int half,
+                                            bool copier) {
+  if (rows >= kHalfM) {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the TMA stores
+    warpgroup_sync(half);
+    if (copier) {
+#pragma unroll
+      for (int box = 0; box < kBoxes; ++box)
+        SM90_TMA_STORE_2D::copy(map, out + box * kBoxBytes, x0 + 128 * box, int(row0));
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    }
+    return;
+  }
+  warpgroup_sync(half);
+  constexpr int kPieces = 8 * kBoxes;  // 16-byte pieces per row
+  for (int i = threadIdx.x % 128; i < rows * kPieces; i += 128) {
+    const int r = i / kPieces, c = i % kPieces;
+    *reinterpret_cast<uint4*>(gmem + r * ld + 16 * c) =
+        *reinterpret_cast<const uint4*>(out + swizzled(c / 8, r, 16 * (c % 8)));
+  }
+}
+
+// The bf16 epilogue: each thread's accumulator pairs are already the fragments stmatrix takes
+// (4 boxes of 64 columns).
 template <class Acc>
 __device__ __forceinline__ void store_bf16(const Params& p, const Acc& acc, uint8_t* out, int64_t row0,
                                            int col0, int rows, int my_row, int lane, bool copier) {
-  constexpr int kBox = 64 * 128;  // bytes: 64 rows x 64 bf16 columns
-  if (copier && lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
   const int half = threadIdx.x / 128 - 1;
-  warpgroup_sync(half);
+  out_acquire(half, copier);
   const int m = lane / 8, row = my_row - lane / 4 + 8 * (m & 1) + (lane & 7);
-  const uint32_t base = cast_smem_ptr_to_uint(out) + row * 128;
+  const uint32_t base = cast_smem_ptr_to_uint(out);
 #pragma unroll
   for (int b = 0; b < 2; ++b) {
 #pragma unroll
@@ -209,41 +229,26 @@ __device__ __forceinline__ void store_bf16(const Params& p, const Acc& acc, uint
       const uint32_t r2 = pack_bf16(acc(4 * j + 4, 0, b), acc(4 * j + 5, 0, b));
       const uint32_t r3 = pack_bf16(acc(4 * j + 6, 0, b), acc(4 * j + 7, 0, b));
       const int piece = 16 * b + j + m / 2;  // of 32 in the row
-      const uint32_t addr = base + (piece / 8) * kBox + ((piece % 8) ^ (lane & 7)) * 16;  // lane & 7 = row % 8
+      const uint32_t addr = base + swizzled(piece / 8, row, 16 * (piece % 8));
       asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
                    "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
     }
   }
-  if (rows >= kHalfM) {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the TMA stores
-    warpgroup_sync(half);
-    if (copier && lane == 0) {
-#pragma unroll
-      for (int box = 0; box < 4; ++box)
-        SM90_TMA_STORE_2D::copy(&p.tma_d, out + box * kBox, 2 * (col0 + 64 * box), int(row0));
-      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-    }
-    return;
-  }
-  warpgroup_sync(half);
-  const int t = threadIdx.x % 128;
-#pragma unroll 4
-  for (int i = t; i < kHalfM * 32; i += 128) {
-    const int r = i / 32, piece = i % 32;
-    if (r >= rows) break;
-    const uint4 v = *reinterpret_cast<const uint4*>(out + (piece / 8) * kBox + r * 128 + ((piece % 8) ^ (r % 8)) * 16);
-    *reinterpret_cast<uint4*>(p.d + (row0 + r) * p.n + col0 + 8 * piece) = v;
-  }
+  out_release<4>(&p.tma_d, out, reinterpret_cast<uint8_t*>(p.d + row0 * p.n + col0), 2 * int64_t(p.n),
+                 2 * col0, row0, rows, half, copier);
 }
 
 // The fused activation's epilogue for this warpgroup's rows row0 + [0, rows): acc(i, 0, 0)
-// holds gate columns, acc(i, 0, 1) the up columns of the same intermediate columns.
+// holds gate columns, acc(i, 0, 1) the up columns of the same intermediate columns. Its
+// output, 128 E4M3 bytes per row, is one box; each thread writes its byte pairs.
 template <int kAct, class Acc>
 __device__ __forceinline__ void store_activation(const Params& p, const Acc& acc, const Tile& tile,
-                                                 int row0, int rows, int my_row, int lane) {
-  const int q = lane & 3;
+                                                 uint8_t* out, int64_t row0, int rows, int my_row,
+                                                 int lane, bool copier) {
+  const int q = lane & 3, half = threadIdx.x / 128 - 1;
   const int64_t col0 = int64_t(tile.n) * kBlockN;  // the tile's first intermediate column
   const __nv_bfloat16* bias = p.act_bias ? p.act_bias + int64_t(tile.expert) * p.n + col0 : nullptr;
+  out_acquire(half, copier);
 #pragma unroll
   for (int rs = 0; rs < 2; ++rs) {
     const int r = my_row + 8 * rs;
@@ -266,17 +271,14 @@ __device__ __forceinline__ void store_activation(const Params& p, const Acc& acc
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
     const float scale = fp8_scale(amax), inv = __frcp_rn(scale);
-    uint8_t* out = p.act_out + (row0 + r) * int64_t(p.inter) + col0;
 #pragma unroll
-    for (int g = 0; g < 4; ++g) {
-      uint32_t w[4];  // low 16 bits: this lane's 2 bytes of piece 4g + j
-#pragma unroll
-      for (int j = 0; j < 4; ++j) w[j] = to_fp8x2(v[2 * (4 * g + j)], v[2 * (4 * g + j) + 1], inv);
-      const uint4 o = quad_transpose(w, lane);
-      if (r < rows) *reinterpret_cast<uint2*>(out + 8 * (4 * g + q)) = make_uint2(o.x | (o.y << 16), o.z | (o.w << 16));
-    }
+    for (int piece = 0; piece < 16; ++piece)  // 8 columns each; this lane's 2 bytes of it
+      *reinterpret_cast<uint16_t*>(out + swizzled(0, r, 8 * piece + 2 * q)) =
+          static_cast<uint16_t>(to_fp8x2(v[2 * piece], v[2 * piece + 1], inv));
     if (q == 0 && r < rows) p.act_scale[(row0 + r) * int64_t(p.inter / kBlockN) + tile.n] = scale;
   }
+  out_release<1>(&p.tma_act, out, p.act_out + row0 * p.inter + col0, p.inter, int(col0), row0, rows,
+                 half, copier);
 }
 
 template <int kTileN, bool kFused>
@@ -303,7 +305,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     cutlass::arch::fence_barrier_init();
     cute::prefetch_tma_descriptor(&p.tma_a);
     cute::prefetch_tma_descriptor(&p.tma_b);
-    if (!kFused) cute::prefetch_tma_descriptor(&p.tma_d);
+    cute::prefetch_tma_descriptor(kFused ? &p.tma_act : &p.tma_d);
   }
   pdl_begin();  // the offsets, A and its scales come from the previous kernels
 
@@ -441,20 +443,21 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       if (++stage == kStages) { stage = 0; phase ^= 1; }
     }
     if (!active) continue;
+    const int64_t row0 = tile.row0 + half * kHalfM;
+    uint8_t* out = smem.out + half * (C::kOutBytes / 2);
+    const bool copier = threadIdx.x % 128 == 0;
     if constexpr (kFused) {
-      const int row0 = tile.row0 + half * kHalfM;
       switch (p.activation) {
-        case MOEK_ACT_SWIGLU: store_activation<MOEK_ACT_SWIGLU>(p, acc, tile, row0, rows, my_row, lane); break;
-        case MOEK_ACT_GEGLU: store_activation<MOEK_ACT_GEGLU>(p, acc, tile, row0, rows, my_row, lane); break;
-        default: store_activation<MOEK_ACT_SWIGLU_OAI>(p, acc, tile, row0, rows, my_row, lane); break;
+        case MOEK_ACT_SWIGLU: store_activation<MOEK_ACT_SWIGLU>(p, acc, tile, out, row0, rows, my_row, lane, copier); break;
+        case MOEK_ACT_GEGLU: store_activation<MOEK_ACT_GEGLU>(p, acc, tile, out, row0, rows, my_row, lane, copier); break;
+        default: store_activation<MOEK_ACT_SWIGLU_OAI>(p, acc, tile, out, row0, rows, my_row, lane, copier); break;
       }
     } else {
-      store_bf16(p, acc, smem.out + half * (kHalfM * kTileN * 2), tile.row0 + half * kHalfM,
-                 tile.n * kTileN, rows, my_row, lane, warp % 4 == 0);
+      store_bf16(p, acc, out, row0, tile.n * kTileN, rows, my_row, lane, copier);
     }
   }
-  // The last copies must have read the buffer before the CTA's shared memory goes.
-  if (!kFused && threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  // The last stores must be done before the CTA (and its shared memory) goes.
+  if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
 // cuTensorMapEncodeTiled from the driver, found once through the runtime.
@@ -559,7 +562,8 @@ struct ContiguousBlockwise {
     Params p{};
     if (!encode(&p.tma_a, a.a_base, a.rows, a.k, kHalfM) ||
         !encode(&p.tma_b, a.b_base, int64_t(a.num_groups) * a.n, a.k, kBlockN) ||
-        (!a.act_out && !encode(&p.tma_d, a.d_base, a.rows, 2 * a.n, kHalfM))) {
+        (a.act_out ? !encode(&p.tma_act, a.act_out, a.rows, a.n / 2, kHalfM)
+                   : !encode(&p.tma_d, a.d_base, a.rows, 2 * a.n, kHalfM))) {
       snprintf(err, errlen, "contiguous fp8_block GEMM: cuTensorMapEncodeTiled failed");
       return MOEK_CUDA_ERROR;
     }
