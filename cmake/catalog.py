@@ -103,10 +103,9 @@ class GemmConfig:
             assert self.mainloop != "fastaccum", f"{self.name}: decode accumulates in fp32 (mma.sync)"
             return
         if self.schedule == "contig":
-            assert (self.tile_m, self.tile_n, self.tile_k) == (128, 256, 128) and self.mainloop == "blockwise", \
+            assert (self.tile_m, self.tile_k, self.cluster_m, self.cluster_n) == (128, 128, 1, 1) and \
+                self.tile_n == 256 and self.mainloop == "blockwise", \
                 f"{self.name}: contig is fp8_block, 128 rows by 256 columns"
-            # 2x1: the two CTAs take neighbouring M tiles and each multicasts one weight block.
-            assert (self.cluster_m, self.cluster_n) in ((1, 1), (2, 1)), f"{self.name}: contig cluster"
             return
         # Block scales cover 128 output columns; a tile must not split one.
         assert self.mainloop != "blockwise" or self.tile_n % 128 == 0, f"{self.name}: blockwise tile_n"
@@ -189,7 +188,6 @@ _SM90_FP8_BLOCK_FULL = [
     # multiple of 256 (tactic.py; in GEMM1 it also applies a gated activation). A 128-wide form
     # tied or trailed CUTLASS's 128x128 cooperative tile on H200 and was dropped.
     (128, 256, 128, 1, 1, "contig", "blockwise"),
-    (128, 256, 128, 2, 1, "contig", "blockwise"),
 ]
 _SM90_FP8_BLOCK_MINIMAL = _SM90_FP8_BLOCK_FULL[:2] + _SM90_FP8_BLOCK_FULL[3:]
 # fp8_block swap-AB: tile_m tokens per tile as the wgmma's N, tile_n = 128 weight rows (one

@@ -149,7 +149,7 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
                 continue
             if c.schedule == "contig":
                 assert f'#include "gemm/{family}/contiguous_gemm.cuh"' in text
-                assert f"ContiguousBlockwise<{c.tile_n}, {c.cluster_m}>::kOps" in text
+                assert f"ContiguousBlockwise<{c.tile_n}>::kOps" in text
                 continue
             assert f'#include "gemm/{family}/grouped_gemm.cuh"' in text
             assert generate.SCHEDULE_TYPES[c.schedule] + generate.MAINLOOP_SUFFIX[c.mainloop] + ">" in text

@@ -26,11 +26,6 @@
 // A is loaded in 64-row halves, only those with rows of the tile's expert in them; a half may
 // still reach into the next expert's rows (or past the buffer: zeros): those rows are computed
 // and never stored, and their scales are the expert's last row's.
-// kCluster = 2: two CTAs of a cluster take M tiles 2j and 2j + 1 of the same expert and N
-// tile (one "unit"; the second may have no rows: it then only helps load), and each loads one
-// of the tile's two 128-row weight blocks and multicasts it to both, so each CTA reads a third
-// fewer bytes from L2 per K block (16 KB of A + 16 KB of B instead of 16 + 32). Rank 0's loader
-// takes the units from the counter and hands them to both CTAs.
 // GEMM1 with a gated activation: the two 128-row weight blocks of a tile are
 // gate block n and up block n (I rows further), so the epilogue holds both halves of 128
 // intermediate columns and writes what the activation kernel would: act(gate, up) of the
@@ -134,57 +129,21 @@ __device__ __forceinline__ int upper_bound(const int32_t* v, int n, int x) {
 }
 
 struct Tile {
-  int expert, n, row0, rows;  // rows of this expert from row0 (may exceed the tile; <= 0: none)
+  int expert, n, row0, rows;  // rows of this expert from row0 (may exceed the tile)
 };
 
-// Unit t in expert-major, then N, then M order; a unit is kCluster M tiles, this CTA's is
-// number `rank` of them. tile_start holds the prefix sums of units per expert.
-template <int kCluster>
+// Tile t in expert-major, then N, then M order.
 __device__ __forceinline__ Tile tile_at(int t, const int32_t* tile_start, const int32_t* offsets,
-                                        int num_experts, int n_tiles, int rank) {
+                                        int num_experts, int n_tiles) {
   const int e = upper_bound(tile_start, num_experts + 1, t / n_tiles) - 1;  // non-empty expert
-  const int m_units = tile_start[e + 1] - tile_start[e];
+  const int m_tiles = tile_start[e + 1] - tile_start[e];
   const int j = t - tile_start[e] * n_tiles;
   Tile tile;
   tile.expert = e;
-  tile.n = j / m_units;
-  tile.row0 = offsets[e] + ((j % m_units) * kCluster + rank) * kTileM;
+  tile.n = j / m_tiles;
+  tile.row0 = offsets[e] + (j % m_tiles) * kTileM;
   tile.rows = offsets[e + 1] - tile.row0;
   return tile;
-}
-
-// Arrive on barrier `bar` of every CTA in the cluster (lane 0 of a warp).
-template <int kCluster>
-__device__ __forceinline__ void arrive_all(uint64_t* bar) {
-  if constexpr (kCluster == 1) {
-    cutlass::arch::ClusterBarrier::arrive(bar);
-  } else {
-#pragma unroll
-    for (int c = 0; c < kCluster; ++c) cutlass::arch::ClusterBarrier::arrive(bar, c, 1);
-  }
-}
-
-// The unit handoff between CTAs: the value is stored into CTA `cta`'s slot, then that CTA's
-// barrier is arrived on with release semantics at cluster scope; the reader waits with acquire.
-__device__ __forceinline__ void store_remote(int32_t* slot, int cta, int32_t v) {
-  uint32_t addr;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"(cast_smem_ptr_to_uint(slot)), "r"(cta));
-  asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ void arrive_release_cluster(uint64_t* bar, int cta) {
-  uint32_t addr;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"(cast_smem_ptr_to_uint(bar)), "r"(cta));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(addr) : "memory");
-}
-
-__device__ __forceinline__ void wait_acquire_cluster(uint64_t* bar, int phase) {
-  const uint32_t addr = cast_smem_ptr_to_uint(bar);
-  asm volatile(
-      "{\n\t.reg .pred p;\n\t"
-      "WAIT:\n\t"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n\t"
-      "@!p bra WAIT;\n\t}" ::"r"(addr), "r"(phase) : "memory");
 }
 
 // First weight row (within the expert) of 128-row block b of N tile n: consecutive blocks, or
@@ -322,89 +281,8 @@ __device__ __forceinline__ void store_activation(const Params& p, const Acc& acc
                  half, copier);
 }
 
-// The loader (warp 0): takes the units, then per K block waits for a free stage and issues
-// the TMA loads of A and B and the scale copies.
-template <int kTileN, bool kFused, int kCluster>
-__device__ __forceinline__ void loader(const Params& p, typename Config<kTileN, kFused>::SharedStorage& smem,
-                                       const int32_t* tile_start, const int32_t* offsets, int num_tiles,
-                                       int n_tiles, int k_blocks, int rank) {
-  using C = Config<kTileN, kFused>;
-  constexpr int kStages = C::kStages, kBlocksN = C::kBlocksN;
-  const int E = p.num_experts, lane = threadIdx.x % 32;
-  int stage = 0, phase = 0, slot = 0, slot_phase = 0;
-  for (;;) {
-    // Take the next unit and pass it on (rank 0); a number past the last says stop.
-    int t = 0;
-    if (rank == 0) {
-      if (lane == 0) t = atomicAdd(p.tile_counter, 1);
-      t = __shfl_sync(0xffffffffu, t, 0);
-      cutlass::arch::ClusterBarrier::wait(&smem.tile_empty[slot], slot_phase ^ 1);
-      if (lane == 0) {
-        if constexpr (kCluster == 1) {
-          smem.tile[slot] = t;
-          cutlass::arch::ClusterBarrier::arrive(&smem.tile_full[slot]);
-        } else {
-          for (int c = 0; c < kCluster; ++c) {
-            store_remote(&smem.tile[slot], c, t);
-            arrive_release_cluster(&smem.tile_full[slot], c);
-          }
-        }
-      }
-    } else {
-      wait_acquire_cluster(&smem.tile_full[slot], slot_phase);
-      t = smem.tile[slot];
-      __syncwarp();
-      if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.tile_empty[slot], 0, 1);
-    }
-    if (++slot == kSchedSlots) { slot = 0; slot_phase ^= 1; }
-    if (t >= num_tiles) break;
-    const Tile tile = tile_at<kCluster>(t, tile_start, offsets, E, n_tiles, rank);
-    const int b_row = tile.expert * p.n;
-    // Lanes < kBlocksN copy the weight-block scales, every lane 4 of the 128 row scales.
-    const float* sfb = p.sfb + (int64_t(tile.expert) * (p.n / kBlockN) +
-                                block_row<kTileN>(p, tile.n, min(lane, kBlocksN - 1)) / kBlockN) * k_blocks;
-    const float* sfa = p.sfa + int64_t(tile.row0) * k_blocks;
-    // 64-row halves of A with rows in them (a cluster's second CTA may have none)
-    const int halves = tile.rows > kHalfM ? 2 : (kCluster == 1 || tile.rows > 0) ? 1 : 0;
-    for (int kb = 0; kb < k_blocks; ++kb) {
-      cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase ^ 1);
-      if (lane == 0) {
-        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
-            &smem.full[stage], halves * (C::kStageBytesA / 2) + C::kStageBytesB);
-        const auto hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
-        for (int h = 0; h < halves; ++h)
-          SM90_TMA_LOAD_2D::copy(&p.tma_a, &smem.full[stage], hint,
-                                 smem.a + stage * C::kStageBytesA + h * (C::kStageBytesA / 2),
-                                 kb * kTileK, tile.row0 + h * kHalfM);
-        if constexpr (kCluster == 1) {
-#pragma unroll
-          for (int b = 0; b < kBlocksN; ++b)
-            SM90_TMA_LOAD_2D::copy(&p.tma_b, &smem.full[stage], hint,
-                                   smem.b + stage * C::kStageBytesB + b * (kBlockN * kTileK),
-                                   kb * kTileK, b_row + block_row<kTileN>(p, tile.n, b));
-        } else {  // block `rank`, to the same place in both CTAs
-          SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_b, &smem.full[stage], (1 << kCluster) - 1, hint,
-                                           smem.b + stage * C::kStageBytesB + rank * (kBlockN * kTileK),
-                                           kb * kTileK, b_row + block_row<kTileN>(p, tile.n, rank));
-        }
-      }
-      if (lane < kBlocksN) cp_async_4(&smem.sfb[stage][lane], sfb + kb);
-      if (kCluster == 1 || tile.rows > 0) {
-#pragma unroll
-        for (int j = 0; j < kTileM / 32; ++j)
-          cp_async_4(&smem.sfa[stage][32 * j + lane], sfa + min(32 * j + lane, tile.rows - 1) * k_blocks + kb);
-      }
-      cutlass::arch::cpasync_barrier_arrive_noinc(&smem.full[stage]);
-      if (++stage == kStages) { stage = 0; phase ^= 1; }
-    }
-  }
-  asm volatile("cp.async.wait_all;" ::: "memory");
-}
-
-template <int kTileN, bool kFused, int kCluster>
+template <int kTileN, bool kFused>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant__ Params p) {
-  static_assert(kCluster == 1 || (kCluster == 2 && kTileN == 2 * kBlockN),
-                "a 2-CTA cluster splits the tile's two weight blocks between its CTAs");
   using C = Config<kTileN, kFused>;
   constexpr int kStages = C::kStages, kBlocksN = C::kBlocksN;
   using SharedStorage = typename C::SharedStorage;
@@ -414,25 +292,21 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   int32_t* offsets = tile_start + p.num_experts + 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = threadIdx.x / 128;
-  const int rank = kCluster == 1 ? 0 : int(cute::block_rank_in_cluster());
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       cutlass::arch::ClusterTransactionBarrier::init(&smem.full[s], 1 + 32);
-      // Every consumer warp of the cluster: the stage takes both CTAs' multicasts.
-      cutlass::arch::ClusterBarrier::init(&smem.empty[s], kConsumerWarps * kCluster);
+      cutlass::arch::ClusterBarrier::init(&smem.empty[s], kConsumerWarps);
     }
     for (int s = 0; s < kSchedSlots; ++s) {
       cutlass::arch::ClusterBarrier::init(&smem.tile_full[s], 1);
-      // (Used in rank 0 only:) every consumer warp of the cluster and the other loaders.
-      cutlass::arch::ClusterBarrier::init(&smem.tile_empty[s], kConsumerWarps * kCluster + kCluster - 1);
+      cutlass::arch::ClusterBarrier::init(&smem.tile_empty[s], kConsumerWarps);
     }
     cutlass::arch::fence_barrier_init();
     cute::prefetch_tma_descriptor(&p.tma_a);
     cute::prefetch_tma_descriptor(&p.tma_b);
     cute::prefetch_tma_descriptor(kFused ? &p.tma_act : &p.tma_d);
   }
-  if constexpr (kCluster > 1) cute::cluster_sync();  // the barriers exist before any remote use
   pdl_begin();  // the offsets, A and its scales come from the previous kernels
 
   // Per-expert M tiles and their prefix sums (warp 0 scans 32 experts at a time).
@@ -444,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     if (lane == 0) tile_start[0] = 0;
     for (int base = 0; base < E; base += 32) {
       const int e = base + lane;
-      int v = e < E ? ((offsets[e + 1] - offsets[e] + kTileM - 1) / kTileM + kCluster - 1) / kCluster : 0;
+      int v = e < E ? (offsets[e + 1] - offsets[e] + kTileM - 1) / kTileM : 0;
 #pragma unroll
       for (int d = 1; d < 32; d *= 2) {
         const int u = __shfl_up_sync(0xffffffffu, v, d);
@@ -456,16 +330,59 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   }
   __syncthreads();
   const int n_tiles = p.act_out ? p.inter / kBlockN : p.n / kTileN, k_blocks = p.k / kTileK;
-  const int num_tiles = tile_start[E] * n_tiles;  // units
+  const int num_tiles = tile_start[E] * n_tiles;
 
   if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-    if (warp == 0) loader<kTileN, kFused, kCluster>(p, smem, tile_start, offsets, num_tiles, n_tiles, k_blocks, rank);
-    // No CTA of a cluster leaves while another may still arrive on its barriers or write
-    // into its shared memory (barrier.cluster counts every thread of the cluster).
-    if constexpr (kCluster > 1) cute::cluster_sync();
+    if (warp != 0) return;
+    int stage = 0, phase = 0, slot = 0, slot_phase = 0;
+    for (;;) {
+      // Take the next tile and pass it on; a number past the last tells the consumers to stop.
+      int t = 0;
+      if (lane == 0) t = atomicAdd(p.tile_counter, 1);
+      t = __shfl_sync(0xffffffffu, t, 0);
+      cutlass::arch::ClusterBarrier::wait(&smem.tile_empty[slot], slot_phase ^ 1);
+      if (lane == 0) {
+        smem.tile[slot] = t;
+        cutlass::arch::ClusterBarrier::arrive(&smem.tile_full[slot]);
+      }
+      if (++slot == kSchedSlots) { slot = 0; slot_phase ^= 1; }
+      if (t >= num_tiles) break;
+      const Tile tile = tile_at(t, tile_start, offsets, E, n_tiles);
+      const int b_row = tile.expert * p.n;
+      // Lanes < kBlocksN copy the weight-block scales, every lane 4 of the 128 row scales.
+      const float* sfb = p.sfb + (int64_t(tile.expert) * (p.n / kBlockN) +
+                                  block_row<kTileN>(p, tile.n, min(lane, kBlocksN - 1)) / kBlockN) * k_blocks;
+      const float* sfa = p.sfa + int64_t(tile.row0) * k_blocks;
+      const int halves = tile.rows > kHalfM ? 2 : 1;  // 64-row halves of A with rows in them
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase ^ 1);
+        if (lane == 0) {
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
+              &smem.full[stage], halves * (C::kStageBytesA / 2) + C::kStageBytesB);
+          const auto hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
+          for (int h = 0; h < halves; ++h)
+            SM90_TMA_LOAD_2D::copy(&p.tma_a, &smem.full[stage], hint,
+                                   smem.a + stage * C::kStageBytesA + h * (C::kStageBytesA / 2),
+                                   kb * kTileK, tile.row0 + h * kHalfM);
+#pragma unroll
+          for (int b = 0; b < kBlocksN; ++b)
+            SM90_TMA_LOAD_2D::copy(&p.tma_b, &smem.full[stage], hint,
+                                   smem.b + stage * C::kStageBytesB + b * (kBlockN * kTileK),
+                                   kb * kTileK, b_row + block_row<kTileN>(p, tile.n, b));
+        }
+        if (lane < kBlocksN) cp_async_4(&smem.sfb[stage][lane], sfb + kb);
+#pragma unroll
+        for (int j = 0; j < kTileM / 32; ++j)
+          cp_async_4(&smem.sfa[stage][32 * j + lane], sfa + min(32 * j + lane, tile.rows - 1) * k_blocks + kb);
+        cutlass::arch::cpasync_barrier_arrive_noinc(&smem.full[stage]);
+        if (++stage == kStages) { stage = 0; phase ^= 1; }
+      }
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
     return;
   }
+
   cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
   const int half = wg - 1;  // this warpgroup's 64 rows of the tile
   TiledMma mma;
@@ -483,20 +400,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
 
   int stage = 0, phase = 0, slot = 0, slot_phase = 0;
   for (;;) {
-    if constexpr (kCluster == 1) {
-      cutlass::arch::ClusterBarrier::wait(&smem.tile_full[slot], slot_phase);
-    } else {
-      wait_acquire_cluster(&smem.tile_full[slot], slot_phase);
-    }
+    cutlass::arch::ClusterBarrier::wait(&smem.tile_full[slot], slot_phase);
     const int t = smem.tile[slot];
     __syncwarp();
-    if (lane == 0) {  // rank 0 hands out the units
-      if constexpr (kCluster == 1) cutlass::arch::ClusterBarrier::arrive(&smem.tile_empty[slot]);
-      else cutlass::arch::ClusterBarrier::arrive(&smem.tile_empty[slot], 0, 1);
-    }
+    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.tile_empty[slot]);
     if (++slot == kSchedSlots) { slot = 0; slot_phase ^= 1; }
     if (t >= num_tiles) break;
-    const Tile tile = tile_at<kCluster>(t, tile_start, offsets, E, n_tiles, rank);
+    const Tile tile = tile_at(t, tile_start, offsets, E, n_tiles);
     const int rows = min(tile.rows, kTileM) - half * kHalfM;  // rows this warpgroup stores
     const bool active = rows > 0;
     clear(acc);
@@ -522,13 +432,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
           warpgroup_fence_operand(part);
           if (b == kBlocksN - 1) {
             __syncwarp();
-            if (lane == 0) arrive_all<kCluster>(&smem.empty[stage]);
+            if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
           }
 #pragma unroll
           for (int i = 0; i < size(part); ++i) acc(i, 0, b) += part(i) * ((i & 2) ? r1 : r0);
         }
       } else if (lane == 0) {
-        arrive_all<kCluster>(&smem.empty[stage]);
+        cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
       }
       if (++stage == kStages) { stage = 0; phase ^= 1; }
     }
@@ -548,7 +458,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   }
   // The last stores must be done before the CTA (and its shared memory) goes.
   if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-  if constexpr (kCluster > 1) cute::cluster_sync();
 }
 
 // cuTensorMapEncodeTiled from the driver, found once through the runtime.
@@ -582,11 +491,9 @@ inline bool encode(CUtensorMap* map, const void* base, int64_t rows, int64_t k, 
 
 }  // namespace contig
 
-template <int kTileN, int kClusterM>
+template <int kTileN>
 struct ContiguousBlockwise {
   static_assert(kTileN == 256, "contiguous fp8_block GEMM: 256 columns (two weight-scale blocks)");
-  template <bool kFused>
-  static constexpr auto kernel = contig::gemm_kernel<kTileN, kFused, kClusterM>;
   template <bool kFused>
   using Storage = typename contig::Config<kTileN, kFused>::SharedStorage;
   static constexpr int kMaxStorage = int(std::max(sizeof(Storage<true>), sizeof(Storage<false>)));
@@ -600,42 +507,13 @@ struct ContiguousBlockwise {
   static int registers() {
     static const int regs = [] {
       cudaFuncAttributes fa{};
-      if (cudaFuncGetAttributes(&fa, kernel<kFused>) != cudaSuccess) {
+      if (cudaFuncGetAttributes(&fa, contig::gemm_kernel<kTileN, kFused>) != cudaSuccess) {
         cudaGetLastError();
         return 0;
       }
       return fa.numRegs;
     }();
     return regs;
-  }
-
-  // Clusters that fit on the device at once (a CTA fills an SM), or 0.
-  template <bool kFused>
-  static int max_clusters(size_t smem, cudaStream_t stream) {
-    static const int n = [&] {
-      if (cudaFuncSetAttribute(kernel<kFused>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(smem)) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-      }
-      cudaLaunchConfig_t cfg{};
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim = {unsigned(kClusterM), 1, 1};
-      cfg.gridDim = dim3(kClusterM);
-      cfg.blockDim = dim3(contig::kThreads);
-      cfg.dynamicSmemBytes = smem;
-      cfg.stream = stream;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      int count = 0;
-      if (cudaOccupancyMaxActiveClusters(&count, kernel<kFused>, &cfg) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-      }
-      return count;
-    }();
-    return n;
   }
 
   static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
@@ -674,11 +552,6 @@ struct ContiguousBlockwise {
                "its warpgroups need %d", regs, (128 * kProducerRegs + 256 * kConsumerRegs) / kThreads);
       return MOEK_UNSUPPORTED;
     }
-    if (kClusterM > 1 && (fused ? max_clusters<true>(smem, a.stream) : max_clusters<false>(smem, a.stream)) == 0) {
-      snprintf(err, errlen, "contiguous fp8_block GEMM: no cluster of %d CTAs with %zu bytes of shared "
-               "memory each fits on the device", kClusterM, smem);
-      return MOEK_UNSUPPORTED;
-    }
     return MOEK_OK;
   }
 
@@ -710,7 +583,7 @@ struct ContiguousBlockwise {
     p.n = static_cast<int>(a.n);
     p.k = static_cast<int>(a.k);
     const bool fused = p.act_out != nullptr;
-    auto kernel = fused ? ContiguousBlockwise::kernel<true> : ContiguousBlockwise::kernel<false>;
+    auto kernel = fused ? gemm_kernel<kTileN, true> : gemm_kernel<kTileN, false>;
     const size_t smem = smem_bytes(a.num_groups, fused);
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(smem));
@@ -720,10 +593,8 @@ struct ContiguousBlockwise {
     }
     // Never more CTAs than tiles can exist: each expert has at most rows / 128 + 1 M tiles.
     const int64_t max_tiles = (a.rows / kTileM + a.max_active_groups) * (a.n / kTileN);
-    const int clusters = kClusterM == 1 ? a.sm_count
-                         : fused ? max_clusters<true>(smem, a.stream) : max_clusters<false>(smem, a.stream);
-    const int grid = kClusterM * static_cast<int>(std::min<int64_t>(clusters, max_tiles));
-    if (cudaError_t e = launch_clusters(kernel, dim3(grid), dim3(kThreads), smem, a.stream, kClusterM, p);
+    const int grid = static_cast<int>(std::min<int64_t>(a.sm_count, max_tiles));
+    if (cudaError_t e = launch(kernel, dim3(grid), dim3(kThreads), smem, a.stream, p);
         e != cudaSuccess) {
       snprintf(err, errlen, "contiguous fp8_block GEMM launch: %s", cudaGetErrorString(e));
       return MOEK_CUDA_ERROR;
