@@ -38,7 +38,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 
 #include "cute/tensor.hpp"
 #include "cute/arch/copy_sm90_tma.hpp"
@@ -68,8 +67,6 @@ constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 using namespace cute;
 using Element = cutlass::float_e4m3_t;
 using TiledMma = decltype(make_tiled_mma(SM90_64x128x32_F32E4M3E4M3_SS_TN<>{}));
-// A from registers (loaded once per K block with ldmatrix, used for both weight blocks).
-using TiledMmaRegA = decltype(make_tiled_mma(SM90_64x128x32_F32E4M3E4M3_RS_TN<>{}));
 
 // kFused: GEMM1 with the activation in its epilogue (E4M3 out: a 16 KB buffer, 4 stages);
 // otherwise the bf16 tile's 64 KB buffer takes a stage's room.
@@ -284,7 +281,7 @@ __device__ __forceinline__ void store_activation(const Params& p, const Acc& acc
                  half, copier);
 }
 
-template <int kTileN, bool kFused, bool kRegA>
+template <int kTileN, bool kFused>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant__ Params p) {
   using C = Config<kTileN, kFused>;
   constexpr int kStages = C::kStages, kBlocksN = C::kBlocksN;
@@ -388,19 +385,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
 
   cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
   const int half = wg - 1;  // this warpgroup's 64 rows of the tile
-  cute::conditional_t<kRegA, TiledMmaRegA, TiledMma> mma;
+  TiledMma mma;
   auto thr = mma.get_thread_slice(threadIdx.x % 128);
   Tensor sA = make_tensor(make_smem_ptr(smem.a), typename C::SmemLayoutA{});
   Tensor sB = make_tensor(make_smem_ptr(smem.b), typename C::SmemLayoutB{});
-  // (MMA, 1, 4, 2 * kStages) descriptors, or (MMA, 1, 4) registers: 16 bytes per K step
-  auto tCrA = [&] {
-    if constexpr (kRegA) return thr.partition_fragment_A(sA(_, _, 0));
-    else return thr.make_fragment_A(thr.partition_A(sA));
-  }();
-  // ldmatrix.x4 per K step of 32: lanes 0-15 give rows 0-15 of the warp's 16, lanes 16-31 the
-  // same rows 16 bytes further; the registers are then wgmma's a0..a3 (row, row + 8, k + 16).
-  const int a_row = 16 * (warp % 4) + (lane & 15);
-  const uint32_t a_base = cast_smem_ptr_to_uint(smem.a) + a_row * 128;
+  Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA, 1, 4, 2 * kStages) descriptors
   Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));  // (MMA, 1, 4, kBlocksN * kStages)
   // acc(i, 0, b): block b of 128 columns; values i = (2 columns, 2 rows 8 apart, 16 pieces of 8).
   Tensor acc = partition_fragment_C(mma, Shape<Int<kHalfM>, Int<kTileN>>{});
@@ -426,27 +415,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       if (active) {
         const float a0 = smem.sfa[stage][half * kHalfM + my_row];
         const float a1 = smem.sfa[stage][half * kHalfM + my_row + 8];
-        if constexpr (kRegA) {
-          auto a32 = recast<uint32_t>(tCrA);
-          const uint32_t base = a_base + (2 * stage + half) * (kHalfM * kTileK);
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const uint32_t addr = base + (((2 * k + (lane >> 4)) ^ (a_row & 7)) << 4);
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(a32(4 * k)), "=r"(a32(4 * k + 1)), "=r"(a32(4 * k + 2)), "=r"(a32(4 * k + 3))
-                         : "r"(addr) : "memory");
-          }
-          warpgroup_fence_operand(tCrA);
-        }
 #pragma unroll
         for (int b = 0; b < kBlocksN; ++b) {
           warpgroup_fence_operand(part);
           warpgroup_arrive();
           mma.accumulate_ = GMMA::ScaleOut::Zero;
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            if constexpr (kRegA) cute::gemm(mma, tCrA(_, _, k), tCrB(_, _, k, kBlocksN * stage + b), part);
-            else cute::gemm(mma, tCrA(_, _, k, 2 * stage + half), tCrB(_, _, k, kBlocksN * stage + b), part);
+          for (int k = 0; k < size<2>(tCrA); ++k) {
+            cute::gemm(mma, tCrA(_, _, k, 2 * stage + half), tCrB(_, _, k, kBlocksN * stage + b), part);
             mma.accumulate_ = GMMA::ScaleOut::One;
           }
           warpgroup_commit_batch();
@@ -454,7 +430,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
           const float r0 = a0 * sb, r1 = a1 * sb;
           warpgroup_wait<0>();
           warpgroup_fence_operand(part);
-          if constexpr (kRegA) warpgroup_fence_operand(tCrA);
           if (b == kBlocksN - 1) {
             __syncwarp();
             if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
@@ -528,18 +503,11 @@ struct ContiguousBlockwise {
            sizeof(int32_t) * 2 * (size_t(num_experts) + 1);
   }
 
-  // Experiment switch (MOE_KERNELS_CONTIG_REGA=1): A through registers.
-  static bool reg_a() {
-    static const bool on = [] { const char* v = getenv("MOE_KERNELS_CONTIG_REGA"); return v && v[0] == '1'; }();
-    return on;
-  }
-
   template <bool kFused>
   static int registers() {
     static const int regs = [] {
       cudaFuncAttributes fa{};
-      if (cudaFuncGetAttributes(&fa, reg_a() ? contig::gemm_kernel<kTileN, kFused, true>
-                                             : contig::gemm_kernel<kTileN, kFused, false>) != cudaSuccess) {
+      if (cudaFuncGetAttributes(&fa, contig::gemm_kernel<kTileN, kFused>) != cudaSuccess) {
         cudaGetLastError();
         return 0;
       }
@@ -615,8 +583,7 @@ struct ContiguousBlockwise {
     p.n = static_cast<int>(a.n);
     p.k = static_cast<int>(a.k);
     const bool fused = p.act_out != nullptr;
-    auto kernel = fused ? (reg_a() ? gemm_kernel<kTileN, true, true> : gemm_kernel<kTileN, true, false>)
-                        : (reg_a() ? gemm_kernel<kTileN, false, true> : gemm_kernel<kTileN, false, false>);
+    auto kernel = fused ? gemm_kernel<kTileN, true> : gemm_kernel<kTileN, false>;
     const size_t smem = smem_bytes(a.num_groups, fused);
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(smem));
