@@ -38,7 +38,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 
 #include "cute/tensor.hpp"
 #include "cute/arch/copy_sm90_tma.hpp"
@@ -68,9 +67,6 @@ constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 using namespace cute;
 using Element = cutlass::float_e4m3_t;
 using TiledMma = decltype(make_tiled_mma(SM90_64x128x32_F32E4M3E4M3_SS_TN<>{}));
-// The pipelined mainloops (kLoop 1, 2): batches of 64 columns, two partial sums in flight.
-using TiledMma64 = decltype(make_tiled_mma(SM90_64x64x32_F32E4M3E4M3_SS_TN<>{}));
-using TiledMma64RegA = decltype(make_tiled_mma(SM90_64x64x32_F32E4M3E4M3_RS_TN<>{}));
 
 // kFused: GEMM1 with the activation in its epilogue (E4M3 out: a 16 KB buffer, 4 stages);
 // otherwise the bf16 tile's 64 KB buffer takes a stage's room.
@@ -88,9 +84,6 @@ struct Config {
                                              Shape<Int<kHalfM>, Int<kTileK>, Int<2 * kStages>>{}));
   using SmemLayoutB = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
                                              Shape<Int<kBlockN>, Int<kTileK>, Int<kBlocksN * kStages>>{}));
-  // The same bytes as 64-row halves: half q of block b of stage s at 2 (kBlocksN s + b) + q.
-  using SmemLayoutB64 = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
-                                               Shape<Int<kHalfM>, Int<kTileK>, Int<2 * kBlocksN * kStages>>{}));
   struct alignas(1024) SharedStorage {
     alignas(1024) Element a[kStages * kStageBytesA];
     alignas(1024) Element b[kStages * kStageBytesB];
@@ -163,12 +156,6 @@ __device__ __forceinline__ int block_row(const Params& p, int n, int b) {
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(cast_smem_ptr_to_uint(smem)),
                "l"(gmem) : "memory");
-}
-
-template <int kIndex, class T>
-__device__ __forceinline__ T& pick(T& x0, T& x1) {
-  if constexpr (kIndex == 0) return x0;
-  else return x1;
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
@@ -294,7 +281,7 @@ __device__ __forceinline__ void store_activation(const Params& p, const Acc& acc
                  half, copier);
 }
 
-template <int kTileN, bool kFused, int kLoop>
+template <int kTileN, bool kFused>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant__ Params p) {
   using C = Config<kTileN, kFused>;
   constexpr int kStages = C::kStages, kBlocksN = C::kBlocksN;
@@ -411,50 +398,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   const int my_row = get<0>(coord(0));  // within this half; the thread's other row is + 8
   static_assert(decltype(size(part))::value == 64, "64x128 fp32 accumulator: 64 values per thread");
 
-  // kLoop 1/2: each K block is 4 batches (weight block b, 64-column half q), each of 4 wgmmas
-  // into one of two 64x64 partial sums; batch j + 1 is issued before batch j is waited for and
-  // promoted, so the tensor pipe has work while this warpgroup promotes. A from shared memory
-  // (1) or from registers, loaded once per K block (2).
-  constexpr bool kRegA = kLoop == 2;
-  cute::conditional_t<kRegA, TiledMma64RegA, TiledMma64> mma64;
-  auto thr64 = mma64.get_thread_slice(threadIdx.x % 128);
-  Tensor sB64 = make_tensor(make_smem_ptr(smem.b), typename C::SmemLayoutB64{});
-  Tensor tCrB64 = thr64.make_fragment_B(thr64.partition_B(sB64));  // (MMA, 1, 4, 2 kBlocksN kStages)
-  auto tCrA64 = [&] {
-    if constexpr (kRegA) return thr64.partition_fragment_A(sA(_, _, 0));  // (MMA, 1, 4) registers
-    else return thr64.make_fragment_A(thr64.partition_A(sA));            // descriptors
-  }();
-  Tensor part0 = partition_fragment_C(mma64, Shape<Int<kHalfM>, Int<kHalfM>>{});
-  Tensor part1 = partition_fragment_C(mma64, Shape<Int<kHalfM>, Int<kHalfM>>{});
-  static_assert(decltype(size(part0))::value == 32, "64x64 fp32 partial sum: 32 values per thread");
-  const int a_row = 16 * (warp % 4) + (lane & 15);  // ldmatrix: this lane's row of A
-  auto load_a = [&](int st) {  // A's 64 rows x 128 bytes of stage st into wgmma's a0..a3 per K step
-    if constexpr (kRegA) {
-      auto a32 = recast<uint32_t>(tCrA64);
-      const uint32_t base = cast_smem_ptr_to_uint(smem.a) + (2 * st + half) * (kHalfM * kTileK) + a_row * 128;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t addr = base + (((2 * k + (lane >> 4)) ^ (a_row & 7)) << 4);
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(a32(4 * k)), "=r"(a32(4 * k + 1)), "=r"(a32(4 * k + 2)), "=r"(a32(4 * k + 3))
-                     : "r"(addr) : "memory");
-      }
-      warpgroup_fence_operand(tCrA64);
-    }
-  };
-  auto issue = [&](auto& pt, int st, int b, int q) {
-    warpgroup_fence_operand(pt);
-    warpgroup_arrive();
-    mma64.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if constexpr (kRegA) cute::gemm(mma64, tCrA64(_, _, k), tCrB64(_, _, k, 2 * (kBlocksN * st + b) + q), pt);
-      else cute::gemm(mma64, tCrA64(_, _, k, 2 * st + half), tCrB64(_, _, k, 2 * (kBlocksN * st + b) + q), pt);
-      mma64.accumulate_ = GMMA::ScaleOut::One;
-    }
-    warpgroup_commit_batch();
-  };
-
   int stage = 0, phase = 0, slot = 0, slot_phase = 0;
   for (;;) {
     cutlass::arch::ClusterBarrier::wait(&smem.tile_full[slot], slot_phase);
@@ -467,61 +410,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     const int rows = min(tile.rows, kTileM) - half * kHalfM;  // rows this warpgroup stores
     const bool active = rows > 0;
     clear(acc);
-    if constexpr (kLoop != 0) {
-      if (active) {
-        cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], phase);
-        load_a(stage);
-        issue(part0, stage, 0, 0);
-        for (int kb = 0; kb < k_blocks; ++kb) {
-          const bool has_next = kb + 1 < k_blocks;
-          const int next = stage + 1 == kStages ? 0 : stage + 1, next_phase = next == 0 ? phase ^ 1 : phase;
-          cute::for_each(cute::make_int_sequence<4>{}, [&](auto J) {
-            constexpr int j = decltype(J)::value, b = j / 2, q = j % 2;
-            auto& cur = pick<q>(part0, part1);
-            auto& other = pick<1 - q>(part0, part1);
-            if constexpr (j < 3) {
-              issue(other, stage, (j + 1) / 2, (j + 1) % 2);
-              warpgroup_wait<1>();
-            } else {
-              if (has_next) cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[next], next_phase);
-              if constexpr (kRegA) {
-                warpgroup_wait<0>();  // the last batch still reads A's registers
-              } else if (has_next) {
-                issue(other, next, 0, 0);
-                warpgroup_wait<1>();
-              } else {
-                warpgroup_wait<0>();
-              }
-            }
-            // The scales, read before the stage is handed back.
-            const float sb = smem.sfb[stage][b];
-            const float r0 = smem.sfa[stage][half * kHalfM + my_row] * sb;
-            const float r1 = smem.sfa[stage][half * kHalfM + my_row + 8] * sb;
-            if constexpr (j == 3) {
-              __syncwarp();
-              if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
-              if constexpr (kRegA) {
-                if (has_next) {
-                  load_a(next);
-                  issue(other, next, 0, 0);
-                }
-              }
-            }
-            warpgroup_fence_operand(cur);
-#pragma unroll
-            for (int i = 0; i < 32; ++i) acc(i + 32 * q, 0, b) += cur(i) * ((i & 2) ? r1 : r0);
-          });
-          stage = next;
-          phase = next_phase;
-        }
-      } else {
-        for (int kb = 0; kb < k_blocks; ++kb) {
-          cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], phase);
-          if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
-          if (++stage == kStages) { stage = 0; phase ^= 1; }
-        }
-      }
-    } else
     for (int kb = 0; kb < k_blocks; ++kb) {
       cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], phase);
       if (active) {
@@ -615,23 +503,11 @@ struct ContiguousBlockwise {
            sizeof(int32_t) * 2 * (size_t(num_experts) + 1);
   }
 
-  // Experiment switch: MOE_KERNELS_CONTIG_LOOP = 0 (default), 1 or 2 (gemm_kernel's kLoop).
-  static int loop() {
-    static const int v = [] { const char* e = getenv("MOE_KERNELS_CONTIG_LOOP"); return e ? atoi(e) : 0; }();
-    return v;
-  }
-  template <bool kFused>
-  static auto kernel_for() {
-    const int l = loop();
-    return l == 1 ? contig::gemm_kernel<kTileN, kFused, 1>
-           : l == 2 ? contig::gemm_kernel<kTileN, kFused, 2> : contig::gemm_kernel<kTileN, kFused, 0>;
-  }
-
   template <bool kFused>
   static int registers() {
     static const int regs = [] {
       cudaFuncAttributes fa{};
-      if (cudaFuncGetAttributes(&fa, kernel_for<kFused>()) != cudaSuccess) {
+      if (cudaFuncGetAttributes(&fa, contig::gemm_kernel<kTileN, kFused>) != cudaSuccess) {
         cudaGetLastError();
         return 0;
       }
@@ -707,7 +583,7 @@ struct ContiguousBlockwise {
     p.n = static_cast<int>(a.n);
     p.k = static_cast<int>(a.k);
     const bool fused = p.act_out != nullptr;
-    auto kernel = fused ? kernel_for<true>() : kernel_for<false>();
+    auto kernel = fused ? gemm_kernel<kTileN, true> : gemm_kernel<kTileN, false>;
     const size_t smem = smem_bytes(a.num_groups, fused);
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(smem));
