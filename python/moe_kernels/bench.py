@@ -165,7 +165,8 @@ def measure_ceilings(quant):
     the copy engines, slower than the SMs (seen on an H200: 2.75 against 4.2 TB/s).
     The GEMM rate is the best of three rounds of graphs of four 8192^3 GEMMs: one round of
     single-GEMM graphs read 1311 to 1445 TFLOP/s in four runs of one H200 session (the card
-    sits at its power cap), and a ceiling that reads low flatters everything measured against it."""
+    sits at its power cap), and a ceiling that reads low flatters everything measured against it.
+    Between runs it still moves (1269-1457 in one later session), so compare within a run."""
     import torch
     src = torch.randn(1 << 29, device="cuda")
     dst = torch.empty_like(src)
