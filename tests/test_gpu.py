@@ -388,7 +388,11 @@ CONTIG_CASES = [  # T, E, k, H, I, ids, expert_offset
     (777, 8, 1, 384, 128, "one", 0),     # every row on expert 6
     (15, 64, 2, 256, 128, "sparse", 0),  # three experts with rows
     (200, 8, 4, 256, 384, "ep", 8),      # global experts 0..15, this rank holds 8..15
+    (642, 8, 1, 512, 256, "counts", 0),  # SPLIT_COUNTS rows per expert
 ]
+# Tiles of at most 64 rows are split by columns between the warpgroups: exactly 64 (TMA
+# stores), 1, 63; after full tiles; and 65 and 129 (both halves).
+SPLIT_COUNTS = [64, 192, 1, 65, 0, 128, 63, 129]
 
 
 @pytest.mark.parametrize("T,E,k,H,I,ids,offset", CONTIG_CASES)
@@ -404,6 +408,9 @@ def test_fp8_block_contiguous_kernel(T, E, k, H, I, ids, offset, error_log):
         ids = torch.tensor([[3, 5], [5, 3], [3, 60]] * (T // 3), dtype=torch.int32)
     elif ids == "ep":
         ids = torch.rand(T, 2 * E).argsort(dim=1)[:, :k].to(torch.int32)
+    elif ids == "counts":
+        ids = torch.repeat_interleave(torch.arange(E), torch.tensor(SPLIT_COUNTS))[torch.randperm(T)]
+        ids = ids.to(torch.int32)[:, None]
     p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype="fp8_block", ids=ids)
     ref = reference_out(p, expert_offset=offset)
     kw = dict(ep_rank=1, ep_size=2, num_experts=2 * E) if offset else {}

@@ -3,9 +3,10 @@
 //
 // Why not CUTLASS's ptr-array kernel: the routing leaves every expert's rows contiguous in one
 // [rows, K] buffer and the weights are one [E, N, K] tensor, so two TMA descriptors cover all
-// groups and no per-group descriptor is rewritten on the device; an expert's last M tile is
-// cut to the 64-row half that has rows in it (the other consumer warpgroup skips its wgmmas),
-// so a tile with a few tail rows costs half a tile, not a whole one; and the tile is 256
+// groups and no per-group descriptor is rewritten on the device; an expert's last M tile, when
+// its rows fit in 64, loads only those 64 rows of A and is split by columns between the two
+// consumer warpgroups, so a tile with a few tail rows costs half a tile, not a whole one; and
+// the tile is 256
 // columns wide (two weight-scale blocks), which reads 25% fewer bytes from L2 per FLOP than
 // 128 (CUTLASS 4.2's blockwise mainloop keeps a second fp32 accumulator and does not build it).
 //
@@ -25,7 +26,12 @@
 // tokens: 11% faster than 16-byte stores from registers after quad shuffles).
 // A is loaded in 64-row halves, only those with rows of the tile's expert in them; a half may
 // still reach into the next expert's rows (or past the buffer: zeros): those rows are computed
-// and never stored, and their scales are the expert's last row's.
+// and never stored, and their scales are the expert's last row's. A tile of at most 64 rows
+// (an expert's last or only one) is split by columns: warpgroup h multiplies those rows by
+// weight block h, so the wgmmas of one warpgroup still run while the other promotes (with one
+// warpgroup doing both blocks, the tensor cores idle through every promotion: such a tile cost
+// ~70% of a full one, and uniform routing at DeepSeek-V3 4096 tokens took 25% longer than
+// balanced routing).
 // GEMM1 with a gated activation: the two 128-row weight blocks of a tile are
 // gate block n and up block n (I rows further), so the epilogue holds both halves of 128
 // intermediate columns and writes what the activation kernel would: act(gate, up) of the
@@ -59,6 +65,7 @@ constexpr int kHalfM = 64;                 // rows per consumer warpgroup
 constexpr int kThreads = 384;              // producer + 2 consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr int kSchedSlots = 2;             // tiles taken ahead by the loader
+constexpr int kBoxBytes = kHalfM * 128;    // one TMA store box: 64 rows x 128 bytes
 // Registers per thread after setmaxnreg: the consumers take what the producer warpgroup gives
 // back, within the CTA's allocation (128 * 40 + 256 * 232 = 384 * 168); asking for more than
 // the CTA holds blocks forever, so run() checks the kernel was built with 168.
@@ -68,15 +75,17 @@ using namespace cute;
 using Element = cutlass::float_e4m3_t;
 using TiledMma = decltype(make_tiled_mma(SM90_64x128x32_F32E4M3E4M3_SS_TN<>{}));
 
-// kFused: GEMM1 with the activation in its epilogue (E4M3 out: a 16 KB buffer, 4 stages);
-// otherwise the bf16 tile's 64 KB buffer takes a stage's room.
+// kFused: GEMM1 with the activation in its epilogue (E4M3 out: one box per warpgroup and a
+// third for the split tiles' hand-over, 4 stages); otherwise the bf16 tile's 64 KB buffer
+// takes a stage's room.
 template <int kTileN, bool kFused>
 struct Config {
   static constexpr int kBlocksN = kTileN / kBlockN;
   static constexpr int kStageBytesA = kTileM * kTileK, kStageBytesB = kTileN * kTileK;
   // x 48 KB; GEMM2 with 3 stages measured within 3% of 4 (DeepSeek-V3, 4096/16384 tokens).
   static constexpr int kStages = kFused ? 4 : 3;
-  static constexpr int kOutBytes = kTileM * (kFused ? kBlockN : kTileN * 2);  // E4M3 or bf16 rows
+  static constexpr int kBoxesPerHalf = kFused ? 1 : 2 * kTileN / 128;  // E4M3 or bf16 rows
+  static constexpr int kOutBytes = (2 * kBoxesPerHalf + (kFused ? 1 : 0)) * kBoxBytes;
   // A stage of A (or B) is 128 rows x 128 bytes with the 128-byte swizzle, i.e. blocks of 64
   // (128) rows back to back: A is indexed as (64, 128, 2 * kStages), half h of stage s at
   // 2s + h; B as (128, 128, kBlocksN * kStages), block b of stage s at kBlocksN * s + b.
@@ -87,7 +96,7 @@ struct Config {
   struct alignas(1024) SharedStorage {
     alignas(1024) Element a[kStages * kStageBytesA];
     alignas(1024) Element b[kStages * kStageBytesB];
-    alignas(1024) uint8_t out[kOutBytes];  // per warpgroup: 1 (E4M3) or 4 (bf16) TMA boxes
+    alignas(1024) uint8_t out[kOutBytes];  // per warpgroup: kBoxesPerHalf TMA boxes, then (fused) 1
     float sfa[kStages][kTileM];
     float sfb[kStages][kBlocksN];
     uint64_t full[kStages];   // TMA bytes landed and the 32 loader lanes' scale copies done
@@ -174,54 +183,53 @@ __device__ __forceinline__ void warpgroup_sync(int half) {
 // different banks). Then one thread stores the boxes with TMA while the warpgroup goes back to
 // its wgmmas. A half with fewer rows (an expert's last tile: the rows past its end are the next
 // expert's) is copied row by row from the buffer instead.
-constexpr int kBoxBytes = kHalfM * 128;
 
 __device__ __forceinline__ uint32_t swizzled(int box, int row, int byte) {  // offset in out
   return box * kBoxBytes + row * 128 + (((byte / 16) ^ (row % 8)) * 16) + byte % 16;
 }
 
 // Before writing the buffer: the last tile's TMA stores have read it.
-__device__ __forceinline__ void out_acquire(int half, bool copier) {
-  if (copier) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+__device__ __forceinline__ void out_acquire(int half) {
+  if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
   warpgroup_sync(half);
 }
 
-// The buffer's kBoxes boxes to map (rows from row0, bytes from x0), or the first `rows` rows.
-template <int kBoxes>
+// The buffer's first `boxes` boxes to map (rows from row0, bytes from x0), or its first `rows`
+// rows.
 __device__ __forceinline__ void out_release(const CUtensorMap* map, const uint8_t* out, uint8_t* gmem,
                                             int64_t ld, int x0, int64_t row0, int rows, int half,
-                                            bool copier) {
+                                            int boxes) {
   if (rows >= kHalfM) {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the TMA stores
     warpgroup_sync(half);
-    if (copier) {
-#pragma unroll
-      for (int box = 0; box < kBoxes; ++box)
+    if (threadIdx.x % 128 == 0) {
+      for (int box = 0; box < boxes; ++box)
         SM90_TMA_STORE_2D::copy(map, out + box * kBoxBytes, x0 + 128 * box, int(row0));
       asm volatile("cp.async.bulk.commit_group;" ::: "memory");
     }
     return;
   }
   warpgroup_sync(half);
-  constexpr int kPieces = 8 * kBoxes;  // 16-byte pieces per row
-  for (int i = threadIdx.x % 128; i < rows * kPieces; i += 128) {
-    const int r = i / kPieces, c = i % kPieces;
+  const int pieces = 8 * boxes;  // 16-byte pieces per row
+  for (int i = threadIdx.x % 128; i < rows * pieces; i += 128) {
+    const int r = i / pieces, c = i % pieces;
     *reinterpret_cast<uint4*>(gmem + r * ld + 16 * c) =
         *reinterpret_cast<const uint4*>(out + swizzled(c / 8, r, 16 * (c % 8)));
   }
 }
 
-// The bf16 epilogue: each thread's accumulator pairs are already the fragments stmatrix takes
-// (4 boxes of 64 columns).
+// The bf16 epilogue for the accumulator's first `blocks` blocks of 128 columns: each thread's
+// pairs are already the fragments stmatrix takes (2 boxes of 64 columns per block).
 template <class Acc>
 __device__ __forceinline__ void store_bf16(const Params& p, const Acc& acc, uint8_t* out, int64_t row0,
-                                           int col0, int rows, int my_row, int lane, bool copier) {
+                                           int col0, int rows, int my_row, int lane, int blocks) {
   const int half = threadIdx.x / 128 - 1;
-  out_acquire(half, copier);
+  out_acquire(half);
   const int m = lane / 8, row = my_row - lane / 4 + 8 * (m & 1) + (lane & 7);
   const uint32_t base = cast_smem_ptr_to_uint(out);
 #pragma unroll
   for (int b = 0; b < 2; ++b) {
+    if (b >= blocks) break;
 #pragma unroll
     for (int j = 0; j < 16; j += 2) {  // pieces j, j + 1 of 8 columns, rows my_row and + 8
       const uint32_t r0 = pack_bf16(acc(4 * j, 0, b), acc(4 * j + 1, 0, b));
@@ -234,8 +242,8 @@ __device__ __forceinline__ void store_bf16(const Params& p, const Acc& acc, uint
                    "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
     }
   }
-  out_release<4>(&p.tma_d, out, reinterpret_cast<uint8_t*>(p.d + row0 * p.n + col0), 2 * int64_t(p.n),
-                 2 * col0, row0, rows, half, copier);
+  out_release(&p.tma_d, out, reinterpret_cast<uint8_t*>(p.d + row0 * p.n + col0), 2 * int64_t(p.n),
+                 2 * col0, row0, rows, half, 2 * blocks);
 }
 
 // The fused activation's epilogue for this warpgroup's rows row0 + [0, rows): acc(i, 0, 0)
@@ -244,11 +252,11 @@ __device__ __forceinline__ void store_bf16(const Params& p, const Acc& acc, uint
 template <int kAct, class Acc>
 __device__ __forceinline__ void store_activation(const Params& p, const Acc& acc, const Tile& tile,
                                                  uint8_t* out, int64_t row0, int rows, int my_row,
-                                                 int lane, bool copier) {
+                                                 int lane) {
   const int q = lane & 3, half = threadIdx.x / 128 - 1;
   const int64_t col0 = int64_t(tile.n) * kBlockN;  // the tile's first intermediate column
   const __nv_bfloat16* bias = p.act_bias ? p.act_bias + int64_t(tile.expert) * p.n + col0 : nullptr;
-  out_acquire(half, copier);
+  out_acquire(half);
 #pragma unroll
   for (int rs = 0; rs < 2; ++rs) {
     const int r = my_row + 8 * rs;
@@ -277,8 +285,32 @@ __device__ __forceinline__ void store_activation(const Params& p, const Acc& acc
           static_cast<uint16_t>(to_fp8x2(v[2 * piece], v[2 * piece + 1], inv));
     if (q == 0 && r < rows) p.act_scale[(row0 + r) * int64_t(p.inter / kBlockN) + tile.n] = scale;
   }
-  out_release<1>(&p.tma_act, out, p.act_out + row0 * p.inter + col0, p.inter, int(col0), row0, rows,
-                 half, copier);
+  out_release(&p.tma_act, out, p.act_out + row0 * p.inter + col0, p.inter, int(col0), row0, rows,
+              half, 1);
+}
+
+// A split tile with the activation fused: warpgroup 1's block (the up columns) goes to
+// warpgroup 0's acc(i, 0, 1), bf16-rounded as store_activation rounds it anyway, through two
+// boxes of the out buffer (warpgroup 1's own and the spare one after it).
+template <class Acc>
+__device__ __forceinline__ void hand_over_up(Acc& acc, uint8_t* boxes, int half) {
+  uint32_t* x = reinterpret_cast<uint32_t*>(boxes);
+  const int t = threadIdx.x % 128;
+  if (half == 1) {
+    out_acquire(1);  // its last TMA stores have read warpgroup 1's box
+#pragma unroll
+    for (int j = 0; j < 32; ++j) x[j * 128 + t] = pack_bf16(acc(2 * j, 0, 0), acc(2 * j + 1, 0, 0));
+  }
+  asm volatile("bar.sync 3, 256;" ::: "memory");  // both consumer warpgroups
+  if (half == 0) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const uint32_t v = x[j * 128 + t];
+      acc(2 * j, 0, 1) = __uint_as_float(v << 16);
+      acc(2 * j + 1, 0, 1) = __uint_as_float(v & 0xffff0000u);
+    }
+  }
+  asm volatile("bar.sync 3, 256;" ::: "memory");  // read before warpgroup 1 writes there again
 }
 
 template <int kTileN, bool kFused>
@@ -407,53 +439,55 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     if (++slot == kSchedSlots) { slot = 0; slot_phase ^= 1; }
     if (t >= num_tiles) break;
     const Tile tile = tile_at(t, tile_start, offsets, E, n_tiles);
-    const int rows = min(tile.rows, kTileM) - half * kHalfM;  // rows this warpgroup stores
-    const bool active = rows > 0;
+    const int tile_rows = min(tile.rows, kTileM);
+    const bool split = tile_rows <= kHalfM;  // by columns: weight block `half` of A's first half
+    const int a_half = split ? 0 : half, b_first = split ? half : 0, blocks = split ? 1 : kBlocksN;
     clear(acc);
     for (int kb = 0; kb < k_blocks; ++kb) {
       cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], phase);
-      if (active) {
-        const float a0 = smem.sfa[stage][half * kHalfM + my_row];
-        const float a1 = smem.sfa[stage][half * kHalfM + my_row + 8];
+      const float a0 = smem.sfa[stage][a_half * kHalfM + my_row];
+      const float a1 = smem.sfa[stage][a_half * kHalfM + my_row + 8];
 #pragma unroll
-        for (int b = 0; b < kBlocksN; ++b) {
-          warpgroup_fence_operand(part);
-          warpgroup_arrive();
-          mma.accumulate_ = GMMA::ScaleOut::Zero;
+      for (int b = 0; b < kBlocksN; ++b) {
+        if (b >= blocks) break;
+        warpgroup_fence_operand(part);
+        warpgroup_arrive();
+        mma.accumulate_ = GMMA::ScaleOut::Zero;
 #pragma unroll
-          for (int k = 0; k < size<2>(tCrA); ++k) {
-            cute::gemm(mma, tCrA(_, _, k, 2 * stage + half), tCrB(_, _, k, kBlocksN * stage + b), part);
-            mma.accumulate_ = GMMA::ScaleOut::One;
-          }
-          warpgroup_commit_batch();
-          const float sb = smem.sfb[stage][b];
-          const float r0 = a0 * sb, r1 = a1 * sb;
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(part);
-          if (b == kBlocksN - 1) {
-            __syncwarp();
-            if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
-          }
-#pragma unroll
-          for (int i = 0; i < size(part); ++i) acc(i, 0, b) += part(i) * ((i & 2) ? r1 : r0);
+        for (int k = 0; k < size<2>(tCrA); ++k) {
+          cute::gemm(mma, tCrA(_, _, k, 2 * stage + a_half), tCrB(_, _, k, kBlocksN * stage + b_first + b),
+                     part);
+          mma.accumulate_ = GMMA::ScaleOut::One;
         }
-      } else if (lane == 0) {
-        cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
+        warpgroup_commit_batch();
+        const float sb = smem.sfb[stage][b_first + b];
+        const float r0 = a0 * sb, r1 = a1 * sb;
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(part);
+        if (b == blocks - 1) {
+          __syncwarp();
+          if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
+        }
+#pragma unroll
+        for (int i = 0; i < size(part); ++i) acc(i, 0, b) += part(i) * ((i & 2) ? r1 : r0);
       }
       if (++stage == kStages) { stage = 0; phase ^= 1; }
     }
-    if (!active) continue;
-    const int64_t row0 = tile.row0 + half * kHalfM;
-    uint8_t* out = smem.out + half * (C::kOutBytes / 2);
-    const bool copier = threadIdx.x % 128 == 0;
+    const int rows = split ? tile_rows : tile_rows - half * kHalfM;  // rows this warpgroup stores
+    const int64_t row0 = tile.row0 + (split ? 0 : half * kHalfM);
+    uint8_t* out = smem.out + half * C::kBoxesPerHalf * kBoxBytes;
     if constexpr (kFused) {
+      if (split) {
+        hand_over_up(acc, smem.out + kBoxBytes, half);
+        if (half == 1) continue;
+      }
       switch (p.activation) {
-        case MOEK_ACT_SWIGLU: store_activation<MOEK_ACT_SWIGLU>(p, acc, tile, out, row0, rows, my_row, lane, copier); break;
-        case MOEK_ACT_GEGLU: store_activation<MOEK_ACT_GEGLU>(p, acc, tile, out, row0, rows, my_row, lane, copier); break;
-        default: store_activation<MOEK_ACT_SWIGLU_OAI>(p, acc, tile, out, row0, rows, my_row, lane, copier); break;
+        case MOEK_ACT_SWIGLU: store_activation<MOEK_ACT_SWIGLU>(p, acc, tile, out, row0, rows, my_row, lane); break;
+        case MOEK_ACT_GEGLU: store_activation<MOEK_ACT_GEGLU>(p, acc, tile, out, row0, rows, my_row, lane); break;
+        default: store_activation<MOEK_ACT_SWIGLU_OAI>(p, acc, tile, out, row0, rows, my_row, lane); break;
       }
     } else {
-      store_bf16(p, acc, out, row0, tile.n * kTileN, rows, my_row, lane, copier);
+      store_bf16(p, acc, out, row0, tile.n * kTileN + b_first * kBlockN, rows, my_row, lane, blocks);
     }
   }
   // The last stores must be done before the CTA (and its shared memory) goes.
