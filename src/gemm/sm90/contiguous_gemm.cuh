@@ -44,7 +44,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 
 #include "cute/tensor.hpp"
 #include "cute/arch/copy_sm90_tma.hpp"
@@ -127,7 +126,6 @@ struct Params {
   const __nv_bfloat16* act_bias;   // [E, n] or NULL
   int activation, inter;
   float act_alpha, act_limit;
-  int b_prefetch;  // EXPERIMENT: K blocks of B prefetched into L2 ahead of the loads (0: off)
 };
 
 __device__ __forceinline__ int upper_bound(const int32_t* v, int n, int x) {
@@ -383,9 +381,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       if (++slot == kSchedSlots) { slot = 0; slot_phase ^= 1; }
       if (t >= num_tiles) break;
       const Tile tile = tile_at(t, tile_start, offsets, E, n_tiles);
-      int b_rows[kBlocksN];  // first weight row of each block of the tile
-#pragma unroll
-      for (int b = 0; b < kBlocksN; ++b) b_rows[b] = tile.expert * p.n + block_row<kTileN>(p, tile.n, b);
+      const int b_row = tile.expert * p.n;
       // Lanes < kBlocksN copy the weight-block scales, every lane 4 of the 128 row scales.
       const float* sfb = p.sfb + (int64_t(tile.expert) * (p.n / kBlockN) +
                                   block_row<kTileN>(p, tile.n, min(lane, kBlocksN - 1)) / kBlockN) * k_blocks;
@@ -405,12 +401,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
           for (int b = 0; b < kBlocksN; ++b)
             SM90_TMA_LOAD_2D::copy(&p.tma_b, &smem.full[stage], hint,
                                    smem.b + stage * C::kStageBytesB + b * (kBlockN * kTileK),
-                                   kb * kTileK, b_rows[b]);
-          if (p.b_prefetch && kb + p.b_prefetch < k_blocks) {
-#pragma unroll
-            for (int b = 0; b < kBlocksN; ++b)
-              SM90_TMA_LOAD_2D::PREFETCH::copy(&p.tma_b, (kb + p.b_prefetch) * kTileK, b_rows[b]);
-          }
+                                   kb * kTileK, b_row + block_row<kTileN>(p, tile.n, b));
         }
         if (lane < kBlocksN) cp_async_4(&smem.sfb[stage][lane], sfb + kb);
 #pragma unroll
@@ -622,11 +613,6 @@ struct ContiguousBlockwise {
     p.inter = static_cast<int>(a.n / 2);
     p.act_alpha = a.act_alpha;
     p.act_limit = a.act_limit;
-    static const int prefetch = [] {
-      const char* v = getenv("MOE_KERNELS_CONTIG_PREFETCH");
-      return v ? atoi(v) : 0;
-    }();
-    p.b_prefetch = prefetch;
     p.num_experts = a.num_groups;
     p.n = static_cast<int>(a.n);
     p.k = static_cast<int>(a.k);
