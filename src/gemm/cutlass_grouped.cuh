@@ -222,7 +222,7 @@ struct CutlassGroupedGemm {
     return MOEK_OK;
   }
 
-  static constexpr GemmKernelOps kOps{&run, &check, &workspace_size, Kernel::SharedStorageSize, false, false};
+  static constexpr GemmKernelOps kOps{&run, &check, &workspace_size, Kernel::SharedStorageSize, false};
 };
 
 }  // namespace moe_kernels

@@ -382,7 +382,7 @@ struct DecodeGemm {
   static constexpr GemmKernelOps kOps{
       &run, &check, &workspace_size,
       static_cast<int>(sizeof(float) * (kSplitK ? decode::kWarps : 1) * kTiles * 8 * (decode::kRows + 1)),
-      false, false};
+      false};
 };
 
 }  // namespace moe_kernels
