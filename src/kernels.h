@@ -67,12 +67,11 @@ struct RoutingBuffers {
 
 // Counts rows per expert, scans them, writes both GEMMs' group arguments, then scatters
 // each pair's hidden row into its expert's block of `x`: copied (16-bit), or quantized to
-// E4M3 as q.quant says, scales written to `q.row_out`. `once`: each token's row goes to row t
-// of x instead, once (for a GEMM1 that gathers its rows through row_src).
+// E4M3 as q.quant says, scales written to `q.row_out`.
 cudaError_t launch_routing(const void* topk_ids, bool ids_int64, int64_t num_pairs, int top_k,
                            int64_t expert_offset, int num_experts, const void* hidden,
                            bool hidden_fp16, int64_t hidden_size, void* x,
-                           const Fp8Scales& q, bool once, RoutingBuffers rb, GroupSetup gemm1,
+                           const Fp8Scales& q, RoutingBuffers rb, GroupSetup gemm1,
                            GroupSetup gemm2, int sm_count, cudaStream_t stream);
 
 // out[r, :] = act(g[r, :] + bias[e_r]) for the permuted rows; gated ones read [gate | up].

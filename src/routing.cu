@@ -219,22 +219,19 @@ bool expand_splits(int quant, const Fp8Scales& q) {
 }
 
 // Block (t, c): token t, columns [c * kExpandChunk, ...) (c = 0 only: the whole row when
-// the mode cannot split); rows already assigned by route_small_kernel. `once`: the token's
-// row is written once, to row t (for a GEMM1 that gathers its rows; see launch_routing).
+// the mode cannot split); rows already assigned by route_small_kernel.
 template <typename T, int kQuant>
 __global__ void __launch_bounds__(256)
 expand_kernel(const int32_t* pair_dst, int top_k, const T* hidden, void* x, int64_t hidden_size,
-              Fp8Scales q, bool once) {
+              Fp8Scales q) {
   extern __shared__ int32_t s_rows[];  // [top_k]
   pdl_begin();
   const int64_t t = blockIdx.x;
-  const int copies = once ? 1 : top_k;
-  for (int s = threadIdx.x; s < copies; s += blockDim.x)
-    s_rows[s] = once ? static_cast<int32_t>(t) : pair_dst[t * top_k + s];
+  for (int s = threadIdx.x; s < top_k; s += blockDim.x) s_rows[s] = pair_dst[t * top_k + s];
   __syncthreads();
   const int64_t c0 = gridDim.y > 1 ? blockIdx.y * kExpandChunk : 0;
   const int64_t c1 = gridDim.y > 1 && c0 + kExpandChunk < hidden_size ? c0 + kExpandChunk : hidden_size;
-  expand_token<T, kQuant>(hidden + t * hidden_size, x, s_rows, copies, hidden_size, c0, c1, q);
+  expand_token<T, kQuant>(hidden + t * hidden_size, x, s_rows, top_k, hidden_size, c0, c1, q);
 }
 
 // One block per token: its slots' threads claim their rows in the experts' blocks, then
@@ -244,7 +241,7 @@ __global__ void __launch_bounds__(256)
 scatter_expand_kernel(const IdT* ids, int top_k, int64_t expert_offset, int num_experts,
                       const int32_t* offsets, int32_t* cursors, int32_t* row_src,
                       int32_t* pair_dst, const T* hidden, void* x, int64_t hidden_size,
-                      Fp8Scales q, bool once) {
+                      Fp8Scales q) {
   extern __shared__ int32_t s_rows[];  // [top_k]
   pdl_begin();
   const int64_t t = blockIdx.x;
@@ -260,19 +257,15 @@ scatter_expand_kernel(const IdT* ids, int top_k, int64_t expert_offset, int num_
     s_rows[s] = row;
   }
   __syncthreads();
-  if (once) {
-    if (threadIdx.x == 0) s_rows[0] = static_cast<int32_t>(t);
-    __syncthreads();
-  }
-  expand_token<T, kQuant>(hidden + t * hidden_size, x, s_rows, once ? 1 : top_k, hidden_size, 0,
+  expand_token<T, kQuant>(hidden + t * hidden_size, x, s_rows, top_k, hidden_size, 0,
                           hidden_size, q);
 }
 
 template <typename IdT, typename T, int kQuant>
 cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert_offset,
                     int num_experts, const T* hidden, int64_t hidden_size, void* x,
-                    const Fp8Scales& q, bool once, RoutingBuffers rb, GroupSetup g1,
-                    GroupSetup g2, int sm_count, cudaStream_t stream) {
+                    const Fp8Scales& q, RoutingBuffers rb, GroupSetup g1, GroupSetup g2,
+                    int sm_count, cudaStream_t stream) {
   cudaError_t err;
   const unsigned tokens = static_cast<unsigned>(num_pairs / top_k);
   const int threads = expand_threads(hidden_size);
@@ -285,7 +278,7 @@ cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert
     const bool split = expand_splits(kQuant, q) && hidden_size > kExpandChunk;
     const dim3 grid(tokens, split ? static_cast<unsigned>((hidden_size + kExpandChunk - 1) / kExpandChunk) : 1);
     return launch(expand_kernel<T, kQuant>, grid, split ? int(kExpandChunk / 8) : threads, rows_smem,
-                  stream, rb.pair_dst, top_k, hidden, x, hidden_size, q, once);
+                  stream, rb.pair_dst, top_k, hidden, x, hidden_size, q);
   }
   // A memset is not a kernel (no PDL): the histogram after it is launched plainly.
   err = cudaMemsetAsync(rb.counts, 0, sizeof(int32_t) * 2 * num_experts, stream);
@@ -306,7 +299,7 @@ cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert
   if (err != cudaSuccess) return err;
   return launch(scatter_expand_kernel<IdT, T, kQuant>, tokens, threads, rows_smem, stream, ids,
                 top_k, expert_offset, num_experts, rb.offsets, rb.cursors, rb.row_src,
-                rb.pair_dst, hidden, x, hidden_size, q, once);
+                rb.pair_dst, hidden, x, hidden_size, q);
 }
 
 }  // namespace
@@ -314,14 +307,14 @@ cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert
 cudaError_t launch_routing(const void* topk_ids, bool ids_int64, int64_t num_pairs, int top_k,
                            int64_t expert_offset, int num_experts, const void* hidden,
                            bool hidden_fp16, int64_t hidden_size, void* x,
-                           const Fp8Scales& q, bool once, RoutingBuffers rb, GroupSetup gemm1,
+                           const Fp8Scales& q, RoutingBuffers rb, GroupSetup gemm1,
                            GroupSetup gemm2, int sm_count, cudaStream_t stream) {
   auto go = [&](auto id, auto t, auto quant) {
     using IdT = decltype(id);
     using T = decltype(t);
     return routing<IdT, T, decltype(quant)::value>(
         static_cast<const IdT*>(topk_ids), num_pairs, top_k, expert_offset, num_experts,
-        static_cast<const T*>(hidden), hidden_size, x, q, once, rb, gemm1, gemm2, sm_count, stream);
+        static_cast<const T*>(hidden), hidden_size, x, q, rb, gemm1, gemm2, sm_count, stream);
   };
   auto by_quant = [&](auto id, auto t) {
     switch (q.quant) {

@@ -407,17 +407,6 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   // and writes GEMM2's quantized input itself (no activation launch).
   const bool fuse_act = block && is_gated(s.activation) && k1->ops->fuses_activation;
   GroupedGemmArgs args1 = gemm_args(g1, e, rows, rb.offsets, ws + L.gemm_ws, a->device, d.sm_count, stream);
-  // A GEMM1 kernel that gathers its rows: routing quantizes each token once (T rows of x, not
-  // T * k), and the kernel reads row r's token through row_src.
-  static const bool gather_on = [] {  // EXPERIMENT switch
-    const char* v = getenv("MOE_KERNELS_CONTIG_GATHER");
-    return !v || atoi(v) != 0;
-  }();
-  const bool gather = block && k1->ops->gathers_a && gather_on;
-  if (gather) {
-    args1.gather_rows = rb.row_src;
-    args1.gather_div = top_k;
-  }
   if (fuse_act) {
     args1.act_out = ws + L.a;
     args1.act_scale = a_scale;
@@ -432,7 +421,7 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   if (int st = k2->ops->check(args2, err, errlen)) return st;
 
   MOEK_CUDA_TRY(launch_routing(a->topk_ids, ids64, rows, top_k, s.expert_offset, e, a->hidden,
-                               fp16, s.hidden_size, ws + L.x, q_in, gather, rb, g1, g2, d.sm_count,
+                               fp16, s.hidden_size, ws + L.x, q_in, rb, g1, g2, d.sm_count,
                                stream),
                 "routing");
   if (is_fault_hook_target(k1->info.name) || is_fault_hook_target(k2->info.name)) {

@@ -52,11 +52,6 @@ struct GroupedGemmArgs {
   const void* act_bias;  // [E, 2I] or NULL
   int activation;        // moek_activation, gated
   float act_alpha, act_limit;
-  // GEMM1 only, for kernels with GemmKernelOps::gathers_a (else NULL): A's row r is row
-  // gather_rows[r] / gather_div of a_base (and of sfa_base): routing then quantized each token
-  // once instead of writing a copy per expert (gather_rows: routing's row -> (token, slot)).
-  const int32_t* gather_rows;
-  int gather_div;
   int device;
   int sm_count;
   cudaStream_t stream;
@@ -70,7 +65,6 @@ struct GemmKernelOps {
   size_t (*workspace_size)(int num_groups, int sm_count);
   int smem_bytes;
   bool fuses_activation;  // takes GroupedGemmArgs::act_out (the fp8_block gated activation)
-  bool gathers_a;         // takes GroupedGemmArgs::gather_rows
 };
 
 struct KernelEntry {

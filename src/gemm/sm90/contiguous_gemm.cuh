@@ -26,11 +26,7 @@
 // tokens: 11% faster than 16-byte stores from registers after quad shuffles).
 // A is loaded in 64-row halves, only those with rows of the tile's expert in them; a half may
 // still reach into the next expert's rows (or past the buffer: zeros): those rows are computed
-// and never stored, and their scales are the expert's last row's. In GEMM1, A is not the
-// routed copy of each token per expert but the tokens themselves, quantized once by routing:
-// the loader warp gathers each row's token (routing's row -> (token, slot) list) with 16-byte
-// cp.async into the 128-byte swizzle, so routing writes T rows of E4M3, not T * top_k
-// (at DeepSeek-V3 16384 tokens, 117 MB instead of 940 MB). A tile of at most 64 rows
+// and never stored, and their scales are the expert's last row's. A tile of at most 64 rows
 // (an expert's last or only one) is split by columns: warpgroup h multiplies those rows by
 // weight block h, so the wgmmas of one warpgroup still run while the other promotes (with one
 // warpgroup doing both blocks, the tensor cores idle through every promotion: such a tile cost
@@ -108,21 +104,17 @@ struct Config {
     int32_t tile[kSchedSlots];           // tiles taken by the loader, for the consumers
     uint64_t tile_full[kSchedSlots];     // the loader wrote tile[i]
     uint64_t tile_empty[kSchedSlots];    // every consumer warp read it
-    int32_t a_rows[kTileM];  // the loader's tile's rows' rows in A (and in its scales)
     // then, dynamically sized: int32 tile_start[E + 1] (prefix sums of M tiles per expert) and
     // int32 offsets[E + 1] (the experts' row offsets)
   };
 };
 
 struct Params {
-  CUtensorMap tma_a;  // A [rows, K] e4m3, box 64 x 128 (unless gathered)
+  CUtensorMap tma_a;  // A [rows, K] e4m3, box 64 x 128
   CUtensorMap tma_b;  // B [E * N, K] e4m3, box 128 x 128
   CUtensorMap tma_d;    // D [rows, N] bf16 as bytes, box 64 x 128 bytes (unfused)
   CUtensorMap tma_act;  // act_out [rows, inter] E4M3, box 64 x 128 (fused)
-  const float* sfa;   // [rows, K / 128] (gathered: [tokens, K / 128])
-  const uint8_t* a;   // A; gathered: [tokens, K], row r of the GEMM is gather_rows[r] / gather_div
-  const int32_t* gather_rows;  // NULL: A's rows are the GEMM's (TMA loads)
-  int gather_div;
+  const float* sfa;   // [rows, K / 128]
   const float* sfb;   // [E, N / 128, K / 128]
   __nv_bfloat16* d;   // [rows, N]
   const int32_t* offsets;  // [E + 1] row offsets of the experts
@@ -173,10 +165,6 @@ __device__ __forceinline__ int block_row(const Params& p, int n, int b) {
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(cast_smem_ptr_to_uint(smem)),
                "l"(gmem) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(gmem) : "memory");
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
@@ -397,21 +385,15 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       // Lanes < kBlocksN copy the weight-block scales, every lane 4 of the 128 row scales.
       const float* sfb = p.sfb + (int64_t(tile.expert) * (p.n / kBlockN) +
                                   block_row<kTileN>(p, tile.n, min(lane, kBlocksN - 1)) / kBlockN) * k_blocks;
+      const float* sfa = p.sfa + int64_t(tile.row0) * k_blocks;
       const int halves = tile.rows > kHalfM ? 2 : 1;  // 64-row halves of A with rows in them
-      const bool gather = p.gather_rows != nullptr;
-      __syncwarp();  // the last tile's loads have read a_rows[]
-      for (int r = lane; r < kTileM; r += 32) {  // rows past the expert's: its last row's
-        const int row = tile.row0 + min(r, tile.rows - 1);
-        smem.a_rows[r] = gather ? p.gather_rows[row] / p.gather_div : row;
-      }
-      __syncwarp();
       for (int kb = 0; kb < k_blocks; ++kb) {
         cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase ^ 1);
         if (lane == 0) {
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
-              &smem.full[stage], (gather ? 0 : halves * (C::kStageBytesA / 2)) + C::kStageBytesB);
+              &smem.full[stage], halves * (C::kStageBytesA / 2) + C::kStageBytesB);
           const auto hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
-          for (int h = 0; h < halves && !gather; ++h)
+          for (int h = 0; h < halves; ++h)
             SM90_TMA_LOAD_2D::copy(&p.tma_a, &smem.full[stage], hint,
                                    smem.a + stage * C::kStageBytesA + h * (C::kStageBytesA / 2),
                                    kb * kTileK, tile.row0 + h * kHalfM);
@@ -421,21 +403,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
                                    smem.b + stage * C::kStageBytesB + b * (kBlockN * kTileK),
                                    kb * kTileK, b_row + block_row<kTileN>(p, tile.n, b));
         }
-        if (gather) {
-          // Rows r = lane / 8 + 4i, 16-byte piece c = lane % 8, put where the 128-byte swizzle
-          // wants it: piece c ^ (r % 8), and r % 8 is lane / 8 + 4 (i % 2).
-          const int c = lane % 8;
-          const uint32_t dst = cast_smem_ptr_to_uint(smem.a + stage * C::kStageBytesA) +
-                               (lane / 8) * 128 + ((c ^ (lane / 8)) << 4);
-          const uint8_t* src = p.a + kb * kTileK + 16 * c;
-#pragma unroll 1
-          for (int i = 0; i < halves * (kHalfM / 4); ++i)
-            cp_async_16((dst + 512 * i) ^ ((i & 1) << 6), src + int64_t(smem.a_rows[lane / 8 + 4 * i]) * p.k);
-        }
         if (lane < kBlocksN) cp_async_4(&smem.sfb[stage][lane], sfb + kb);
 #pragma unroll
         for (int j = 0; j < kTileM / 32; ++j)
-          cp_async_4(&smem.sfa[stage][32 * j + lane], p.sfa + int64_t(smem.a_rows[32 * j + lane]) * k_blocks + kb);
+          cp_async_4(&smem.sfa[stage][32 * j + lane], sfa + min(32 * j + lane, tile.rows - 1) * k_blocks + kb);
         cutlass::arch::cpasync_barrier_arrive_noinc(&smem.full[stage]);
         if (++stage == kStages) { stage = 0; phase ^= 1; }
       }
@@ -474,8 +445,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     clear(acc);
     for (int kb = 0; kb < k_blocks; ++kb) {
       cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], phase);
-      // A gathered by cp.async (generic proxy) is read by the wgmmas (async proxy).
-      if (p.gather_rows) cutlass::arch::fence_view_async_shared();
       const float a0 = smem.sfa[stage][a_half * kHalfM + my_row];
       const float a1 = smem.sfa[stage][a_half * kHalfM + my_row + 8];
 #pragma unroll
@@ -590,10 +559,6 @@ struct ContiguousBlockwise {
                (const void*)a.sfb_base);
       return MOEK_INVALID_ARGUMENT;
     }
-    if (a.gather_rows && a.gather_div <= 0) {
-      snprintf(err, errlen, "contiguous fp8_block GEMM: gather_div=%d must be positive", a.gather_div);
-      return MOEK_INVALID_ARGUMENT;
-    }
     const bool fused = a.act_out != nullptr;
     // (N = 2I with I % 128 == 0: the N check below covers the fused tile too.)
     if (fused && !(a.act_scale && (a.activation == MOEK_ACT_SWIGLU || a.activation == MOEK_ACT_GEGLU ||
@@ -629,7 +594,7 @@ struct ContiguousBlockwise {
     if (int st = check(a, err, errlen)) return st;
     if (a.rows == 0) return MOEK_OK;
     Params p{};
-    if ((!a.gather_rows && !encode(&p.tma_a, a.a_base, a.rows, a.k, kHalfM)) ||
+    if (!encode(&p.tma_a, a.a_base, a.rows, a.k, kHalfM) ||
         !encode(&p.tma_b, a.b_base, int64_t(a.num_groups) * a.n, a.k, kBlockN) ||
         (a.act_out ? !encode(&p.tma_act, a.act_out, a.rows, a.n / 2, kHalfM)
                    : !encode(&p.tma_d, a.d_base, a.rows, 2 * a.n, kHalfM))) {
@@ -637,9 +602,6 @@ struct ContiguousBlockwise {
       return MOEK_CUDA_ERROR;
     }
     p.sfa = a.sfa_base;
-    p.a = static_cast<const uint8_t*>(a.a_base);
-    p.gather_rows = a.gather_rows;
-    p.gather_div = a.gather_div;
     p.sfb = a.sfb_base;
     p.d = static_cast<__nv_bfloat16*>(a.d_base);
     p.offsets = a.offsets;
@@ -676,7 +638,7 @@ struct ContiguousBlockwise {
 
   static size_t workspace_size(int, int) { return 0; }
 
-  static constexpr GemmKernelOps kOps{&run, &check, &workspace_size, kMaxStorage, true, true};
+  static constexpr GemmKernelOps kOps{&run, &check, &workspace_size, kMaxStorage, true};
 };
 
 }  // namespace moe_kernels::sm90
