@@ -6,9 +6,8 @@
 // groups and no per-group descriptor is rewritten on the device; an expert's last M tile, when
 // its rows fit in 64, loads only those 64 rows of A and is split by columns between the two
 // consumer warpgroups, so a tile with a few tail rows costs half a tile, not a whole one; and
-// the tile is 256
-// columns wide (two weight-scale blocks), which reads 25% fewer bytes from L2 per FLOP than
-// 128 (CUTLASS 4.2's blockwise mainloop keeps a second fp32 accumulator and does not build it).
+// the tile is 256 columns wide (two weight-scale blocks), which reads 25% fewer bytes from L2
+// per FLOP than 128 (CUTLASS 4.2's blockwise mainloop keeps a second fp32 accumulator and does not build it).
 //
 // Persistent: one CTA per SM; tiles are ordered by expert, then N tile, then M tile, and each
 // CTA takes the next one from a counter in global memory when its loader is done with the
@@ -29,9 +28,9 @@
 // and never stored, and their scales are the expert's last row's. A tile of at most 64 rows
 // (an expert's last or only one) is split by columns: warpgroup h multiplies those rows by
 // weight block h, so the wgmmas of one warpgroup still run while the other promotes (with one
-// warpgroup doing both blocks, the tensor cores idle through every promotion: such a tile cost
-// ~70% of a full one, and uniform routing at DeepSeek-V3 4096 tokens took 25% longer than
-// balanced routing).
+// warpgroup doing both blocks, the tensor cores idled through its promotions; split, GEMM1 at
+// DeepSeek-V3 4096 tokens took 1-2% less). Such tiles are why uniform routing there takes ~25%
+// longer than balanced routing: a tail of a few rows still costs 64 rows of wgmma.
 // GEMM1 with a gated activation: the two 128-row weight blocks of a tile are
 // gate block n and up block n (I rows further), so the epilogue holds both halves of 128
 // intermediate columns and writes what the activation kernel would: act(gate, up) of the
