@@ -7,7 +7,8 @@
 // its rows fit in 64, loads only those 64 rows of A and is split by columns between the two
 // consumer warpgroups, so a tile with a few tail rows costs half a tile, not a whole one; and
 // the tile is 256 columns wide (two weight-scale blocks), which reads 25% fewer bytes from L2
-// per FLOP than 128 (CUTLASS 4.2's blockwise mainloop keeps a second fp32 accumulator and does not build it).
+// per FLOP than 128 (CUTLASS 4.2's blockwise mainloop keeps a second fp32 accumulator and does
+// not build it).
 //
 // Persistent: one CTA per SM; tiles are ordered by expert, then N tile, then M tile, and each
 // CTA takes the next one from a counter in global memory when its loader is done with the
