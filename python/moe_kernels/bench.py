@@ -166,7 +166,9 @@ def measure_ceilings(quant):
     The GEMM rate is the best of three rounds of graphs of four 8192^3 GEMMs: one round of
     single-GEMM graphs read 1311 to 1445 TFLOP/s in four runs of one H200 session (the card
     sits at its power cap), and a ceiling that reads low flatters everything measured against it.
-    Between runs it still moves (1269-1457 in one later session), so compare within a run."""
+    It still moves between bench processes: bimodal on the H200 (about 1310 or 1455, even in
+    consecutive processes of one device call; 1269-1463 over two sessions), so compare within
+    a run."""
     import torch
     src = torch.randn(1 << 29, device="cuda")
     dst = torch.empty_like(src)
