@@ -511,6 +511,8 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 // A 2D K-major e4m3 tensor [rows, k] loaded in boxes of 128 bytes of K x box_rows with the
 // 128-byte swizzle (what GMMA::Layout_K_SW128_Atom expects); rows past the end read as zeros.
+// A box row's L2 misses fetch 256 bytes, so the next K block of that row is already in L2 (GEMM2
+// at DeepSeek-V3 4096 tokens: 2-4% faster than 128-byte promotion, the forward ~0.5%).
 inline bool encode(CUtensorMap* map, const void* base, int64_t rows, int64_t k, int box_rows) {
   auto fn = encode_fn();
   if (!fn) return false;
@@ -520,7 +522,7 @@ inline bool encode(CUtensorMap* map, const void* base, int64_t rows, int64_t k, 
   const cuuint32_t elem[2] = {1, 1};
   return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box,
             elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 }  // namespace contig
