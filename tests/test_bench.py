@@ -99,6 +99,31 @@ def test_format_row_names_missing_peers():
     assert "2.00x" in line and "not installed" in line and "80%" in line
 
 
+def test_fp8_block_peer_dequantizes_the_block_scales():
+    # The peer runs torch._grouped_mm on the weights dequantized once to bf16; it must match
+    # the float32 reference on weights dequantized here (scales per 128 x 128 block, I not a
+    # multiple of 128), and keep one copy per shape.
+    from moe_kernels import fp8, reference
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip(f"torch {torch.__version__} has no _grouped_mm")
+    gen = torch.Generator().manual_seed(1)
+    E, k, H, I, T = 4, 2, 256, 192, 16
+    q13, s13 = fp8.quantize_weight(torch.randn(E, 2 * I, H, generator=gen) * 0.05, "block")
+    q2, s2 = fp8.quantize_weight(torch.randn(E, H, I, generator=gen) * 0.05, "block")
+    x = torch.randn(T, H, generator=gen).bfloat16()
+    ids = torch.randint(0, E, (T, k), generator=gen, dtype=torch.int32)
+    wts = torch.rand(T, k, generator=gen)
+    (name, peer, _), = bench.peers("swiglu", "fp8_block")
+    assert "bf16 weights" in name and peer is not None
+    out = peer(x, q13, q2, wts, ids, "swiglu", w13_scale=s13, w2_scale=s2)
+    deq13 = q13.float() * fp8.weight_scale_full(s13, 2 * I, H)
+    deq2 = q2.float() * fp8.weight_scale_full(s2, H, I)
+    ref = reference.fused_moe(x, deq13, deq2, wts, ids, activation="swiglu")
+    assert ((out.float() - ref).norm() / ref.norm()).item() < peer.tolerance
+    first = peer.weights(q13, q2, s13, s2, torch.bfloat16)
+    assert peer.weights(q13, q2, s13, s2, torch.bfloat16) is first
+
+
 @pytest.mark.parametrize("peers", [{}, {"torch._grouped_mm": {"status": "ok", "us": 25.0}}])
 def test_markdown_columns_line_up(peers):
     row = {"preset": "p", "tokens": 1, "experts_hit": 2.0, "bw_floor_us": 10.0, "flop_floor_us": 1.0,

@@ -237,6 +237,38 @@ def torch_scaled_grouped_mm_moe(x, w13, w2, wts, ids, act, w13_scale, w2_scale):
     return _torch_moe(x, wts, ids, act, E, gemm(w13, w13_scale), gemm(w2, w2_scale))
 
 
+class DequantizedGroupedMM:
+    """The fp8_block peer. PyTorch has no block-scaled grouped GEMM, so the checkpoint's weights
+    are dequantized to 16 bits once per shape (what a stack without such a kernel can serve, at
+    twice the weight bytes) and the 16-bit peer runs on them. Its activations stay 16-bit, so it
+    is checked against the 16-bit reference on those weights, not the fp8_block one."""
+    tolerance = REL_TOL["bf16"]
+
+    def __init__(self):
+        self._key, self._w = None, None
+
+    def weights(self, w13, w2, w13_scale, w2_scale, dtype):
+        key = (w13.data_ptr(), w2.data_ptr(), dtype)
+        if self._key != key:
+            from .fp8 import weight_scale_full
+            self._key, self._w = None, None  # the last shape's copy goes first
+
+            def dequantize(w, scale):  # one expert at a time: float32 temporaries of one expert
+                out = w.new_empty(w.shape, dtype=dtype)
+                for e in range(w.shape[0]):
+                    out[e] = (w[e].float() * weight_scale_full(scale[e:e + 1], *w.shape[1:])[0]).to(dtype)
+                return out
+            self._key, self._w = key, (dequantize(w13, w13_scale), dequantize(w2, w2_scale))
+        return self._w
+
+    def __call__(self, x, w13, w2, wts, ids, act, w13_scale, w2_scale):
+        return torch_grouped_mm_moe(x, *self.weights(w13, w2, w13_scale, w2_scale, x.dtype), wts, ids, act)
+
+    def reference(self, x, w13, w2, wts, ids, act, w13_scale, w2_scale):
+        from .reference import fused_moe
+        return fused_moe(x, *self.weights(w13, w2, w13_scale, w2_scale, x.dtype), wts, ids, activation=act)
+
+
 def _vllm_triton(x, w13, w2, wts, ids, act):
     from vllm.model_executor.layers.fused_moe import fused_experts
     return fused_experts(x, w13, w2, wts, ids)
@@ -256,13 +288,18 @@ def _flashinfer_cutlass(x, w13, w2, wts, ids, act):
 
 
 def peers(activation, quant="bf16"):
-    """(name, fn or None, why not) for every peer this benchmark knows: for fp8 the PyTorch
-    one, for fp8_block none (no block-scaled grouped GEMM in PyTorch)."""
+    """(name, fn or None, why not) for every peer this benchmark knows: for fp8 and fp8_block
+    the PyTorch ones. A peer with a `reference` method is checked against what it returns,
+    within its `tolerance`, instead of the mode's reference."""
     import importlib.util
     import torch
     if quant == "fp8":
         return [("torch._scaled_grouped_mm",
                  torch_scaled_grouped_mm_moe if hasattr(torch, "_scaled_grouped_mm") else None,
+                 f"not in torch {torch.__version__}")]
+    if quant == "fp8_block":
+        return [("torch._grouped_mm (bf16 weights)",
+                 DequantizedGroupedMM() if hasattr(torch, "_grouped_mm") else None,
                  f"not in torch {torch.__version__}")]
     if quant not in ("bf16", "fp16"):
         return [(n, None, f"not compared for {quant}") for n in
@@ -323,13 +360,13 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
             moe_kernels.fused_moe(x, w13, w2, w, ids, quant=args.quant, activation=act, workspace=ws,
                                   out=o, tactic=tactic, _last_step=last_step, **scales)
 
-        def timed(fn, check=True):
-            """Check fn against the reference on set 0, then time it over all sets."""
+        def timed(fn, check=True, ref=ref, tol=REL_TOL[args.quant]):
+            """Check fn against ref on set 0, then time it over all sets."""
             if check:
                 outs[0].fill_(float("nan"))
                 fn(x0, ids0, w0, outs[0])
                 err = ((outs[0].float() - ref).norm() / ref.norm()).item()
-                if not (math.isfinite(err) and err <= REL_TOL[args.quant]):
+                if not (math.isfinite(err) and err <= tol):
                     return {"status": f"wrong: relative error {err:.2e}"}
             it = iter(range(1 << 62))
 
@@ -355,7 +392,11 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
                 row["results"][name] = {"status": why}
                 continue
             try:  # a failing peer is reported, never silently dropped
-                row["results"][name] = timed(lambda x, ids, w, o, fn=fn: o.copy_(fn(x, w13, w2, w, ids, act, **scales)))
+                check = {}
+                if hasattr(fn, "reference"):
+                    check = {"ref": fn.reference(x0, w13, w2, w0, ids0, act, **scales), "tol": fn.tolerance}
+                row["results"][name] = timed(lambda x, ids, w, o, fn=fn: o.copy_(fn(x, w13, w2, w, ids, act, **scales)),
+                                             **check)
             except Exception as e:
                 row["results"][name] = {"status": f"failed: {type(e).__name__}: {e}"[:200]}
         if row["results"]["moe_kernels"]["status"] == "ok":
@@ -375,7 +416,7 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
         report(row)
         progress()
         del ws, outs, sets
-    del w13, w2
+    del w13, w2, peer_list  # the fp8_block peer holds a 16-bit copy of the weights
     torch.cuda.empty_cache()
 
 
