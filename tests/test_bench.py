@@ -190,7 +190,7 @@ def test_tiny_bench_run(tmp_path):
                         "--breakdown", "--json", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads(out.read_text())
-    assert data["copy_bw_bytes_s"] > 0 and data["gemm_flop_s"] > 0
+    assert data["copy_bw_bytes_s"] > 0 and data["gemm_flop_s"] > 0 and data["gemm_flop_s_burst"] > 0
     for row in data["rows"]:
         ours = row["results"]["moe_kernels"]
         assert ours["status"] == "ok" and math.isfinite(ours["us"]) and ours["us"] > 0

@@ -70,9 +70,10 @@ def routing(T, E, k, kind, *, skew=1.2, counts=None, gen=None, device="cpu"):
     return ids.to(device=device, dtype=torch.int32), weights.to(device)
 
 
-def time_graph(fn, replays, per_graph):
+def time_graph(fn, replays, per_graph, warmup_s=0.025):
     """Median seconds per call of fn (and min, max), from CUDA events around replays of one
-    graph holding `per_graph` calls; fn may rotate its inputs from call to call."""
+    graph holding `per_graph` calls, after at least `warmup_s` of replays; fn may rotate its
+    inputs from call to call."""
     import torch
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -88,7 +89,7 @@ def time_graph(fn, replays, per_graph):
     # 3 replays, the first point of a run (DeepSeek-V3, one token) read ~8% slower than the
     # same tactic timed again later in the run.
     t0, n = time.perf_counter(), 0
-    while n < 3 or time.perf_counter() - t0 < 0.025:
+    while n < 3 or time.perf_counter() - t0 < warmup_s:
         g.replay()
         torch.cuda.synchronize()
         n += 1
