@@ -168,8 +168,8 @@ def measure_ceilings(quant):
     timed for 30 graph replays: 0.1-3 s of work). The burst rate is the same best of three,
     taken first: on the H200 its rounds last ~30 ms, and in them the SM clock can still be at
     its 1980 MHz boost, before the 700 W cap pulls it to ~1380
-    (`benchmarks/probes/dense_ceiling_modes.py`), so it read anywhere from 1269 to 1463 TFLOP/s
-    (FP8), bimodally, from one process to the next. Percentages are of the sustained rate."""
+    (`benchmarks/probes/dense_ceiling_modes.py`), so it read anywhere from 1269 to 1493 TFLOP/s
+    (FP8) from one process to the next. Percentages are of the sustained rate."""
     import torch
     src = torch.randn(1 << 29, device="cuda")
     dst = torch.empty_like(src)
