@@ -11,35 +11,19 @@ import argparse
 import csv
 import datetime
 import io
+import os
 import statistics
 import subprocess
+import sys
 import time
 
 import torch
 
+# The bench's own timing, from the source tree (no build needed: profiling is plain Python).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+from moe_kernels.profiling import time_graph  # noqa: E402
+
 FIELDS = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
-
-
-def time_graph(fn, replays, per_graph):
-    g = torch.cuda.CUDAGraph()
-    fn()
-    torch.cuda.synchronize()
-    with torch.cuda.graph(g):
-        for _ in range(per_graph):
-            fn()
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < 0.025:
-        g.replay()
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3 / per_graph)
-    return statistics.median(times)
 
 
 def main():
@@ -64,7 +48,7 @@ def main():
     spans = []
     for _ in range(args.rounds):
         t0 = datetime.datetime.now()
-        t = time_graph(gemm, replays=10, per_graph=4)
+        t = time_graph(gemm, replays=10, per_graph=4)[0]
         spans.append((t0, datetime.datetime.now(), 2 * n ** 3 / t / 1e12))
     time.sleep(0.1)
     smi.terminate()
