@@ -64,6 +64,14 @@ def rel_error(out, ref):
     return num / den if den > 0 else num
 
 
+def worst_row_error(out, ref):
+    """The largest relative error of one row: catches a few wrong rows that the whole tensor's
+    error would average away."""
+    num = (out.float() - ref.float()).norm(dim=-1)
+    den = ref.float().norm(dim=-1).clamp_min(1e-6)
+    return (num / den).max().item()
+
+
 def poisoned_out(p):
     return torch.full_like(p["hidden_states"], float("nan"))
 

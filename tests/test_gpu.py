@@ -6,7 +6,7 @@ import torch
 
 import moe_kernels
 from moe_kernels import Activation, FusedMoE, Tactic, fused_moe
-from helpers import TOLERANCE, make_problem, poisoned_out, reference_out, rel_error, scale_kwargs
+from helpers import TOLERANCE, make_problem, poisoned_out, reference_out, rel_error, scale_kwargs, worst_row_error
 
 pytestmark = pytest.mark.gpu
 
@@ -389,10 +389,19 @@ CONTIG_CASES = [  # T, E, k, H, I, ids, expert_offset
     (15, 64, 2, 256, 128, "sparse", 0),  # three experts with rows
     (200, 8, 4, 256, 384, "ep", 8),      # global experts 0..15, this rank holds 8..15
     (642, 8, 1, 512, 256, "counts", 0),  # SPLIT_COUNTS rows per expert
+    (1091, 8, 1, 512, 256, "tails", 0),  # TAIL_COUNTS rows per expert
 ]
 # Tiles of at most 64 rows are split by columns between the warpgroups: exactly 64 (TMA
 # stores), 1, 63; after full tiles; and 65 and 129 (both halves).
 SPLIT_COUNTS = [64, 192, 1, 65, 0, 128, 63, 129]
+# Up to 8 (fused GEMM1) or 16 (GEMM2) rows past a full tile ride along with it as swap-AB
+# wgmmas: 8, 9, 16 and 17 past, 5 past two full tiles, 12 past.
+TAIL_COUNTS = [136, 137, 144, 145, 261, 128, 0, 140]
+
+
+def counts_ids(counts):
+    ids = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    return ids[torch.randperm(len(ids))].to(torch.int32)[:, None]
 
 
 @pytest.mark.parametrize("T,E,k,H,I,ids,offset", CONTIG_CASES)
@@ -408,9 +417,8 @@ def test_fp8_block_contiguous_kernel(T, E, k, H, I, ids, offset, error_log):
         ids = torch.tensor([[3, 5], [5, 3], [3, 60]] * (T // 3), dtype=torch.int32)
     elif ids == "ep":
         ids = torch.rand(T, 2 * E).argsort(dim=1)[:, :k].to(torch.int32)
-    elif ids == "counts":
-        ids = torch.repeat_interleave(torch.arange(E), torch.tensor(SPLIT_COUNTS))[torch.randperm(T)]
-        ids = ids.to(torch.int32)[:, None]
+    elif ids in ("counts", "tails"):
+        ids = counts_ids(SPLIT_COUNTS if ids == "counts" else TAIL_COUNTS)
     p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype="fp8_block", ids=ids)
     ref = reference_out(p, expert_offset=offset)
     kw = dict(ep_rank=1, ep_size=2, num_experts=2 * E) if offset else {}
@@ -427,32 +435,42 @@ def test_fp8_block_contiguous_kernel(T, E, k, H, I, ids, offset, error_log):
                 torch.cuda.synchronize()
                 assert bool((ws == 0xA5).all()), f"{tactic}: refused, but wrote the workspace"
                 continue
-            err = rel_error(run(p, tactic=tactic, **kw), ref)
+            out = run(p, tactic=tactic, **kw)
+            err, row_err = rel_error(out, ref), worst_row_error(out, ref)
             error_log.add(f"fp8_block/contig/{kern.tile[1]}/T{T}/E{E}/H{H}/{n[0] > 0:d}{n[1] > 0:d}", err)
             assert err < TOLERANCE["fp8_block"], f"{tactic} T={T} E={E}: relative error {err:.3e}"
+            assert row_err < 2 * TOLERANCE["fp8_block"], f"{tactic} T={T} E={E}: a row's relative error {row_err:.3e}"
 
 
 # With a gated activation, the 256-column contiguous kernel in GEMM1 applies the activation
 # (+ bias) and GEMM2's per-128-column quantization in its epilogue; non-gated ones take the
-# activation kernel. Rows end mid-tile, one expert has none; 3 intermediate tiles per expert.
+# activation kernel. Rows end mid-tile, one expert has none; 3 intermediate tiles per expert;
+# or (tails) the experts have TAIL_COUNTS rows.
+@pytest.mark.parametrize("tails", [False, True], ids=["random", "tails"])
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("act", ["swiglu", "geglu", "swiglu_oai", "silu"])
-def test_fp8_block_contiguous_fused_activation(act, bias, error_log):
+def test_fp8_block_contiguous_fused_activation(act, bias, tails, error_log):
     kernels = moe_kernels.list_kernels(quant="fp8_block")
     wide = [x for x in kernels if x.schedule == "contig" and x.tile[1] == 256]
     if not wide:
         pytest.skip("no 256-column contiguous fp8_block kernel in this build")
     gated = Activation(act).gated
     I = 384 if gated else 256  # N1 = 768 or 256: multiples of the tile
-    ids = torch.rand(333, 7).argsort(dim=1)[:, :4]
-    ids[ids >= 5] += 1  # expert 5 gets no rows
-    p = make_problem(T=333, E=8, k=4, H=512, I=I, dtype="fp8_block", gated=gated, bias=bias, ids=ids)
+    if tails:
+        ids = counts_ids(TAIL_COUNTS)
+    else:
+        ids = torch.rand(333, 7).argsort(dim=1)[:, :4]
+        ids[ids >= 5] += 1  # expert 5 gets no rows
+    p = make_problem(T=len(ids), E=8, k=ids.shape[1], H=512, I=I, dtype="fp8_block", gated=gated, bias=bias,
+                     ids=ids)
     kw = {"swiglu_alpha": 1.5, "swiglu_limit": 1.0} if act == "swiglu_oai" else {}
     ref = reference_out(p, activation=act, **kw)
     for gemm2 in (wide[0].name, kernels[0].name):
-        err = rel_error(run(p, tactic=Tactic(wide[0].name, gemm2), activation=act, **kw), ref)
-        error_log.add(f"fp8_block/contig_act/{act}/{bias}", err)
+        out = run(p, tactic=Tactic(wide[0].name, gemm2), activation=act, **kw)
+        err, row_err = rel_error(out, ref), worst_row_error(out, ref)
+        error_log.add(f"fp8_block/contig_act/{act}/{bias}/{tails}", err)
         assert err < TOLERANCE["fp8_block"], f"{act} bias={bias} gemm2={gemm2}: relative error {err:.3e}"
+        assert row_err < 2 * TOLERANCE["fp8_block"], f"{act} bias={bias} gemm2={gemm2}: a row's error {row_err:.3e}"
 
 
 def test_fp8_block_extreme_rows(error_log):

@@ -44,6 +44,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "cute/tensor.hpp"
 #include "cute/arch/copy_sm90_tma.hpp"
@@ -86,6 +87,11 @@ struct Config {
   static constexpr int kStages = kFused ? 4 : 3;
   static constexpr int kBoxesPerHalf = kFused ? 1 : 2 * kTileN / 128;  // E4M3 or bf16 rows
   static constexpr int kOutBytes = (2 * kBoxesPerHalf + (kFused ? 1 : 0)) * kBoxBytes;
+  // An expert's last kTail rows or fewer past a full tile ride along with it (see tail_rows);
+  // the fused kernel's 4 stages leave room for 8 of them.
+  static constexpr int kTail = kFused ? 8 : 16;
+  using TailMma = decltype(make_tiled_mma(
+      std::conditional_t<kTail == 8, SM90_64x8x32_F32E4M3E4M3_SS_TN<>, SM90_64x16x32_F32E4M3E4M3_SS_TN<>>{}));
   // A stage of A (or B) is 128 rows x 128 bytes with the 128-byte swizzle, i.e. blocks of 64
   // (128) rows back to back: A is indexed as (64, 128, 2 * kStages), half h of stage s at
   // 2s + h; B as (128, 128, kBlocksN * kStages), block b of stage s at kBlocksN * s + b.
@@ -93,11 +99,15 @@ struct Config {
                                              Shape<Int<kHalfM>, Int<kTileK>, Int<2 * kStages>>{}));
   using SmemLayoutB = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
                                              Shape<Int<kBlockN>, Int<kTileK>, Int<kBlocksN * kStages>>{}));
+  using SmemLayoutTail = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                                Shape<Int<kTail>, Int<kTileK>, Int<kStages>>{}));
   struct alignas(1024) SharedStorage {
     alignas(1024) Element a[kStages * kStageBytesA];
     alignas(1024) Element b[kStages * kStageBytesB];
+    alignas(1024) Element a_tail[kStages * kTail * kTileK];  // the tail rows, if the tile has them
     alignas(1024) uint8_t out[kOutBytes];  // per warpgroup: kBoxesPerHalf TMA boxes, then (fused) 1
-    float sfa[kStages][kTileM];
+    float sfa[kStages][kTileM + kTail];
+    float tail_amax[4][kTail];  // fused: warpgroup 0's warps' amax per tail row
     float sfb[kStages][kBlocksN];
     uint64_t full[kStages];   // TMA bytes landed and the 32 loader lanes' scale copies done
     uint64_t empty[kStages];  // consumers done with the stage (one arrive per consumer warp)
@@ -111,6 +121,7 @@ struct Config {
 
 struct Params {
   CUtensorMap tma_a;  // A [rows, K] e4m3, box 64 x 128
+  CUtensorMap tma_tail;  // the same, box kTail x 128
   CUtensorMap tma_b;  // B [E * N, K] e4m3, box 128 x 128
   CUtensorMap tma_d;    // D [rows, N] bf16 as bytes, box 64 x 128 bytes (unfused)
   CUtensorMap tma_act;  // act_out [rows, inter] E4M3, box 64 x 128 (fused)
@@ -126,6 +137,7 @@ struct Params {
   const __nv_bfloat16* act_bias;   // [E, n] or NULL
   int activation, inter;
   float act_alpha, act_limit;
+  int max_tail;  // EXPERIMENT: kTail, or 0 (MOE_KERNELS_CONTIG_TAIL=0)
 };
 
 __device__ __forceinline__ int upper_bound(const int32_t* v, int n, int x) {
@@ -140,6 +152,18 @@ __device__ __forceinline__ int upper_bound(const int32_t* v, int n, int x) {
 struct Tile {
   int expert, n, row0, rows;  // rows of this expert from row0 (may exceed the tile)
 };
+
+// An expert whose rows end at most kTail past a multiple of 128 (and past 128) has no M tile of
+// its own for them: its last full tile also multiplies them, as the N of a swap-AB wgmma
+// (weights x rows, 64 x kTail x 32) on the weight block already in shared memory, instead of a
+// tile of 64 rows that streams the weight tile again for a few (at DeepSeek-V3 4096 tokens,
+// ~128 rows per expert, half the experts have such a tile).
+__device__ __forceinline__ int m_tiles_of(int rows, int kTail) {
+  return rows <= kTileM ? (rows > 0) : (rows - kTail + kTileM - 1) / kTileM;
+}
+__device__ __forceinline__ int tail_rows(const Tile& tile, int kTail) {  // 0, or rows past the tile's 128
+  return tile.rows > kTileM && tile.rows <= kTileM + kTail ? tile.rows - kTileM : 0;
+}
 
 // Tile t in expert-major, then N, then M order.
 __device__ __forceinline__ Tile tile_at(int t, const int32_t* tile_start, const int32_t* offsets,
@@ -313,10 +337,72 @@ __device__ __forceinline__ void hand_over_up(Acc& acc, uint8_t* boxes, int half)
   asm volatile("bar.sync 3, 256;" ::: "memory");  // read before warpgroup 1 writes there again
 }
 
+// The fused activation for a tile's tail rows (tail_rows): warpgroup 0 holds their gate
+// columns, warpgroup 1 the up columns, as (weight row, tail row) values. Warpgroup 1 hands its
+// values over through the spare box; warpgroup 0 applies the activation as store_activation
+// does, takes each row's amax over its 128 columns (across its four warps through
+// smem.tail_amax), and writes the E4M3 bytes and scales straight from the registers.
+template <int kAct, class Acc, class Coord, class Smem>
+__device__ __forceinline__ void store_tail_activation(const Params& p, const Acc& acc, const Coord& coord,
+                                                      const Tile& tile, int tail, Smem& smem) {
+  constexpr int kN = decltype(size(acc))::value, kTail = sizeof(smem.tail_amax[0]) / sizeof(float);
+  float* x = reinterpret_cast<float*>(smem.out + 2 * kBoxBytes);
+  const int t = threadIdx.x % 128, half = threadIdx.x / 128 - 1, lane = t % 32;
+  if (half == 1) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) x[i * 128 + t] = acc(i);
+  }
+  asm volatile("bar.sync 3, 256;" ::: "memory");  // both consumer warpgroups
+  float v[kN];
+  if (half == 0) {
+    const int64_t col0 = int64_t(tile.n) * kBlockN;  // the tile's first intermediate column
+    const __nv_bfloat16* bias = p.act_bias ? p.act_bias + int64_t(tile.expert) * p.n + col0 : nullptr;
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      const int col = get<0>(coord(i));
+      float g = __bfloat162float(__float2bfloat16_rn(acc(i)));
+      float u = __bfloat162float(__float2bfloat16_rn(x[i * 128 + t]));
+      if (bias) {
+        g += __bfloat162float(bias[col]);
+        u += __bfloat162float(bias[p.inter + col]);
+      }
+      v[i] = activate<kAct>(g, u, p.act_alpha, p.act_limit);
+    }
+  }
+  asm volatile("bar.sync 3, 256;" ::: "memory");  // read before warpgroup 1 writes there again
+  if (half == 1) return;
+#pragma unroll
+  for (int j = 0; j < kTail; ++j) {
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < kN; ++i)
+      if (get<1>(coord(i)) == j) m = fmaxf(m, fabsf(v[i]));
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+    if (lane == 0) smem.tail_amax[t / 32][j] = m;
+  }
+  warpgroup_sync(0);
+  const int64_t row0 = tile.row0 + kTileM;
+  uint8_t* out = p.act_out + row0 * p.inter + int64_t(tile.n) * kBlockN;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    const int j = get<1>(coord(i));
+    const float amax = fmaxf(fmaxf(smem.tail_amax[0][j], smem.tail_amax[1][j]),
+                             fmaxf(smem.tail_amax[2][j], smem.tail_amax[3][j]));
+    const float inv = __frcp_rn(fp8_scale(amax));
+    if (j < tail) out[j * int64_t(p.inter) + get<0>(coord(i))] = static_cast<uint8_t>(to_fp8x2(v[i], 0.f, inv) & 0xff);
+  }
+  if (t < tail) {
+    const float amax = fmaxf(fmaxf(smem.tail_amax[0][t], smem.tail_amax[1][t]),
+                             fmaxf(smem.tail_amax[2][t], smem.tail_amax[3][t]));
+    p.act_scale[(row0 + t) * int64_t(p.inter / kBlockN) + tile.n] = fp8_scale(amax);
+  }
+}
+
 template <int kTileN, bool kFused>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant__ Params p) {
   using C = Config<kTileN, kFused>;
-  constexpr int kStages = C::kStages, kBlocksN = C::kBlocksN;
+  constexpr int kStages = C::kStages, kBlocksN = C::kBlocksN, kTail = C::kTail;
   using SharedStorage = typename C::SharedStorage;
   extern __shared__ __align__(1024) char smem_raw[];
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_raw);
@@ -336,6 +422,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     }
     cutlass::arch::fence_barrier_init();
     cute::prefetch_tma_descriptor(&p.tma_a);
+    cute::prefetch_tma_descriptor(&p.tma_tail);
     cute::prefetch_tma_descriptor(&p.tma_b);
     cute::prefetch_tma_descriptor(kFused ? &p.tma_act : &p.tma_d);
   }
@@ -350,7 +437,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     if (lane == 0) tile_start[0] = 0;
     for (int base = 0; base < E; base += 32) {
       const int e = base + lane;
-      int v = e < E ? (offsets[e + 1] - offsets[e] + kTileM - 1) / kTileM : 0;
+      int v = e < E ? m_tiles_of(offsets[e + 1] - offsets[e], p.max_tail) : 0;
 #pragma unroll
       for (int d = 1; d < 32; d *= 2) {
         const int u = __shfl_up_sync(0xffffffffu, v, d);
@@ -387,16 +474,20 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
                                   block_row<kTileN>(p, tile.n, min(lane, kBlocksN - 1)) / kBlockN) * k_blocks;
       const float* sfa = p.sfa + int64_t(tile.row0) * k_blocks;
       const int halves = tile.rows > kHalfM ? 2 : 1;  // 64-row halves of A with rows in them
+      const bool tail = tail_rows(tile, p.max_tail) > 0;
       for (int kb = 0; kb < k_blocks; ++kb) {
         cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase ^ 1);
         if (lane == 0) {
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
-              &smem.full[stage], halves * (C::kStageBytesA / 2) + C::kStageBytesB);
+              &smem.full[stage], halves * (C::kStageBytesA / 2) + C::kStageBytesB + (tail ? kTail * kTileK : 0));
           const auto hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
           for (int h = 0; h < halves; ++h)
             SM90_TMA_LOAD_2D::copy(&p.tma_a, &smem.full[stage], hint,
                                    smem.a + stage * C::kStageBytesA + h * (C::kStageBytesA / 2),
                                    kb * kTileK, tile.row0 + h * kHalfM);
+          if (tail)
+            SM90_TMA_LOAD_2D::copy(&p.tma_tail, &smem.full[stage], hint, smem.a_tail + stage * kTail * kTileK,
+                                   kb * kTileK, tile.row0 + kTileM);
 #pragma unroll
           for (int b = 0; b < kBlocksN; ++b)
             SM90_TMA_LOAD_2D::copy(&p.tma_b, &smem.full[stage], hint,
@@ -407,6 +498,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
 #pragma unroll
         for (int j = 0; j < kTileM / 32; ++j)
           cp_async_4(&smem.sfa[stage][32 * j + lane], sfa + min(32 * j + lane, tile.rows - 1) * k_blocks + kb);
+        if (tail && lane < kTail)
+          cp_async_4(&smem.sfa[stage][kTileM + lane], sfa + min(kTileM + lane, tile.rows - 1) * k_blocks + kb);
         cutlass::arch::cpasync_barrier_arrive_noinc(&smem.full[stage]);
         if (++stage == kStages) { stage = 0; phase ^= 1; }
       }
@@ -429,6 +522,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<kHalfM>, Int<kBlockN>>{}));
   const int my_row = get<0>(coord(0));  // within this half; the thread's other row is + 8
   static_assert(decltype(size(part))::value == 64, "64x128 fp32 accumulator: 64 values per thread");
+  // The tail rows: weight block `half` (two 64-row A operands) x kTail rows of A (the N).
+  typename C::TailMma tmma;
+  auto tthr = tmma.get_thread_slice(threadIdx.x % 128);
+  Tensor tTrA = tthr.make_fragment_A(tthr.partition_A(sB));  // (MMA, 2, 4, kBlocksN * kStages)
+  Tensor tTrB = tthr.make_fragment_B(
+      tthr.partition_B(make_tensor(make_smem_ptr(smem.a_tail), typename C::SmemLayoutTail{})));
+  Tensor acc_t = partition_fragment_C(tmma, Shape<Int<kBlockN>, Int<kTail>>{});  // kTail values
+  Tensor part_t = partition_fragment_C(tmma, Shape<Int<kBlockN>, Int<kTail>>{});
+  // (weight row within the block, tail row) of each value
+  Tensor coord_t = tthr.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kTail>>{}));
 
   int stage = 0, phase = 0, slot = 0, slot_phase = 0;
   for (;;) {
@@ -442,7 +545,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     const int tile_rows = min(tile.rows, kTileM);
     const bool split = tile_rows <= kHalfM;  // by columns: weight block `half` of A's first half
     const int a_half = split ? 0 : half, b_first = split ? half : 0, blocks = split ? 1 : kBlocksN;
+    const int tail = tail_rows(tile, p.max_tail);
     clear(acc);
+    clear(acc_t);
     for (int kb = 0; kb < k_blocks; ++kb) {
       cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], phase);
       const float a0 = smem.sfa[stage][a_half * kHalfM + my_row];
@@ -464,12 +569,31 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         const float r0 = a0 * sb, r1 = a1 * sb;
         warpgroup_wait<0>();
         warpgroup_fence_operand(part);
-        if (b == blocks - 1) {
+        if (b == blocks - 1 && !tail) {
           __syncwarp();
           if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
         }
 #pragma unroll
         for (int i = 0; i < size(part); ++i) acc(i, 0, b) += part(i) * ((i & 2) ? r1 : r0);
+      }
+      if (tail) {
+        warpgroup_fence_operand(part_t);
+        warpgroup_arrive();
+        tmma.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+        for (int k = 0; k < size<2>(tTrA); ++k) {
+          cute::gemm(tmma, tTrA(_, _, k, kBlocksN * stage + half), tTrB(_, _, k, stage), part_t);
+          tmma.accumulate_ = GMMA::ScaleOut::One;
+        }
+        warpgroup_commit_batch();
+        const float sb = smem.sfb[stage][half];
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(part_t);
+#pragma unroll
+        for (int i = 0; i < size(part_t); ++i)
+          acc_t(i) += part_t(i) * (sb * smem.sfa[stage][kTileM + get<1>(coord_t(i))]);
+        __syncwarp();
+        if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
       }
       if (++stage == kStages) { stage = 0; phase ^= 1; }
     }
@@ -477,6 +601,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     const int64_t row0 = tile.row0 + (split ? 0 : half * kHalfM);
     uint8_t* out = smem.out + half * C::kBoxesPerHalf * kBoxBytes;
     if constexpr (kFused) {
+      if (tail) {
+        switch (p.activation) {
+          case MOEK_ACT_SWIGLU: store_tail_activation<MOEK_ACT_SWIGLU>(p, acc_t, coord_t, tile, tail, smem); break;
+          case MOEK_ACT_GEGLU: store_tail_activation<MOEK_ACT_GEGLU>(p, acc_t, coord_t, tile, tail, smem); break;
+          default: store_tail_activation<MOEK_ACT_SWIGLU_OAI>(p, acc_t, coord_t, tile, tail, smem); break;
+        }
+      }
       if (split) {
         hand_over_up(acc, smem.out + kBoxBytes, half);
         if (half == 1) continue;
@@ -487,6 +618,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         default: store_activation<MOEK_ACT_SWIGLU_OAI>(p, acc, tile, out, row0, rows, my_row, lane); break;
       }
     } else {
+      if (tail) {  // a few scattered rows: straight from the registers
+        __nv_bfloat16* d = p.d + (tile.row0 + kTileM) * int64_t(p.n) + tile.n * kTileN + half * kBlockN;
+#pragma unroll
+        for (int i = 0; i < size(acc_t); ++i)
+          if (get<1>(coord_t(i)) < tail)
+            d[get<1>(coord_t(i)) * int64_t(p.n) + get<0>(coord_t(i))] = __float2bfloat16_rn(acc_t(i));
+      }
       store_bf16(p, acc, out, row0, tile.n * kTileN + b_first * kBlockN, rows, my_row, lane, blocks);
     }
   }
@@ -597,6 +735,7 @@ struct ContiguousBlockwise {
     if (a.rows == 0) return MOEK_OK;
     Params p{};
     if (!encode(&p.tma_a, a.a_base, a.rows, a.k, kHalfM) ||
+        !encode(&p.tma_tail, a.a_base, a.rows, a.k, a.act_out ? Config<kTileN, true>::kTail : Config<kTileN, false>::kTail) ||
         !encode(&p.tma_b, a.b_base, int64_t(a.num_groups) * a.n, a.k, kBlockN) ||
         (a.act_out ? !encode(&p.tma_act, a.act_out, a.rows, a.n / 2, kHalfM)
                    : !encode(&p.tma_d, a.d_base, a.rows, 2 * a.n, kHalfM))) {
@@ -615,6 +754,11 @@ struct ContiguousBlockwise {
     p.inter = static_cast<int>(a.n / 2);
     p.act_alpha = a.act_alpha;
     p.act_limit = a.act_limit;
+    static const bool tails = [] {
+      const char* v = getenv("MOE_KERNELS_CONTIG_TAIL");
+      return !(v && v[0] == '0');
+    }();
+    p.max_tail = !tails ? 0 : a.act_out ? Config<kTileN, true>::kTail : Config<kTileN, false>::kTail;
     p.num_experts = a.num_groups;
     p.n = static_cast<int>(a.n);
     p.k = static_cast<int>(a.k);
