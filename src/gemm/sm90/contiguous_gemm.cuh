@@ -67,6 +67,7 @@ constexpr int kThreads = 384;              // producer + 2 consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr int kSchedSlots = 2;             // tiles taken ahead by the loader
 constexpr int kBoxBytes = kHalfM * 128;    // one TMA store box: 64 rows x 128 bytes
+constexpr int kTail = 16;                  // rows past a full tile that ride along (tail_rows)
 // Registers per thread after setmaxnreg: the consumers take what the producer warpgroup gives
 // back, within the CTA's allocation (128 * 40 + 256 * 232 = 384 * 168); asking for more than
 // the CTA holds blocks forever, so run() checks the kernel was built with 168.
@@ -75,10 +76,10 @@ constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 using namespace cute;
 using Element = cutlass::float_e4m3_t;
 using TiledMma = decltype(make_tiled_mma(SM90_64x128x32_F32E4M3E4M3_SS_TN<>{}));
+using TailMma = decltype(make_tiled_mma(SM90_64x16x32_F32E4M3E4M3_SS_TN<>{}));  // weights x tail rows
 
-// kFused: GEMM1 with the activation in its epilogue (E4M3 out: one box per warpgroup and a
-// third for the split tiles' hand-over, 4 stages); otherwise the bf16 tile's 64 KB buffer
-// takes a stage's room.
+// kFused: GEMM1 with the activation in its epilogue (E4M3 out: one box per warpgroup, 4
+// stages); otherwise the bf16 tile's 64 KB buffer takes a stage's room.
 template <int kTileN, bool kFused>
 struct Config {
   static constexpr int kBlocksN = kTileN / kBlockN;
@@ -86,12 +87,7 @@ struct Config {
   // x 48 KB; GEMM2 with 3 stages measured within 3% of 4 (DeepSeek-V3, 4096/16384 tokens).
   static constexpr int kStages = kFused ? 4 : 3;
   static constexpr int kBoxesPerHalf = kFused ? 1 : 2 * kTileN / 128;  // E4M3 or bf16 rows
-  static constexpr int kOutBytes = (2 * kBoxesPerHalf + (kFused ? 1 : 0)) * kBoxBytes;
-  // An expert's last kTail rows or fewer past a full tile ride along with it (see tail_rows);
-  // the fused kernel's 4 stages leave room for 8 of them.
-  static constexpr int kTail = kFused ? 8 : 16;
-  using TailMma = decltype(make_tiled_mma(
-      std::conditional_t<kTail == 8, SM90_64x8x32_F32E4M3E4M3_SS_TN<>, SM90_64x16x32_F32E4M3E4M3_SS_TN<>>{}));
+  static constexpr int kOutBytes = 2 * kBoxesPerHalf * kBoxBytes;
   // A stage of A (or B) is 128 rows x 128 bytes with the 128-byte swizzle, i.e. blocks of 64
   // (128) rows back to back: A is indexed as (64, 128, 2 * kStages), half h of stage s at
   // 2s + h; B as (128, 128, kBlocksN * kStages), block b of stage s at kBlocksN * s + b.
@@ -105,7 +101,7 @@ struct Config {
     alignas(1024) Element a[kStages * kStageBytesA];
     alignas(1024) Element b[kStages * kStageBytesB];
     alignas(1024) Element a_tail[kStages * kTail * kTileK];  // the tail rows, if the tile has them
-    alignas(1024) uint8_t out[kOutBytes];  // per warpgroup: kBoxesPerHalf TMA boxes, then (fused) 1
+    alignas(1024) uint8_t out[kOutBytes];  // per warpgroup: kBoxesPerHalf TMA boxes
     float sfa[kStages][kTileM + kTail];
     float tail_amax[4][kTail];  // fused: warpgroup 0's warps' amax per tail row
     float sfb[kStages][kBlocksN];
@@ -158,11 +154,11 @@ struct Tile {
 // (weights x rows, 64 x kTail x 32) on the weight block already in shared memory, instead of a
 // tile of 64 rows that streams the weight tile again for a few (at DeepSeek-V3 4096 tokens,
 // ~128 rows per expert, half the experts have such a tile).
-__device__ __forceinline__ int m_tiles_of(int rows, int kTail) {
-  return rows <= kTileM ? (rows > 0) : (rows - kTail + kTileM - 1) / kTileM;
+__device__ __forceinline__ int m_tiles_of(int rows, int max_tail) {
+  return rows <= kTileM ? (rows > 0) : (rows - max_tail + kTileM - 1) / kTileM;
 }
-__device__ __forceinline__ int tail_rows(const Tile& tile, int kTail) {  // 0, or rows past the tile's 128
-  return tile.rows > kTileM && tile.rows <= kTileM + kTail ? tile.rows - kTileM : 0;
+__device__ __forceinline__ int tail_rows(const Tile& tile, int max_tail) {  // 0, or rows past the tile's 128
+  return tile.rows > kTileM && tile.rows <= kTileM + max_tail ? tile.rows - kTileM : 0;
 }
 
 // Tile t in expert-major, then N, then M order.
@@ -314,41 +310,47 @@ __device__ __forceinline__ void store_activation(const Params& p, const Acc& acc
 }
 
 // A split tile with the activation fused: warpgroup 1's block (the up columns) goes to
-// warpgroup 0's acc(i, 0, 1), bf16-rounded as store_activation rounds it anyway, through two
-// boxes of the out buffer (warpgroup 1's own and the spare one after it).
+// warpgroup 0's acc(i, 0, 1), bf16-rounded as store_activation rounds it anyway, through
+// warpgroup 1's box of the out buffer, in two rounds of 8 KB.
 template <class Acc>
-__device__ __forceinline__ void hand_over_up(Acc& acc, uint8_t* boxes, int half) {
-  uint32_t* x = reinterpret_cast<uint32_t*>(boxes);
+__device__ __forceinline__ void hand_over_up(Acc& acc, uint8_t* box, int half) {
+  uint32_t* x = reinterpret_cast<uint32_t*>(box);
   const int t = threadIdx.x % 128;
-  if (half == 1) {
-    out_acquire(1);  // its last TMA stores have read warpgroup 1's box
+  if (half == 1) out_acquire(1);  // its last TMA stores have read warpgroup 1's box
 #pragma unroll
-    for (int j = 0; j < 32; ++j) x[j * 128 + t] = pack_bf16(acc(2 * j, 0, 0), acc(2 * j + 1, 0, 0));
-  }
-  asm volatile("bar.sync 3, 256;" ::: "memory");  // both consumer warpgroups
-  if (half == 0) {
+  for (int r = 0; r < 2; ++r) {
+    if (half == 1) {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const uint32_t v = x[j * 128 + t];
-      acc(2 * j, 0, 1) = __uint_as_float(v << 16);
-      acc(2 * j + 1, 0, 1) = __uint_as_float(v & 0xffff0000u);
+      for (int j = 0; j < 16; ++j)
+        x[j * 128 + t] = pack_bf16(acc(32 * r + 2 * j, 0, 0), acc(32 * r + 2 * j + 1, 0, 0));
     }
+    asm volatile("bar.sync 3, 256;" ::: "memory");  // both consumer warpgroups
+    if (half == 0) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const uint32_t v = x[j * 128 + t];
+        acc(32 * r + 2 * j, 0, 1) = __uint_as_float(v << 16);
+        acc(32 * r + 2 * j + 1, 0, 1) = __uint_as_float(v & 0xffff0000u);
+      }
+    }
+    asm volatile("bar.sync 3, 256;" ::: "memory");  // read before warpgroup 1 writes there again
   }
-  asm volatile("bar.sync 3, 256;" ::: "memory");  // read before warpgroup 1 writes there again
 }
 
 // The fused activation for a tile's tail rows (tail_rows): warpgroup 0 holds their gate
 // columns, warpgroup 1 the up columns, as (weight row, tail row) values. Warpgroup 1 hands its
-// values over through the spare box; warpgroup 0 applies the activation as store_activation
+// values over through its box of the out buffer; warpgroup 0 applies the activation as store_activation
 // does, takes each row's amax over its 128 columns (across its four warps through
 // smem.tail_amax), and writes the E4M3 bytes and scales straight from the registers.
 template <int kAct, class Acc, class Coord, class Smem>
 __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc& acc, const Coord& coord,
                                                       const Tile& tile, int tail, Smem& smem) {
-  constexpr int kN = decltype(size(acc))::value, kTail = sizeof(smem.tail_amax[0]) / sizeof(float);
-  float* x = reinterpret_cast<float*>(smem.out + 2 * kBoxBytes);
+  constexpr int kN = decltype(size(acc))::value;
+  float* x = reinterpret_cast<float*>(smem.out + kBoxBytes);
   const int t = threadIdx.x % 128, half = threadIdx.x / 128 - 1, lane = t % 32;
+  static_assert(kN * 128 * sizeof(float) <= kBoxBytes, "the tail's up values fit warpgroup 1's box");
   if (half == 1) {
+    out_acquire(1);  // its last TMA stores have read warpgroup 1's box
 #pragma unroll
     for (int i = 0; i < kN; ++i) x[i * 128 + t] = acc(i);
   }
@@ -371,38 +373,50 @@ __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc
   }
   asm volatile("bar.sync 3, 256;" ::: "memory");  // read before warpgroup 1 writes there again
   if (half == 1) return;
+  // Value i of the 64 x 16 fragments is tail row 2q + (i & 1) + 8 * ((i >> 2) & 1) (q = lane % 4;
+  // wgmma's accumulator layout): four rows per thread, slot (i & 1) + 2 * ((i >> 2) & 1); the
+  // other lanes with the same q hold the same rows.
+  static_assert(kN == 2 * 8 && kTail == 16, "two 64 x 16 accumulators");
+  const int q = lane & 3;
+  float m[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-  for (int j = 0; j < kTail; ++j) {
-    float m = 0.f;
+  for (int i = 0; i < kN; ++i) m[(i & 1) + 2 * ((i >> 2) & 1)] = fmaxf(m[(i & 1) + 2 * ((i >> 2) & 1)], fabsf(v[i]));
 #pragma unroll
-    for (int i = 0; i < kN; ++i)
-      if (get<1>(coord(i)) == j) m = fmaxf(m, fabsf(v[i]));
+  for (int r = 0; r < 4; ++r) {
 #pragma unroll
-    for (int d = 1; d < 32; d *= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
-    if (lane == 0) smem.tail_amax[t / 32][j] = m;
+    for (int d = 4; d < 32; d *= 2) m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], d));
+    if (lane < 4) smem.tail_amax[t / 32][2 * q + (r & 1) + 8 * (r >> 1)] = m[r];
   }
   warpgroup_sync(0);
+  float scale[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int j = 2 * q + (r & 1) + 8 * (r >> 1);
+    scale[r] = fp8_scale(fmaxf(fmaxf(smem.tail_amax[0][j], smem.tail_amax[1][j]),
+                               fmaxf(smem.tail_amax[2][j], smem.tail_amax[3][j])));
+  }
   const int64_t row0 = tile.row0 + kTileM;
   uint8_t* out = p.act_out + row0 * p.inter + int64_t(tile.n) * kBlockN;
 #pragma unroll
   for (int i = 0; i < kN; ++i) {
-    const int j = get<1>(coord(i));
-    const float amax = fmaxf(fmaxf(smem.tail_amax[0][j], smem.tail_amax[1][j]),
-                             fmaxf(smem.tail_amax[2][j], smem.tail_amax[3][j]));
-    const float inv = __frcp_rn(fp8_scale(amax));
-    if (j < tail) out[j * int64_t(p.inter) + get<0>(coord(i))] = static_cast<uint8_t>(to_fp8x2(v[i], 0.f, inv) & 0xff);
+    const int r = (i & 1) + 2 * ((i >> 2) & 1), j = 2 * q + (r & 1) + 8 * (r >> 1);
+    if (j < tail)
+      out[j * int64_t(p.inter) + get<0>(coord(i))] =
+          static_cast<uint8_t>(to_fp8x2(v[i], 0.f, __frcp_rn(scale[r])) & 0xff);
   }
-  if (t < tail) {
-    const float amax = fmaxf(fmaxf(smem.tail_amax[0][t], smem.tail_amax[1][t]),
-                             fmaxf(smem.tail_amax[2][t], smem.tail_amax[3][t]));
-    p.act_scale[(row0 + t) * int64_t(p.inter / kBlockN) + tile.n] = fp8_scale(amax);
+  if (t < 4) {  // warp 0's first quad: the scales of its four rows
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int j = 2 * q + (r & 1) + 8 * (r >> 1);
+      if (j < tail) p.act_scale[(row0 + j) * int64_t(p.inter / kBlockN) + tile.n] = scale[r];
+    }
   }
 }
 
 template <int kTileN, bool kFused>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant__ Params p) {
   using C = Config<kTileN, kFused>;
-  constexpr int kStages = C::kStages, kBlocksN = C::kBlocksN, kTail = C::kTail;
+  constexpr int kStages = C::kStages, kBlocksN = C::kBlocksN;
   using SharedStorage = typename C::SharedStorage;
   extern __shared__ __align__(1024) char smem_raw[];
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_raw);
@@ -523,7 +537,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   const int my_row = get<0>(coord(0));  // within this half; the thread's other row is + 8
   static_assert(decltype(size(part))::value == 64, "64x128 fp32 accumulator: 64 values per thread");
   // The tail rows: weight block `half` (two 64-row A operands) x kTail rows of A (the N).
-  typename C::TailMma tmma;
+  TailMma tmma;
   auto tthr = tmma.get_thread_slice(threadIdx.x % 128);
   Tensor tTrA = tthr.make_fragment_A(tthr.partition_A(sB));  // (MMA, 2, 4, kBlocksN * kStages)
   Tensor tTrB = tthr.make_fragment_B(
@@ -735,7 +749,7 @@ struct ContiguousBlockwise {
     if (a.rows == 0) return MOEK_OK;
     Params p{};
     if (!encode(&p.tma_a, a.a_base, a.rows, a.k, kHalfM) ||
-        !encode(&p.tma_tail, a.a_base, a.rows, a.k, a.act_out ? Config<kTileN, true>::kTail : Config<kTileN, false>::kTail) ||
+        !encode(&p.tma_tail, a.a_base, a.rows, a.k, kTail) ||
         !encode(&p.tma_b, a.b_base, int64_t(a.num_groups) * a.n, a.k, kBlockN) ||
         (a.act_out ? !encode(&p.tma_act, a.act_out, a.rows, a.n / 2, kHalfM)
                    : !encode(&p.tma_d, a.d_base, a.rows, 2 * a.n, kHalfM))) {
@@ -754,11 +768,11 @@ struct ContiguousBlockwise {
     p.inter = static_cast<int>(a.n / 2);
     p.act_alpha = a.act_alpha;
     p.act_limit = a.act_limit;
-    static const bool tails = [] {
+    static const int max_tail = [] {
       const char* v = getenv("MOE_KERNELS_CONTIG_TAIL");
-      return !(v && v[0] == '0');
+      return v ? atoi(v) : kTail;
     }();
-    p.max_tail = !tails ? 0 : a.act_out ? Config<kTileN, true>::kTail : Config<kTileN, false>::kTail;
+    p.max_tail = std::max(0, std::min(max_tail, kTail));
     p.num_experts = a.num_groups;
     p.n = static_cast<int>(a.n);
     p.k = static_cast<int>(a.k);
