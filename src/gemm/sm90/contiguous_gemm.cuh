@@ -70,9 +70,12 @@ constexpr int kSchedSlots = 2;             // tiles taken ahead by the loader
 constexpr int kBoxBytes = kHalfM * 128;    // one TMA store box: 64 rows x 128 bytes
 constexpr int kTail = 16;                  // rows past a full tile that ride along (tail_rows)
 // Registers per thread after setmaxnreg: the consumers take what the producer warpgroup gives
-// back, within the CTA's allocation (128 * 40 + 256 * 232 = 384 * 168); asking for more than
-// the CTA holds blocks forever, so run() checks the kernel was built with 168.
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+// back, within the CTA's allocation (128 * 40 + 256 * 232 = 128 * 24 + 256 * 240 = 384 * 168);
+// asking for more than the CTA holds blocks forever, so run() checks the kernel was built with
+// 168. The fused kernel's consumers take 240 (with 232 they spilled four accumulators in every
+// K block; GEMM1 at DeepSeek-V3 4096/16384 tokens 3-4% faster, the loader spilling instead), the
+// unfused one's 232 (with 240 its GEMM2 was 3-4% slower).
+constexpr int kRegsPerThread = 168;
 
 using namespace cute;
 using Element = cutlass::float_e4m3_t;
@@ -89,6 +92,8 @@ struct Config {
   static constexpr int kStages = kFused ? 4 : 3;
   static constexpr int kBoxesPerHalf = kFused ? 1 : 2 * kTileN / 128;  // E4M3 or bf16 rows
   static constexpr int kOutBytes = 2 * kBoxesPerHalf * kBoxBytes;
+  static constexpr uint32_t kConsumerRegs = kFused ? 240 : 232;  // see kRegsPerThread
+  static constexpr uint32_t kProducerRegs = (kThreads * kRegsPerThread - 256 * kConsumerRegs) / 128;
   // A stage of A (or B) is 128 rows x 128 bytes with the 128-byte swizzle, i.e. blocks of 64
   // (128) rows back to back: A is indexed as (64, 128, 2 * kStages), half h of stage s at
   // 2s + h; B as (128, 128, kBlocksN * kStages), block b of stage s at kBlocksN * s + b.
@@ -467,7 +472,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   const int num_tiles = tile_start[E] * n_tiles;
 
   if (wg == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+    cutlass::arch::warpgroup_reg_dealloc<C::kProducerRegs>();
     if (warp != 0) return;
     int stage = 0, phase = 0, slot = 0, slot_phase = 0;
     for (;;) {
@@ -523,7 +528,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     return;
   }
 
-  cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+  cutlass::arch::warpgroup_reg_alloc<C::kConsumerRegs>();
   const int half = wg - 1;  // this warpgroup's 64 rows of the tile
   TiledMma mma;
   auto thr = mma.get_thread_slice(threadIdx.x % 128);
@@ -736,9 +741,9 @@ struct ContiguousBlockwise {
       return MOEK_UNSUPPORTED;
     }
     const int regs = fused ? registers<true>() : registers<false>();
-    if (128 * kProducerRegs + 256 * kConsumerRegs > kThreads * regs) {
+    if (regs < kRegsPerThread) {
       snprintf(err, errlen, "contiguous fp8_block GEMM: built with %d registers per thread, "
-               "its warpgroups need %d", regs, (128 * kProducerRegs + 256 * kConsumerRegs) / kThreads);
+               "its warpgroups need %d", regs, kRegsPerThread);
       return MOEK_UNSUPPORTED;
     }
     return MOEK_OK;
