@@ -394,8 +394,8 @@ CONTIG_CASES = [  # T, E, k, H, I, ids, expert_offset
 # Tiles of at most 64 rows are split by columns between the warpgroups: exactly 64 (TMA
 # stores), 1, 63; after full tiles; and 65 and 129 (both halves).
 SPLIT_COUNTS = [64, 192, 1, 65, 0, 128, 63, 129]
-# Up to 8 (fused GEMM1) or 16 (GEMM2) rows past a full tile ride along with it as swap-AB
-# wgmmas: 8, 9, 16 and 17 past, 5 past two full tiles, 12 past.
+# Up to 16 rows past a full tile ride along with it as swap-AB wgmmas: 8, 9, 16 (the most) and
+# 17 past (a split tile of its own), 5 past two full tiles, 12 past.
 TAIL_COUNTS = [136, 137, 144, 145, 261, 128, 0, 140]
 
 
