@@ -345,9 +345,9 @@ __device__ __forceinline__ void hand_over_up(Acc& acc, uint8_t* box, int half) {
 
 // The fused activation for a tile's tail rows (tail_rows): warpgroup 0 holds their gate
 // columns, warpgroup 1 the up columns, as (weight row, tail row) values. Warpgroup 1 hands its
-// values over through its box of the out buffer; warpgroup 0 applies the activation as store_activation
-// does, takes each row's amax over its 128 columns (across its four warps through
-// smem.tail_amax), and writes the E4M3 bytes and scales straight from the registers.
+// values over through its box of the out buffer; warpgroup 0 applies the activation as
+// store_activation does, takes each row's amax over its 128 columns (across its four warps
+// through smem.tail_amax), and writes the E4M3 bytes and scales straight from the registers.
 template <int kAct, class Acc, class Coord, class Smem>
 __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc& acc, const Coord& coord,
                                                       const Tile& tile, int tail, Smem& smem) {
@@ -384,20 +384,22 @@ __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc
   // other lanes with the same q hold the same rows.
   static_assert(kN == 2 * 8 && kTail == 16, "two 64 x 16 accumulators");
   const int q = lane & 3;
+  auto slot = [](int i) { return (i & 1) + 2 * ((i >> 2) & 1); };       // of value i
+  auto row = [q](int r) { return 2 * q + (r & 1) + 8 * (r >> 1); };     // tail row of slot r
   float m[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-  for (int i = 0; i < kN; ++i) m[(i & 1) + 2 * ((i >> 2) & 1)] = fmaxf(m[(i & 1) + 2 * ((i >> 2) & 1)], fabsf(v[i]));
+  for (int i = 0; i < kN; ++i) m[slot(i)] = fmaxf(m[slot(i)], fabsf(v[i]));
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
 #pragma unroll
     for (int d = 4; d < 32; d *= 2) m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], d));
-    if (lane < 4) smem.tail_amax[t / 32][2 * q + (r & 1) + 8 * (r >> 1)] = m[r];
+    if (lane < 4) smem.tail_amax[t / 32][row(r)] = m[r];
   }
   warpgroup_sync(0);
   float scale[4];
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
-    const int j = 2 * q + (r & 1) + 8 * (r >> 1);
+    const int j = row(r);
     scale[r] = fp8_scale(fmaxf(fmaxf(smem.tail_amax[0][j], smem.tail_amax[1][j]),
                                fmaxf(smem.tail_amax[2][j], smem.tail_amax[3][j])));
   }
@@ -405,17 +407,14 @@ __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc
   uint8_t* out = p.act_out + row0 * p.inter + int64_t(tile.n) * kBlockN;
 #pragma unroll
   for (int i = 0; i < kN; ++i) {
-    const int r = (i & 1) + 2 * ((i >> 2) & 1), j = 2 * q + (r & 1) + 8 * (r >> 1);
-    if (j < tail)
-      out[j * int64_t(p.inter) + get<0>(coord(i))] =
-          static_cast<uint8_t>(to_fp8x2(v[i], 0.f, __frcp_rn(scale[r])) & 0xff);
+    if (row(slot(i)) < tail)
+      out[row(slot(i)) * int64_t(p.inter) + get<0>(coord(i))] =
+          static_cast<uint8_t>(to_fp8x2(v[i], 0.f, __frcp_rn(scale[slot(i)])) & 0xff);
   }
   if (t < 4) {  // warp 0's first quad: the scales of its four rows
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int j = 2 * q + (r & 1) + 8 * (r >> 1);
-      if (j < tail) p.act_scale[(row0 + j) * int64_t(p.inter / kBlockN) + tile.n] = scale[r];
-    }
+    for (int r = 0; r < 4; ++r)
+      if (row(r) < tail) p.act_scale[(row0 + row(r)) * int64_t(p.inter / kBlockN) + tile.n] = scale[r];
   }
 }
 
