@@ -1,16 +1,19 @@
+// NOT YET WIRED INTO THE RUNNER: only benchmarks/probes/one_token_forward.cu runs it (17.8 us
+// on an H200 against 26.0 for the grouped path; docs/fp8-performance.md, "One kernel for one token").
+//
 // The whole forward of one token in one kernel (quant fp8, gated activations), for models
 // whose one-token expert weights fit on chip across the SMs (Qwen3-30B-A3B: 8 experts,
 // 25.2 MB of w13 and 12.6 MB of w2 over 132 SMs). At one token the forward is a stream of
 // weights, and the grouped path's six launches (routing, expand, GEMM1, activation, GEMM2,
 // finalize) cost more than the stream itself.
 //
-// One CTA per SM, all resident (a grid barrier between the GEMMs). After reading the token's
-// expert ids, each CTA requests everything it will multiply at once: its GEMM1 units (16
-// intermediate columns of one slot's expert: 16 gate + 16 up rows of w13) by bulk copies into
-// shared memory, then its GEMM2 share (16 output columns of every slot's expert: 16 rows of
-// w2 each) into registers. So the DRAM stream runs from the start to the end without a gap,
-// and the grid barrier (every GEMM1 column is needed for GEMM2's per-token activation scale)
-// waits while the w2 bytes are still arriving.
+// One CTA per SM, all resident (a cooperative launch: grid barrier between the GEMMs, since
+// GEMM2's per-token activation scale needs every GEMM1 column). After reading the token's
+// expert ids, each CTA streams its GEMM1 units (16 intermediate columns of one slot's expert:
+// 16 gate + 16 up rows of w13) through a ring of bulk copies, multiplying each tile as it lands,
+// and once its last w13 tile is requested, its GEMM2 share (16 output columns of every slot's
+// expert: 16 rows of w2 each) into shared memory, to arrive during the barrier. Requesting
+// everything at once made every piece land at the end of the stream (25.7 us against 17.8).
 //
 // The multiplications are mma.sync m16n8k16 on f16 (E4M3 converts exactly), weights as the
 // 16-row operand and the token as column 0 of the 8-wide one. K is permuted the same way in
@@ -30,13 +33,13 @@
 
 namespace moe_kernels::one_token {
 
-constexpr int kThreads = 512, kWarps = kThreads / 32;
-constexpr int kCols = 16;            // columns per unit: GEMM1 intermediate, GEMM2 output
-constexpr int kSplitK = kWarps / 2;  // GEMM1: warps per 16-row tile, each over a slice of K
+constexpr int kWarps = 16;                   // compute warps
+constexpr int kThreads = (kWarps + 1) * 32;  // + one that loads the epilogues' scales and biases
+constexpr int kCols = 16;      // rows per weight tile: GEMM1 intermediate, GEMM2 output columns
 constexpr int kMaxSlots = 8;
-constexpr int kMaxUnits1 = 6;        // GEMM1 units per CTA (one mbarrier each)
-constexpr int kMaxUnits2 = 2;        // GEMM2 units per CTA
-constexpr int kMaxItems = 6;         // GEMM2 (slot, 64 bytes of K) items per warp, in registers
+constexpr int kMaxUnits1 = 6;  // GEMM1 units (16 gate + 16 up rows of one slot's w13) per CTA
+constexpr int kMaxUnits2 = 2;  // GEMM2 units (16 rows of every slot's w2) per CTA
+constexpr int kRing = 2;       // w13 tiles in flight per CTA (3: 1% slower)
 
 struct Params {
   const void* hidden;         // [1, H] 16-bit
@@ -56,15 +59,14 @@ struct Params {
   int hidden_size, inter, top_k, num_experts;
   int ids64, w13_per_channel, w2_per_channel;
   float alpha, limit;
-  int units1, units2;         // per CTA (run() computes them)
-  unsigned long long* trace;  // PROBE ONLY: [grid, 16] globaltimer stamps
-  int skip;  // PROBE ONLY: bit 0 w2 loads, 1 GEMM1 math, 2 grid barrier, 3 after the barrier, 4 w13 copies
+  int units1, units2;         // per CTA, at most (run() computes them)
+  unsigned long long* trace;  // or null: [grid, 16] globaltimer stamps of the phases (the probe's timeline)
 };
 
-// Shared memory: the GEMM1 units' weights, the token and GEMM2's inputs in E4M3, partial sums.
-inline size_t smem_bytes(int hidden, int inter, int units1, int units2) {
-  return size_t(units1) * 2 * kCols * hidden + hidden + size_t(kMaxSlots) * inter +
-         kSplitK * 2 * kCols * sizeof(float) + size_t(units2) * kMaxSlots * (inter / 64) * kCols * sizeof(float);
+// Shared memory: the w13 ring, the w2 share, the token and GEMM2's inputs in E4M3, partial sums.
+inline size_t smem_bytes(int hidden, int inter, int units2) {
+  return size_t(kRing) * kCols * hidden + size_t(units2) * kMaxSlots * kCols * inter + hidden +
+         size_t(kMaxSlots) * inter + (2 * 2 * kWarps * kCols + kWarps * kCols) * sizeof(float);
 }
 
 __device__ __forceinline__ uint32_t f16x2(uint16_t e4m3x2) {
@@ -91,8 +93,8 @@ __device__ __forceinline__ void dot64(float (&c)[4], const uint4& r0, const uint
   }
 }
 
-__device__ __forceinline__ void stamp(const Params& p, int k) {
-  if (p.trace && threadIdx.x == 0) {
+__device__ __forceinline__ void stamp(const Params& p, int k, int who = 0) {
+  if (p.trace && threadIdx.x == who) {
     unsigned long long v;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
     p.trace[blockIdx.x * 16 + k] = v;
@@ -123,28 +125,43 @@ struct SmemRow {  // quantize_row's sink: E4M3 bytes into shared memory, the sca
   __device__ __forceinline__ void scale(int64_t, float s) const { *scale_out = s; }
 };
 
+__device__ __forceinline__ void wait_parity(uint64_t* bar, int parity) {
+  asm volatile("{ .reg .pred p; W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra W; }" ::"r"(
+                   smem_u32(bar)), "r"(parity) : "memory");
+}
+
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
+
+__device__ __forceinline__ void expect_bytes(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+
 template <typename T, int kAct>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int H = p.hidden_size, I = p.inter;
-  uint8_t* w13s = smem;                                       // units1 x 32 rows x H
-  uint8_t* xq = w13s + size_t(p.units1) * 2 * kCols * H;      // [H]
-  uint8_t* x2 = xq + H;                                       // [kMaxSlots, I]
-  float* red = reinterpret_cast<float*>(x2 + kMaxSlots * I);  // [kSplitK, 32]
-  float* part = red + kSplitK * 2 * kCols;                    // [items, 16]
+  const uint32_t tile_bytes = kCols * H;
+  uint8_t* ring = smem;                                        // kRing x 16 rows x H
+  uint8_t* w2s = ring + kRing * size_t(tile_bytes);            // pairs x 16 rows x I
+  uint8_t* xq = w2s + size_t(p.units2) * kMaxSlots * kCols * I;  // [H]
+  uint8_t* x2 = xq + H;                                        // [kMaxSlots, I]
+  float* red = reinterpret_cast<float*>(x2 + kMaxSlots * I);   // [2 units][2 tiles][kWarps][16]
+  float* part = red + 2 * 2 * kWarps * kCols;                  // [kWarps][16]
   __shared__ int s_expert[kMaxSlots];
   __shared__ float s_weight[kMaxSlots], s_scale2[kMaxSlots], s_xscale;
-  // What the epilogues need, loaded before the weight stream (behind it, each dependent load
-  // took microseconds): GEMM1's 32 row scales and biases per unit, GEMM2's per slot and column.
   __shared__ float s_scale1[kMaxUnits1][2 * kCols], s_bias1[kMaxUnits1][2 * kCols];
   __shared__ float s_wscale2[kMaxSlots][kMaxUnits2 * kCols], s_bias2[kMaxSlots][kMaxUnits2 * kCols];
   __shared__ int s_slots;
-  __shared__ __align__(8) uint64_t bar[kMaxUnits1];
+  __shared__ __align__(8) uint64_t full[kRing], w2_full, scales_full;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   asm volatile("griddepcontrol.wait;" ::: "memory");
   stamp(p, 0);
-  // The token's row and routing, all requested at once.
+  if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 16 + 14] = clock64();
+  // The token's row and routing, requested together.
   uint4 xr = make_uint4(0, 0, 0, 0);
   if (threadIdx.x < H / 8) xr = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.hidden) + 8 * threadIdx.x);
   if (threadIdx.x < p.top_k) {
@@ -163,120 +180,145 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
         s_weight[n++] = s_weight[s];
       }
     s_slots = n;
-    for (int i = 0; i < kMaxUnits1; ++i)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bar[i])));
+    for (int i = 0; i < kRing; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&full[i])));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&w2_full)));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&scales_full)));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
   stamp(p, 1);
-  const int slots = s_slots, col_blocks = I / kCols, units1_total = slots * col_blocks;
-  auto unit1 = [&](int i) { return int(blockIdx.x) + i * int(gridDim.x); };  // < units1_total
-  const int chunks = I / 64;
-  int units2_here = 0;
-  for (int i = 0; i < p.units2; ++i) units2_here += unit1(i) < H / kCols;
-  const int items = units2_here * slots * chunks;
+  const int slots = s_slots, col_blocks = I / kCols, chunks1 = H / 64, chunks2 = I / 64;
+  auto unit_at = [&](int i) { return int(blockIdx.x) + i * int(gridDim.x); };
+  int units = 0, units2 = 0;  // this CTA's GEMM1 and GEMM2 units
+  while (units < p.units1 && unit_at(units) < slots * col_blocks) ++units;
+  while (units2 < p.units2 && unit_at(units2) < H / kCols) ++units2;
+  const int tiles = 2 * units, pairs = units2 * slots;  // w13 tiles; GEMM2 (unit, slot) pairs
 
-  // GEMM1's weights first: unit u is slot u / col_blocks, intermediate columns
-  // 16 (u % col_blocks) ...: its 16 gate rows, then its 16 up rows (I further).
-  if (threadIdx.x == 0 && !(p.skip & 16)) {
-    for (int i = 0; i < p.units1 && unit1(i) < units1_total; ++i) {
-      const int u = unit1(i);
-      const int64_t row = int64_t(s_expert[u / col_blocks]) * 2 * I + (u % col_blocks) * kCols;
-      const uint32_t bytes = kCols * H, b = smem_u32(&bar[i]);
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(2 * bytes) : "memory");
-      for (int h = 0; h < 2; ++h)
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                smem_u32(w13s + (2 * i + h) * size_t(bytes))),
-            "l"(p.w13 + (row + h * int64_t(I)) * H), "r"(bytes), "r"(b)
-            : "memory");
+  // The loader (thread 0): w13 tile j (unit j / 2's gate or up rows) into ring slot j % kRing;
+  // after the last tile, the w2 share: 16 rows of each slot's expert per GEMM2 unit.
+  auto issue_w2 = [&] {
+    if (pairs == 0) return;
+    expect_bytes(&w2_full, pairs * kCols * I);
+    for (int q = 0; q < pairs; ++q) {
+      const int64_t row = int64_t(s_expert[q % slots]) * H + unit_at(q / slots) * kCols;
+      bulk_copy(w2s + q * size_t(kCols) * I, p.w2 + row * I, kCols * I, &w2_full);
     }
-  }
-  // Then GEMM2's, into registers: item it (of this warp: warp + kWarps * ii) is unit
-  // it / (slots * chunks), slot (it / chunks) % slots, 64 bytes of K at chunk it % chunks;
-  // rows g and g + 8 of the unit's 16 output columns, this thread's 16 bytes of each.
-  uint4 w2r[kMaxItems][2];
-#pragma unroll
-  for (int ii = 0; ii < kMaxItems; ++ii) {
-    const int it = warp + kWarps * ii;
-    if (it < items && !(p.skip & 1)) {
-      const int unit = it / (slots * chunks), s = (it / chunks) % slots, c = it % chunks;
-      const int64_t row = int64_t(s_expert[s]) * H + unit1(unit) * kCols + g;
-      const uint8_t* src = p.w2 + row * I + 64 * c + 16 * t;
-      w2r[ii][0] = ldg_stream(src);
-      w2r[ii][1] = ldg_stream(src + 8 * int64_t(I));
-    } else {
-      w2r[ii][0] = w2r[ii][1] = make_uint4(0, 0, 0, 0);
+  };
+  auto issue = [&](int j) {
+    if (j < tiles) {
+      const int u = unit_at(j / 2);
+      const int64_t row = int64_t(s_expert[u / col_blocks]) * 2 * I + (j % 2) * I + (u % col_blocks) * kCols;
+      expect_bytes(&full[j % kRing], tile_bytes);
+      bulk_copy(ring + (j % kRing) * size_t(tile_bytes), p.w13 + row * H, tile_bytes, &full[j % kRing]);
     }
-  }
-  // The epilogues' scales and biases.
-  for (int j = threadIdx.x; j < p.units1 * 2 * kCols; j += kThreads) {
-    const int i = j / (2 * kCols), r = j % (2 * kCols), u = unit1(i);
-    if (u >= units1_total) break;
-    const int64_t e = s_expert[u / col_blocks], col = (r / kCols) * I + (u % col_blocks) * kCols + r % kCols;
-    s_scale1[i][r] = p.w13_scale[p.w13_per_channel ? e * 2 * I + col : e];
-    s_bias1[i][r] = p.w13_bias ? Vec8<T>::to_float(static_cast<const T*>(p.w13_bias)[e * 2 * I + col]) : 0.f;
-  }
-  for (int j = threadIdx.x; j < slots * units2_here * kCols; j += kThreads) {
-    const int s = j / (units2_here * kCols), r = j % (units2_here * kCols);
-    const int64_t e = s_expert[s], col = unit1(r / kCols) * kCols + r % kCols;
-    s_wscale2[s][r] = p.w2_scale[p.w2_per_channel ? e * H + col : e];
-    s_bias2[s][r] = p.w2_bias ? Vec8<T>::to_float(static_cast<const T*>(p.w2_bias)[e * H + col]) : 0.f;
-  }
+    if (j == max(tiles, 1) - 1) issue_w2();
+  };
+  if (threadIdx.x == 0)
+    for (int j = 0; j < kRing; ++j) issue(j);
+  stamp(p, 9);
+
+  stamp(p, 10, kWarps * 32);
+  stamp(p, 11, 32);
   // The token in E4M3 (expand's quantization: a static scale, or one per token).
   quantize_row<MOEK_QUANT_FP8>(
       BlockTeam{}, [&](int64_t, float* v) { Vec8<T> x; x.unpack(xr); for (int i = 0; i < 8; ++i) v[i] = x.v[i]; },
       H, p.a13_scale, SmemRow<T>{xq, &s_xscale});
+  stamp(p, 12);
   __syncthreads();
-
   stamp(p, 2);
-  // GEMM1 and the activation, unit by unit as their weights land: warp w multiplies tile
-  // w % 2 (gate, up) over K chunks w / 2, w / 2 + kSplitK, ...
-  const int tile = warp & 1, ks = warp >> 1;
-  for (int i = 0; i < p.units1 && unit1(i) < units1_total; ++i) {
-    const int u = unit1(i);
-    if (!(p.skip & 16))
-    asm volatile("{ .reg .pred p; W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0; @!p bra W; }" ::"r"(
-                     smem_u32(&bar[i])) : "memory");
-    stamp(p, 3 + 2 * i);
-    if (p.skip & 2) continue;
-    const uint8_t* rows = w13s + (size_t(2 * i + tile) * kCols + g) * H + 16 * t;
-    float c[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int ch = ks; ch < H / 64; ch += kSplitK) {
+  // The last warp loads the epilogues' scales and biases while the others start on GEMM1:
+  // behind the weight stream each load takes microseconds, and a block-wide barrier waiting on
+  // them held every warp (setup took 4 us).
+  constexpr int kPer1 = kMaxUnits1 * 2 * kCols / 32, kPer2 = kMaxSlots * kMaxUnits2 * kCols / 32;
+  float sc1[kPer1], bi1[kPer1], sc2[kPer2], bi2[kPer2];
+  if (warp == kWarps) {
+#pragma unroll
+    for (int k = 0; k < kPer1; ++k) {
+      const int j = lane + 32 * k, i = j / (2 * kCols), r = j % (2 * kCols);
+      sc1[k] = bi1[k] = 0.f;
+      if (i < units) {
+        const int u = unit_at(i);
+        const int64_t e = s_expert[u / col_blocks], col = (r / kCols) * I + (u % col_blocks) * kCols + r % kCols;
+        sc1[k] = p.w13_scale[p.w13_per_channel ? e * 2 * I + col : e];
+        if (p.w13_bias) bi1[k] = Vec8<T>::to_float(static_cast<const T*>(p.w13_bias)[e * 2 * I + col]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kPer2; ++k) {
+      const int j = lane + 32 * k, s = j / (kMaxUnits2 * kCols), r = j % (kMaxUnits2 * kCols);
+      sc2[k] = bi2[k] = 0.f;
+      if (s < slots && r < units2 * kCols) {
+        const int64_t e = s_expert[s], col = unit_at(r / kCols) * kCols + r % kCols;
+        sc2[k] = p.w2_scale[p.w2_per_channel ? e * H + col : e];
+        if (p.w2_bias) bi2[k] = Vec8<T>::to_float(static_cast<const T*>(p.w2_bias)[e * H + col]);
+      }
+    }
+  }
+  if (warp == kWarps) {
+#pragma unroll
+    for (int k = 0; k < kPer1; ++k) {
+      const int j = lane + 32 * k;
+      s_scale1[j / (2 * kCols)][j % (2 * kCols)] = sc1[k];
+      s_bias1[j / (2 * kCols)][j % (2 * kCols)] = bi1[k];
+    }
+#pragma unroll
+    for (int k = 0; k < kPer2; ++k) {
+      const int j = lane + 32 * k;
+      s_wscale2[j / (kMaxUnits2 * kCols)][j % (kMaxUnits2 * kCols)] = sc2[k];
+      s_bias2[j / (kMaxUnits2 * kCols)][j % (kMaxUnits2 * kCols)] = bi2[k];
+    }
+    __syncwarp();
+    if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&scales_full)) : "memory");
+  }
+
+  // GEMM1, tile by tile as they land: warp w takes K chunks w, w + 16, ... of the tile's 16
+  // rows. After a unit's up tile, warp 0 applies the activation while the others go on.
+  for (int j = 0; j < tiles && warp < kWarps; ++j) {
+    wait_parity(&full[j % kRing], (j / kRing) & 1);
+    const uint8_t* rows = ring + (j % kRing) * size_t(tile_bytes) + g * H + 16 * t;
+    float c[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};  // two chains of MMAs
+    for (int ch = warp; ch < chunks1; ch += 2 * kWarps) {
       const uint4 r0 = *reinterpret_cast<const uint4*>(rows + 64 * ch);
       const uint4 r1 = *reinterpret_cast<const uint4*>(rows + 8 * H + 64 * ch);
       const uint4 x = g == 0 ? *reinterpret_cast<const uint4*>(xq + 64 * ch + 16 * t) : make_uint4(0, 0, 0, 0);
       dot64(c, r0, r1, x);
+      const int ch2 = ch + kWarps;
+      if (ch2 < chunks1) {
+        const uint4 q0 = *reinterpret_cast<const uint4*>(rows + 64 * ch2);
+        const uint4 q1 = *reinterpret_cast<const uint4*>(rows + 8 * H + 64 * ch2);
+        const uint4 y = g == 0 ? *reinterpret_cast<const uint4*>(xq + 64 * ch2 + 16 * t) : make_uint4(0, 0, 0, 0);
+        dot64(c2, q0, q1, y);
+      }
     }
+    c[0] += c2[0];
+    c[2] += c2[2];
+    float* red_tile = red + (((j / 2) % 2) * 2 + j % 2) * kWarps * kCols;
     if (t == 0) {
-      red[ks * 2 * kCols + tile * kCols + g] = c[0];
-      red[ks * 2 * kCols + tile * kCols + g + 8] = c[2];
+      red_tile[warp * kCols + g] = c[0];
+      red_tile[warp * kCols + g + 8] = c[2];
     }
-    __syncthreads();
-    if (threadIdx.x < kCols) {
-      const int r = threadIdx.x;
+    asm volatile("bar.sync 1, %0;" ::"n"(kWarps * 32) : "memory");  // the slot is read, the sums are in
+    if (threadIdx.x == 0) issue(j + kRing);
+    if (j == 1) wait_parity(&scales_full, 0);
+    if (j % 2 == 1 && threadIdx.x < kCols) {
+      const int i = j / 2, u = unit_at(i), r = threadIdx.x;
+      const float* red_gate = red_tile - kWarps * kCols;
       float gate = 0.f, up = 0.f;
-      for (int k = 0; k < kSplitK; ++k) {
-        gate += red[k * 2 * kCols + r];
-        up += red[k * 2 * kCols + kCols + r];
+      for (int w = 0; w < kWarps; ++w) {
+        gate += red_gate[w * kCols + r];
+        up += red_tile[w * kCols + r];
       }
       // The grouped path's GEMM1 stores 16-bit accumulators; the activation kernel scales them.
       gate = round16<T>(gate) * (s_xscale * s_scale1[i][r]) + s_bias1[i][r];
       up = round16<T>(up) * (s_xscale * s_scale1[i][kCols + r]) + s_bias1[i][kCols + r];
       p.y[(u / col_blocks) * I + (u % col_blocks) * kCols + r] = activate<kAct>(gate, up, p.alpha, p.limit);
     }
-    __syncthreads();  // red is reused
-    stamp(p, 4 + 2 * i);
   }
+  stamp(p, 3);
 
-  stamp(p, 9);
-  if (!(p.skip & 4)) cooperative_groups::this_grid().sync();
-  stamp(p, 10);
+  cooperative_groups::this_grid().sync();
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (p.skip & 8) {
-    if (threadIdx.x == 0) static_cast<T*>(p.out)[blockIdx.x] = Vec8<T>::from_float(float(w2r[0][0].x ^ w2r[kMaxItems - 1][1].w));
-    return;
-  }
+  stamp(p, 4);
 
   // GEMM2's inputs: every slot's activation row in E4M3, a warp per slot (the activation
   // kernel's quantization), read past L1: other CTAs wrote them.
@@ -291,36 +333,55 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
         I, p.a2_scale, SmemRow<T>{x2 + warp * I, &s_scale2[warp]});
   }
   __syncthreads();
-  stamp(p, 11);
-#pragma unroll
-  for (int ii = 0; ii < kMaxItems; ++ii) {
-    const int it = warp + kWarps * ii;
-    if (it < items) {
-      const int s = (it / chunks) % slots, ch = it % chunks;
+  stamp(p, 5);
+  // GEMM2: pair q (unit q / slots, slot q % slots) gets kWarps / pairs warps, each a share of
+  // its K chunks (run() keeps pairs <= kWarps).
+  const int per_pair = pairs > 0 ? kWarps / pairs : 1, q = warp / per_pair;
+  if (q < pairs) {
+    wait_parity(&w2_full, 0);
+    stamp(p, 8);
+    const int s = q % slots;
+    const uint8_t* rows = w2s + size_t(q) * kCols * I + g * I + 16 * t;
+    float c[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int ch = warp % per_pair; ch < chunks2; ch += 2 * per_pair) {
+      const uint4 r0 = *reinterpret_cast<const uint4*>(rows + 64 * ch);
+      const uint4 r1 = *reinterpret_cast<const uint4*>(rows + 8 * I + 64 * ch);
       const uint4 x = g == 0 ? *reinterpret_cast<const uint4*>(x2 + s * I + 64 * ch + 16 * t) : make_uint4(0, 0, 0, 0);
-      float c[4] = {0.f, 0.f, 0.f, 0.f};
-      dot64(c, w2r[ii][0], w2r[ii][1], x);
-      if (t == 0) {
-        part[it * kCols + g] = c[0];
-        part[it * kCols + g + 8] = c[2];
+      dot64(c, r0, r1, x);
+      const int ch2 = ch + per_pair;
+      if (ch2 < chunks2) {
+        const uint4 q0 = *reinterpret_cast<const uint4*>(rows + 64 * ch2);
+        const uint4 q1 = *reinterpret_cast<const uint4*>(rows + 8 * I + 64 * ch2);
+        const uint4 y = g == 0 ? *reinterpret_cast<const uint4*>(x2 + s * I + 64 * ch2 + 16 * t) : make_uint4(0, 0, 0, 0);
+        dot64(c2, q0, q1, y);
       }
     }
-  }
-  __syncthreads();
-  stamp(p, 12);
-  // Finalize: each output column sums its slots in order, as the grouped path does.
-  if (threadIdx.x < units2_here * kCols) {
-    const int unit = threadIdx.x / kCols, r = threadIdx.x;
-    float acc = 0.f;
-    for (int s = 0; s < slots; ++s) {
-      float d = 0.f;
-      for (int ch = 0; ch < chunks; ++ch) d += part[((unit * slots + s) * chunks + ch) * kCols + r % kCols];
-      acc += s_weight[s] * (round16<T>(d) * (s_scale2[s] * s_wscale2[s][r]) + s_bias2[s][r]);
+    c[0] += c2[0];
+    c[2] += c2[2];
+    if (t == 0) {
+      part[warp * kCols + g] = c[0];
+      part[warp * kCols + g + 8] = c[2];
     }
-    static_cast<T*>(p.out)[unit1(unit) * kCols + r % kCols] = Vec8<T>::from_float(acc);
   }
   __syncthreads();
-  stamp(p, 13);
+  stamp(p, 6);
+  // Finalize: each output column sums its slots in order, as the grouped path does.
+  if (threadIdx.x < units2 * kCols) {
+    wait_parity(&scales_full, 0);
+    const int unit = threadIdx.x / kCols, r = threadIdx.x % kCols;
+    float acc = 0.f;
+#pragma unroll
+    for (int s = 0; s < kMaxSlots; ++s) {
+      if (s >= slots) break;
+      const int pq = unit * slots + s;
+      float d = 0.f;
+      for (int w = 0; w < per_pair; ++w) d += part[(pq * per_pair + w) * kCols + r];
+      acc += s_weight[s] * (round16<T>(d) * (s_scale2[s] * s_wscale2[s][threadIdx.x]) + s_bias2[s][threadIdx.x]);
+    }
+    static_cast<T*>(p.out)[unit_at(unit) * kCols + r] = Vec8<T>::from_float(acc);
+  }
+  stamp(p, 7);
+  if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 16 + 15] = clock64();
 }
 
 }  // namespace moe_kernels::one_token

@@ -2,7 +2,8 @@
 // H 2048, I 768, SwiGLU, dynamic per-token scales, per-tensor weight scales), one token.
 // Checks the output against a float64 host reference of the same quantization, then times
 // the kernel in CUDA graphs of 32 launches over 16 expert sets (so the bytes come from HBM),
-// median of 30 replays, PDL on and off, and with parts of the kernel switched off.
+// median of 30 replays, PDL on and off; and prints a timeline of the phases (globaltimer
+// stamps per CTA) and the SM clock over the kernel.
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude \
 //     -o /tmp/one_token benchmarks/probes/one_token_forward.cu && /tmp/one_token
 #include <cmath>
@@ -76,7 +77,7 @@ int main() {
   p.alpha = 1.702f; p.limit = 7.f;
   p.units1 = (K * I / one_token::kCols + sms - 1) / sms;
   p.units2 = (H / one_token::kCols + sms - 1) / sms;
-  const size_t smem = one_token::smem_bytes(H, I, p.units1, p.units2);
+  const size_t smem = one_token::smem_bytes(H, I, p.units2);
   printf("grid %d, units1 %d, units2 %d, smem %zu\n", sms, p.units1, p.units2, smem);
   cudaStream_t st; CK(cudaStreamCreate(&st));
 
@@ -170,8 +171,7 @@ int main() {
   // in L2 as far as 16 sets allow), relative to the earliest start.
   {
     unsigned long long* tr; CK(cudaMalloc(&tr, sms * 16 * 8));
-    const char* what[] = {"start", "ids", "setup+quant", "u0 landed", "u0 done", "u1 landed", "u1 done", "u2 landed", "u2 done",
-                          "pre-sync", "post-sync", "y quantized", "gemm2 mma", "end"};
+    const char* what[] = {"start", "ids", "setup", "gemm1 done", "post-sync", "y quantized", "gemm2 mma", "end", "w2 landed", "t0 issued", "helper loaded", "warp1 pre-quant", "t0 quantized"};
     for (int rep = 0; rep < 3; ++rep) {
       for (int i = 0; i < 40; ++i) CK(launch(k_coop, i % SETS, true, true));
       CK(cudaMemset(tr, 0, sms * 16 * 8));
@@ -184,22 +184,15 @@ int main() {
       unsigned long long t0 = ~0ull;
       for (int b = 0; b < sms; ++b) t0 = std::min(t0, h[b * 16]);
       printf("timeline %d (us from the first CTA's start: mean / max over CTAs that have the point)\n", rep);
-      for (int k = 0; k < 14; ++k) {
+      for (int k = 0; k < 13; ++k) {
         double sum = 0, mx = 0; int n = 0;
         for (int b = 0; b < sms; ++b) if (h[b * 16 + k]) { double v = (h[b * 16 + k] - t0) / 1000.0; sum += v; mx = std::max(mx, v); ++n; }
         if (n) printf("  %-12s %6.2f / %6.2f  (%d)\n", what[k], sum / n, mx, n);
       }
+      double ghz = 0;
+      for (int b = 0; b < sms; ++b) ghz += double(h[b * 16 + 15] - h[b * 16 + 14]) / double(h[b * 16 + 7] - h[b * 16]);
+      printf("  SM clock over the kernel, mean over CTAs: %.2f GHz\n", ghz / sms);
     }
-  }
-  // Where the time goes: the cooperative kernel with parts switched off (PDL on).
-  const char* parts[] = {"w2 loads", "GEMM1 math", "grid barrier", "after the barrier", "w13 copies"};
-  for (int mask : {0, 1, 2, 4, 8, 16, 8 | 2, 8 | 1, 8 | 1 | 2, 8 | 16 | 2, 31}) {
-    std::vector<float> ts;
-    p.skip = mask;
-    time_graph(st, 32, [&](int i) { CK(launch(k_coop, i % SETS, true, true)); }, ts);
-    printf("skip %2d:", mask);
-    for (int b = 0; b < 5; ++b) if (mask & (1 << b)) printf(" -%s", parts[b]);
-    printf("  %.2f us (min %.2f)\n", ts[15], ts[0]);
   }
   return 0;
 }
