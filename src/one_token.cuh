@@ -59,7 +59,7 @@ struct Params {
   int hidden_size, inter, top_k, num_experts;
   int ids64, w13_per_channel, w2_per_channel;
   float alpha, limit;
-  int units1, units2;         // per CTA, at most (run() computes them)
+  int units1, units2;         // per CTA, at most: <= kMaxUnits1, kMaxUnits2 (the launcher checks)
   unsigned long long* trace;  // or null: [grid, 16] globaltimer stamps of the phases (the probe's timeline)
 };
 
@@ -101,13 +101,6 @@ __device__ __forceinline__ void stamp(const Params& p, int k, int who = 0) {
   }
 }
 
-__device__ __forceinline__ uint4 ldg_stream(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -115,7 +108,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 template <typename T>
 __device__ __forceinline__ float round16(float v) { return Vec8<T>::to_float(Vec8<T>::from_float(v)); }
 
-template <typename T>
 struct SmemRow {  // quantize_row's sink: E4M3 bytes into shared memory, the scale too
   uint8_t* dst;
   float* scale_out;
@@ -222,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   // The token in E4M3 (expand's quantization: a static scale, or one per token).
   quantize_row<MOEK_QUANT_FP8>(
       BlockTeam{}, [&](int64_t, float* v) { Vec8<T> x; x.unpack(xr); for (int i = 0; i < 8; ++i) v[i] = x.v[i]; },
-      H, p.a13_scale, SmemRow<T>{xq, &s_xscale});
+      H, p.a13_scale, SmemRow{xq, &s_xscale});
   stamp(p, 12);
   __syncthreads();
   stamp(p, 2);
@@ -330,7 +322,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
           const float4 b = __ldcg(reinterpret_cast<const float4*>(yr + j + 4));
           v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
         },
-        I, p.a2_scale, SmemRow<T>{x2 + warp * I, &s_scale2[warp]});
+        I, p.a2_scale, SmemRow{x2 + warp * I, &s_scale2[warp]});
   }
   __syncthreads();
   stamp(p, 5);

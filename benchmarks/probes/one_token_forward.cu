@@ -171,7 +171,7 @@ int main() {
   // in L2 as far as 16 sets allow), relative to the earliest start.
   {
     unsigned long long* tr; CK(cudaMalloc(&tr, sms * 16 * 8));
-    const char* what[] = {"start", "ids", "setup", "gemm1 done", "post-sync", "y quantized", "gemm2 mma", "end", "w2 landed", "t0 issued", "helper loaded", "warp1 pre-quant", "t0 quantized"};
+    const char* what[] = {"start", "ids", "setup", "gemm1 done", "post-sync", "y quantized", "gemm2 mma", "end", "w2 landed", "t0 issued", "warp 16 pre-quant", "warp 1 pre-quant", "t0 quantized"};
     for (int rep = 0; rep < 3; ++rep) {
       for (int i = 0; i < 40; ++i) CK(launch(k_coop, i % SETS, true, true));
       CK(cudaMemset(tr, 0, sms * 16 * 8));
