@@ -302,6 +302,17 @@ int moek_workspace_size(const moek_shape* shape, int32_t device, size_t* bytes, 
   return MOEK_OK;
 }
 
+int moek_one_token_check(const moek_shape* shape, int32_t device, char* err, size_t errlen) {
+  if (!shape) return fail(err, errlen, MOEK_INVALID_ARGUMENT, "null argument");
+  if (int st = validate_shape(*shape, err, errlen)) return st;
+  DeviceLimits d;
+  if (int st = device_limits(device, &d, err, errlen)) return st;
+  char why[256];
+  if (one_token_problem(*shape, d.sm_count, d.smem_optin, why, sizeof(why)))
+    return fail(err, errlen, MOEK_UNSUPPORTED, "%s", why);
+  return MOEK_OK;
+}
+
 int moek_run(const moek_args* a, char* err, size_t errlen) {
   if (!a) return fail(err, errlen, MOEK_INVALID_ARGUMENT, "null args");
   const moek_shape& s = a->shape;
@@ -329,14 +340,22 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
     return fail(err, errlen, MOEK_INVALID_ARGUMENT,
                 "fp8_block quantizes activations per token per 128 columns: a13_scale and "
                 "a2_scale must be NULL");
-  const KernelEntry* k1 = find_kernel(a->gemm1);
-  const KernelEntry* k2 = find_kernel(a->gemm2);
-  if (!k1 || !k2)
+  const bool one_token = a->gemm1 && strcmp(a->gemm1, MOEK_ONE_TOKEN) == 0;
+  if (one_token != (a->gemm2 && strcmp(a->gemm2, MOEK_ONE_TOKEN) == 0))
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT,
+                "%s is a whole forward: gemm1 and gemm2 must both name it (got '%s' and '%s')",
+                MOEK_ONE_TOKEN, a->gemm1 ? a->gemm1 : "(null)", a->gemm2 ? a->gemm2 : "(null)");
+  if (one_token && a->last_step != 0)
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "%s has no separate steps (last_step %d)",
+                MOEK_ONE_TOKEN, a->last_step);
+  const KernelEntry* k1 = one_token ? nullptr : find_kernel(a->gemm1);
+  const KernelEntry* k2 = one_token ? nullptr : find_kernel(a->gemm2);
+  if (!one_token && (!k1 || !k2))
     return fail(err, errlen, MOEK_INVALID_ARGUMENT, "no kernel named '%s' in %s",
                 !k1 ? (a->gemm1 ? a->gemm1 : "(null)") : (a->gemm2 ? a->gemm2 : "(null)"),
                 kArchName);
   for (const KernelEntry* k : {k1, k2})
-    if (!kernel_fits(*k, s))
+    if (k && !kernel_fits(*k, s))
       return fail(err, errlen, MOEK_INVALID_ARGUMENT,
                   "kernel %s is for %s with %s out; the problem is %s with %s out", k->info.name,
                   k->info.quant, k->info.out_dtype, quant_name(s), dtype_name(s.dtype));
@@ -351,12 +370,22 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   } restore{prev_device, a->device};
   DeviceLimits d;
   if (int st = device_limits(a->device, &d, err, errlen)) return st;
+  char why[256];
+  if (one_token && one_token_problem(s, d.sm_count, d.smem_optin, why, sizeof(why)))
+    return fail(err, errlen, MOEK_UNSUPPORTED, "%s", why);
   for (const KernelEntry* k : {k1, k2})
-    if (int st = check_kernel(*k, d, err, errlen)) return st;
+    if (k)
+      if (int st = check_kernel(*k, d, err, errlen)) return st;
   const Layout L = plan(s, d.sm_count);
   if (a->workspace_bytes < L.total)
     return fail(err, errlen, MOEK_INVALID_ARGUMENT, "workspace has %zu bytes, needs %zu",
                 a->workspace_bytes, L.total);
+  if (one_token) {  // GEMM1's output region (T * k * 2I 16-bit values) holds its k * I floats
+    MOEK_CUDA_TRY(launch_one_token(*a, reinterpret_cast<float*>(static_cast<char*>(a->workspace) + L.g),
+                                   d.sm_count, static_cast<cudaStream_t>(a->stream)),
+                  MOEK_ONE_TOKEN);
+    return MOEK_OK;
+  }
 
   cudaStream_t stream = static_cast<cudaStream_t>(a->stream);
   char* ws = static_cast<char*>(a->workspace);

@@ -280,6 +280,99 @@ def test_fp8_shapes(T, E, k, mode, error_log):
     check(p, error_log, f"{mode}/shapes", mode)
 
 
+# ---- one token as one kernel (the "one_token" tactic: fp8, gated activations) -----------------
+
+ONE_TOKEN = Tactic(moe_kernels.ONE_TOKEN, moe_kernels.ONE_TOKEN)
+# (E, k, H, I): Qwen3-30B-A3B's shape (three GEMM1 units per CTA on 132 SMs); two GEMM2 units per
+# CTA (H = 4096); a top-k of 1.
+ONE_TOKEN_SHAPES = [(128, 8, 2048, 768), (16, 8, 4096, 256), (8, 1, 512, 1024)]
+
+
+def chosen_tactic(p, **kw):
+    return moe_kernels.api.choose_tactic(p["hidden_states"], p["w13"], p["w2"], p["topk_weights"],
+                                         p["topk_ids"], quant=p["quant"], w13_scale=p["w13_scale"],
+                                         w2_scale=p["w2_scale"], **kw)
+
+
+@pytest.mark.parametrize("E,k,H,I", ONE_TOKEN_SHAPES)
+def test_one_token_shapes(E, k, H, I, error_log):
+    p = make_problem(T=1, E=E, k=k, H=H, I=I, dtype="fp8")
+    assert chosen_tactic(p) == ONE_TOKEN
+    out = check(p, error_log, f"fp8/one_token/E{E}k{k}H{H}I{I}", "fp8")
+    grouped = run(p, tactic=Tactic(*[moe_kernels.list_kernels(quant="fp8")[0].name] * 2))
+    assert rel_error(out, grouped) < TOLERANCE["fp8"]
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "channel"])
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+@pytest.mark.parametrize("act", ["swiglu", "geglu", "swiglu_oai"])
+def test_one_token_activations_and_scales(act, static, granularity, error_log):
+    p = make_problem(T=1, E=16, k=4, H=320, I=192, dtype="fp8", granularity=granularity, bias=True)
+    if static:
+        p["a13_scale"] = (p["hidden_states"].float().abs().max() / 448).reshape(1)
+        p["a2_scale"] = torch.full((1,), 0.02, device="cuda")
+    kw = {"swiglu_alpha": 1.5, "swiglu_limit": 1.0} if act == "swiglu_oai" else {}
+    assert chosen_tactic(p, activation=act) == ONE_TOKEN
+    check(p, error_log, f"fp8/one_token/{granularity}/{'static' if static else 'dynamic'}/{act}", "fp8",
+          activation=act, ref_kw=dict(activation=act, **kw), **kw)
+
+
+def test_one_token_expert_parallel_and_int64_ids(error_log):
+    E, ep = 16, 2
+    p = make_problem(T=1, E=E, k=8, H=512, I=256, dtype="fp8", ids_dtype=torch.int64, bias=True)
+    full = check(p, error_log, "fp8/one_token/int64", "fp8").float()
+    total = torch.zeros_like(full)
+    for r in range(ep):  # each rank holds some of the token's experts
+        q = dict(p)
+        for name in ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias"):
+            q[name] = p[name][r * E // ep:(r + 1) * E // ep].contiguous()
+        total += run(q, ep_rank=r, ep_size=ep).float()
+    assert rel_error(total, full) < TOLERANCE["fp8"]
+    # A rank that holds none of the token's experts writes zeros.
+    p["topk_ids"] = torch.arange(8, device="cuda", dtype=torch.int64).reshape(1, 8)
+    q = dict(p)
+    for name in ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias"):
+        q[name] = p[name][E // ep:].contiguous()
+    assert torch.equal(run(q, ep_rank=1, ep_size=ep), torch.zeros_like(p["hidden_states"]))
+
+
+def test_one_token_graph_replay(error_log):
+    p = make_problem(T=1, E=128, k=8, H=2048, I=768, dtype="fp8")
+    ws = torch.empty(moe_kernels.workspace_size(1, 8, 128, 2048, 768, quant="fp8"), dtype=torch.uint8,
+                     device="cuda")
+    out = torch.empty_like(p["hidden_states"])
+    args = (p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"])
+    kw = dict(w13_scale=p["w13_scale"], w2_scale=p["w2_scale"], workspace=ws, out=out, quant="fp8")
+    fused_moe(*args, **kw)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(2):  # back to back, one workspace
+            fused_moe(*args, **kw)
+    fresh = make_problem(T=1, E=128, k=8, H=2048, I=768)
+    p["hidden_states"].copy_(fresh["hidden_states"])
+    p["topk_ids"].copy_(fresh["topk_ids"])
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, run(p))  # deterministic: the same bits as a plain call
+    error_log.add("fp8/one_token/graph", rel_error(out, reference_out(p)))
+    assert rel_error(out, reference_out(p)) < TOLERANCE["fp8"]
+
+
+def test_one_token_tactic_errors():
+    p = make_problem(T=2, E=8, k=2, H=256, I=128, dtype="fp8")
+    with pytest.raises(ValueError, match="one_token runs 1 token, not 2"):
+        run(p, tactic=ONE_TOKEN)
+    q = make_problem(T=1, E=8, k=2, H=256, I=128, dtype="fp8")
+    other = moe_kernels.list_kernels(quant="fp8")[0].name
+    with pytest.raises(ValueError, match="both gemm1 and gemm2"):
+        run(q, tactic=Tactic(moe_kernels.ONE_TOKEN, other))
+    r = make_problem(T=1, E=8, k=2, H=256, I=128, dtype="fp8", gated=False)
+    with pytest.raises(ValueError, match="gated activation"):
+        run(r, tactic=ONE_TOKEN, activation="silu")
+    assert chosen_tactic(r, activation="silu") != ONE_TOKEN
+
+
 @pytest.mark.parametrize("act", ["swiglu", "relu2"])
 def test_fp8_block_activations_bias_and_long_k(act, error_log):
     # H = 7168 is DeepSeek-V3's: 56 k-blocks of GEMM1, each with its own scales.

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MOEK_ABI_VERSION 3
+#define MOEK_ABI_VERSION 4
 
 #if defined(__GNUC__)
 #define MOEK_EXPORT __attribute__((visibility("default")))
@@ -79,7 +79,7 @@ typedef struct {
   void* out;                   // [T, H]
   void* workspace;
   size_t workspace_bytes;
-  const char* gemm1;           // kernel names from the registry
+  const char* gemm1;           // kernel names from the registry, or both MOEK_ONE_TOKEN
   const char* gemm2;
   int32_t device;
   void* stream;                // cudaStream_t
@@ -87,6 +87,9 @@ typedef struct {
                                // stop after 1 routing, 2 GEMM1, 3 activation, 4 GEMM2.
 } moek_args;
 
+// The tactic that runs the whole forward of one token as one kernel (fp8, gated activations,
+// when the experts' weights fit across the SMs: moek_one_token_check), as gemm1 and gemm2.
+#define MOEK_ONE_TOKEN "one_token"
 // One registry entry, as generated from cmake/catalog.py.
 typedef struct {
   const char* name;
@@ -114,6 +117,8 @@ MOEK_EXPORT int moek_check_kernel(const char* name, int32_t device, char* err, s
 MOEK_EXPORT int moek_workspace_size(const moek_shape* shape, int32_t device, size_t* bytes,
                                     char* err, size_t errlen);
 MOEK_EXPORT int moek_run(const moek_args* args, char* err, size_t errlen);
+// MOEK_OK if `shape` can take the MOEK_ONE_TOKEN tactic on `device`, else MOEK_UNSUPPORTED and why.
+MOEK_EXPORT int moek_one_token_check(const moek_shape* shape, int32_t device, char* err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -14,7 +14,7 @@ import torch
 
 from . import _native
 from .modes import Activation, QuantMode
-from .tactic import Tactic, default_tactic
+from .tactic import ONE_TOKEN, Tactic, default_tactic
 
 
 
@@ -288,6 +288,8 @@ def _resolve_tactic(p: _Problem, tactic) -> Tactic:
                 f"no {p.quant.value} kernels can run on {_native.device_info(dev)['name']} in this build")
         from .tuning import ProblemSpec, cached_tactic
         spec = ProblemSpec(p.quant.value, p.activation.value, p.E, p.k, p.H, p.I)
+        if p.T == 1 and p.quant is QuantMode.FP8 and not _native.C().one_token_check(dev, p.shape):
+            return _log_choice(spec, p.T, Tactic(ONE_TOKEN, ONE_TOKEN), "one token")
         tuned = cached_tactic(spec, p.T, dev)
         if tuned is not None and tuned.gemm1 in usable and tuned.gemm2 in usable:
             return _log_choice(spec, p.T, tuned, "tuned")
@@ -296,6 +298,13 @@ def _resolve_tactic(p: _Problem, tactic) -> Tactic:
             gemm1_n=p.n1, sm_count=_native.device_info(dev)["sm_count"]), "default rule")
     if not isinstance(tactic, Tactic):
         _fail("tactic", repr(tactic), "a moe_kernels.Tactic", TypeError)
+    if ONE_TOKEN in (tactic.gemm1, tactic.gemm2):
+        if tactic.gemm1 != tactic.gemm2:
+            _fail("tactic", str(tactic), f"{ONE_TOKEN!r} as both gemm1 and gemm2 (it is the whole forward)")
+        why = _native.C().one_token_check(dev, p.shape)
+        if why:
+            _fail("tactic", str(tactic), f"a problem {ONE_TOKEN!r} runs: {why}")
+        return tactic
     for which in ("gemm1", "gemm2"):
         name = getattr(tactic, which)
         if name not in usable:

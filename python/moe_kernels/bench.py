@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 from .profiling import ROUTINGS, kernel_times, load_histogram, make_weights, routing, time_graph
+from .tactic import ONE_TOKEN
 
 PRESETS = {  # DESIGN.md section 8: experts, top_k, hidden, intermediate
     "mixtral-8x7b": (8, 2, 4096, 14336),
@@ -403,7 +404,9 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
             except Exception as e:
                 row["results"][name] = {"status": f"failed: {type(e).__name__}: {e}"[:200]}
         if row["results"]["moe_kernels"]["status"] == "ok":
-            if args.breakdown:
+            if args.breakdown and row["tactic"].startswith(ONE_TOKEN):
+                row["breakdown_us"] = {ONE_TOKEN: row["results"]["moe_kernels"]["us"]}  # one kernel
+            elif args.breakdown:
                 prefix = [timed(lambda *a, s=s: ours(*a, last_step=s), check=False)["us"] for s in (1, 2, 3, 4)]
                 prefix.append(row["results"]["moe_kernels"]["us"])
                 row["breakdown_us"] = {n: b - a for n, a, b in zip(STEPS, [0.0] + prefix[:-1], prefix)}

@@ -31,6 +31,7 @@ struct ArchLibrary {
   int (*check_kernel)(const char*, int32_t, char*, size_t);
   int (*workspace_size)(const moek_shape*, int32_t, size_t*, char*, size_t);
   int (*run)(const moek_args*, char*, size_t);
+  int (*one_token_check)(const moek_shape*, int32_t, char*, size_t);
 };
 
 std::string module_dir() {
@@ -66,6 +67,7 @@ ArchLibrary open_library(const std::string& path) {
   bind(h, path, "moek_check_kernel", &lib.check_kernel);
   bind(h, path, "moek_workspace_size", &lib.workspace_size);
   bind(h, path, "moek_run", &lib.run);
+  bind(h, path, "moek_one_token_check", &lib.one_token_check);
   return lib;  // the handle stays open for the life of the process
 }
 
@@ -211,6 +213,14 @@ PYBIND11_MODULE(_C, m) {
     int st = library_for(device).check_kernel(name.c_str(), device, err, sizeof(err));
     return st == MOEK_OK ? std::string() : std::string(err);
   }, py::arg("device"), py::arg("name"), "Empty string if `name` can run on `device`, else why not");
+  m.def("one_token_check", [](int device, py::dict shape) {
+    moek_shape s = make_shape(shape);
+    char err[512] = {0};
+    int st = library_for(device).one_token_check(&s, device, err, sizeof(err));
+    return st == MOEK_OK ? std::string() : std::string(err);
+  }, py::arg("device"), py::arg("shape"),
+     "Empty string if a forward of `shape` can take the one_token tactic on `device`, else why not");
+  m.attr("ONE_TOKEN") = MOEK_ONE_TOKEN;
   m.def("workspace_size", [](int device, py::dict shape) {
     moek_shape s = make_shape(shape);
     size_t bytes = 0;

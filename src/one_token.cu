@@ -1,0 +1,123 @@
+// The one-token forward (one_token.cuh): when a problem fits it, and its launch.
+#include <cuda_runtime.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#include <atomic>
+
+#include "kernels.h"
+#include "launch.cuh"
+#include "one_token.cuh"
+
+namespace moe_kernels {
+
+namespace {
+
+int why_not(char* why, size_t n, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, n, fmt, ap);
+  va_end(ap);
+  return 1;
+}
+
+// The kernel's static shared memory (the epilogues' scales, barriers: under 4 KB).
+constexpr size_t kStaticSmem = 4096;
+
+}  // namespace
+
+int one_token_problem(const moek_shape& s, int sm_count, int smem_optin, char* why, size_t n) {
+  using namespace one_token;
+  const long long H = s.hidden_size, I = s.inter_size, k = s.top_k;
+  if (s.num_tokens != 1) return why_not(why, n, "one_token runs 1 token, not %lld", (long long)s.num_tokens);
+  if (s.quant != MOEK_QUANT_FP8) return why_not(why, n, "one_token is for quant fp8 only");
+  if (!is_gated(s.activation)) return why_not(why, n, "one_token needs a gated activation (swiglu, geglu, swiglu_oai)");
+  if (k > kMaxSlots) return why_not(why, n, "one_token takes top_k <= %d, not %lld", kMaxSlots, k);
+  if (H % 64 || I % 64)
+    return why_not(why, n, "one_token needs hidden_size (%lld) and intermediate_size (%lld) multiples of 64", H, I);
+  if (H / 8 > kThreads) return why_not(why, n, "one_token: hidden_size %lld is over %d", H, 8 * kThreads);
+  const long long units1 = (k * I / kCols + sm_count - 1) / sm_count, units2 = (H / kCols + sm_count - 1) / sm_count;
+  if (units1 > kMaxUnits1)
+    return why_not(why, n, "one_token: top_k x intermediate_size = %lld is more than %d SMs hold", k * I, sm_count);
+  if (units2 > kMaxUnits2 || units2 * k > kWarps)
+    return why_not(why, n, "one_token: hidden_size %lld with top_k %lld is more than %d SMs hold", H, k, sm_count);
+  const size_t smem = smem_bytes(int(H), int(I), int(units2)) + kStaticSmem;
+  if (smem > size_t(smem_optin))
+    return why_not(why, n, "one_token needs %zu bytes of shared memory, the device allows %d", smem, smem_optin);
+  return 0;
+}
+
+namespace {
+
+template <typename T, int kAct>
+cudaError_t launch_typed(const one_token::Params& p, int sm_count, size_t smem, cudaStream_t stream) {
+  auto kernel = one_token::forward_kernel<T, kAct>;
+  // The largest shared memory asked of this instantiation so far (set again only to grow).
+  static std::atomic<size_t> allowed{0};
+  if (smem > allowed.load()) {
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)))
+      return e;
+    allowed.store(smem);
+  }
+  // Cooperative: every CTA resident, for the grid barrier between the GEMMs.
+  cudaLaunchAttribute attrs[2];
+  attrs[0].id = cudaLaunchAttributeCooperative;
+  attrs[0].val.cooperative = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(sm_count);
+  cfg.blockDim = dim3(one_token::kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attrs;
+  cfg.numAttrs = pdl_enabled() ? 2 : 1;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+}  // namespace
+
+cudaError_t launch_one_token(const moek_args& a, float* y, int sm_count, cudaStream_t stream) {
+  const moek_shape& s = a.shape;
+  one_token::Params p{};
+  p.hidden = a.hidden;
+  p.topk_ids = a.topk_ids;
+  p.topk_weights = a.topk_weights;
+  p.w13 = static_cast<const uint8_t*>(a.w13);
+  p.w2 = static_cast<const uint8_t*>(a.w2);
+  p.w13_bias = a.w13_bias;
+  p.w2_bias = a.w2_bias;
+  p.w13_scale = a.w13_scale;
+  p.w2_scale = a.w2_scale;
+  p.a13_scale = a.a13_scale;
+  p.a2_scale = a.a2_scale;
+  p.out = a.out;
+  p.y = y;
+  p.expert_offset = s.expert_offset;
+  p.hidden_size = int(s.hidden_size);
+  p.inter = int(s.inter_size);
+  p.top_k = int(s.top_k);
+  p.num_experts = int(s.num_experts);
+  p.ids64 = s.index_dtype == MOEK_INDEX_INT64;
+  p.w13_per_channel = s.w13_scale_per_channel;
+  p.w2_per_channel = s.w2_scale_per_channel;
+  p.alpha = s.act_alpha;
+  p.limit = s.act_limit;
+  p.units1 = int((s.top_k * s.inter_size / one_token::kCols + sm_count - 1) / sm_count);
+  p.units2 = int((s.hidden_size / one_token::kCols + sm_count - 1) / sm_count);
+  const size_t smem = one_token::smem_bytes(p.hidden_size, p.inter, p.units2);
+  const bool fp16 = s.dtype == MOEK_DTYPE_FP16;
+#define MOEK_ONE_TOKEN_ACT(A)                                                       \
+  case A:                                                                           \
+    return fp16 ? launch_typed<__half, A>(p, sm_count, smem, stream)                \
+                : launch_typed<__nv_bfloat16, A>(p, sm_count, smem, stream);
+  switch (s.activation) {
+    MOEK_ONE_TOKEN_ACT(MOEK_ACT_SWIGLU)
+    MOEK_ONE_TOKEN_ACT(MOEK_ACT_GEGLU)
+    MOEK_ONE_TOKEN_ACT(MOEK_ACT_SWIGLU_OAI)
+    default: return cudaErrorInvalidValue;
+  }
+#undef MOEK_ONE_TOKEN_ACT
+}
+
+}  // namespace moe_kernels
