@@ -1,5 +1,6 @@
-// NOT YET WIRED INTO THE RUNNER: only benchmarks/probes/one_token_forward.cu runs it (17.8 us
-// on an H200 against 26.0 for the grouped path; docs/fp8-performance.md, "One kernel for one token").
+// The "one_token" tactic (src/one_token.cu launches it; benchmarks/probes/one_token_forward.cu
+// times it and prints a timeline of its phases; docs/fp8-performance.md, "One kernel for one
+// token").
 //
 // The whole forward of one token in one kernel (quant fp8, gated activations), for models
 // whose one-token expert weights fit on chip across the SMs (Qwen3-30B-A3B: 8 experts,
@@ -60,13 +61,14 @@ struct Params {
   int ids64, w13_per_channel, w2_per_channel;
   float alpha, limit;
   int units1, units2;         // per CTA, at most: <= kMaxUnits1, kMaxUnits2 (the launcher checks)
-  unsigned long long* trace;  // or null: [grid, 16] globaltimer stamps of the phases (the probe's timeline)
+  unsigned long long* trace;  // or null: [grid, 16] clock64 stamps of the phases, globaltimer at 14, 15
 };
 
-// Shared memory: the w13 ring, the w2 share, the token and GEMM2's inputs in E4M3, partial sums.
+// Shared memory: the w13 ring, the w2 share, the token and GEMM2's inputs as f16 MMA fragments
+// (two bytes per value), partial sums.
 inline size_t smem_bytes(int hidden, int inter, int units2) {
-  return size_t(kRing) * kCols * hidden + size_t(units2) * kMaxSlots * kCols * inter + hidden +
-         size_t(kMaxSlots) * inter + (2 * 2 * kWarps * kCols + kWarps * kCols) * sizeof(float);
+  return size_t(kRing) * kCols * hidden + size_t(units2) * kMaxSlots * kCols * inter + 2 * size_t(hidden) +
+         2 * size_t(kMaxSlots) * inter + (2 * 2 * kWarps * kCols + kWarps * kCols) * sizeof(float);
 }
 
 __device__ __forceinline__ uint32_t f16x2(uint16_t e4m3x2) {
@@ -76,12 +78,13 @@ __device__ __forceinline__ uint32_t f16x2(uint16_t e4m3x2) {
 }
 
 // c += rows g and g + 8 of a 16-row tile x the token (column 0), over 64 bytes of K: this
-// thread's 16 bytes of each row (r0, r1) and of the token (x: lanes with g == 0; zeros
-// elsewhere). MMA step q takes bytes 4q, 4q + 1 as k slots 2t, 2t + 1 and 4q + 2, 4q + 3 as
-// slots 2t + 8, 2t + 9, in both operands.
-__device__ __forceinline__ void dot64(float (&c)[4], const uint4& r0, const uint4& r1, const uint4& x) {
+// thread's 16 bytes of each row (r0, r1) and the token's B fragments for them (b: lanes with
+// g == 0; zeros elsewhere). MMA step q takes bytes 4q, 4q + 1 as k slots 2t, 2t + 1 and
+// 4q + 2, 4q + 3 as slots 2t + 8, 2t + 9, in both operands; b holds (b0, b1) of steps 0-3.
+__device__ __forceinline__ void dot64(float (&c)[4], const uint4& r0, const uint4& r1, const uint4& b01,
+                                      const uint4& b23) {
   const uint32_t a[4] = {r0.x, r0.y, r0.z, r0.w}, b[4] = {r1.x, r1.y, r1.z, r1.w};
-  const uint32_t xs[4] = {x.x, x.y, x.z, x.w};
+  const uint32_t x[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     asm volatile(
@@ -89,15 +92,19 @@ __device__ __forceinline__ void dot64(float (&c)[4], const uint4& r0, const uint
         "{%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(f16x2(a[q] & 0xffff)), "r"(f16x2(b[q] & 0xffff)), "r"(f16x2(a[q] >> 16)),
-          "r"(f16x2(b[q] >> 16)), "r"(f16x2(xs[q] & 0xffff)), "r"(f16x2(xs[q] >> 16)));
+          "r"(f16x2(b[q] >> 16)), "r"(x[2 * q]), "r"(x[2 * q + 1]));
   }
 }
 
-__device__ __forceinline__ void stamp(const Params& p, int k, int who = 0) {
-  if (p.trace && threadIdx.x == who) {
-    unsigned long long v;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
-    p.trace[blockIdx.x * 16 + k] = v;
+// A quantized row as the B fragments dot64 takes, converted once (a conversion per weight
+// byte is what the MMAs cost): for each 64 bytes of K and each t, 8 words (b0, b1 of steps
+// 0-3). The row's fragments for chunk ch, thread t are at frag + (4 * ch + t) * 8.
+__device__ __forceinline__ void load_frag(const uint32_t* frag, int ch, int t, bool mine, uint4& b01, uint4& b23) {
+  if (mine) {
+    b01 = *reinterpret_cast<const uint4*>(frag + (4 * ch + t) * 8);
+    b23 = *reinterpret_cast<const uint4*>(frag + (4 * ch + t) * 8 + 4);
+  } else {
+    b01 = b23 = make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -105,17 +112,11 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-template <typename T>
-__device__ __forceinline__ float round16(float v) { return Vec8<T>::to_float(Vec8<T>::from_float(v)); }
-
-struct SmemRow {  // quantize_row's sink: E4M3 bytes into shared memory, the scale too
-  uint8_t* dst;
-  float* scale_out;
-  __device__ __forceinline__ void store(int64_t j, const float* v, float scale) const {
-    *reinterpret_cast<uint2*>(dst + j) = to_fp8x8(v, scale);
+__device__ __forceinline__ void stamp(const Params& p, int k, int who = 0) {
+  if (p.trace && threadIdx.x == who) {
+    p.trace[blockIdx.x * 16 + k] = clock64();
   }
-  __device__ __forceinline__ void scale(int64_t, float s) const { *scale_out = s; }
-};
+}
 
 __device__ __forceinline__ void wait_parity(uint64_t* bar, int parity) {
   asm volatile("{ .reg .pred p; W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra W; }" ::"r"(
@@ -131,6 +132,20 @@ __device__ __forceinline__ void expect_bytes(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
 
+template <typename T>
+__device__ __forceinline__ float round16(float v) { return Vec8<T>::to_float(Vec8<T>::from_float(v)); }
+
+struct FragRow {  // quantize_row's sink: E4M3 values as f16 B fragments (load_frag), the scale
+  uint32_t* frag;
+  float* scale_out;
+  __device__ __forceinline__ void store(int64_t j, const float* v, float scale) const {
+    const uint2 e = to_fp8x8(v, scale);  // columns j .. j + 7: steps q, q + 1 of one t
+    *reinterpret_cast<uint4*>(frag + (4 * (j / 64) + (j % 64) / 16) * 8 + ((j % 16) / 4) * 2) =
+        make_uint4(f16x2(e.x & 0xffff), f16x2(e.x >> 16), f16x2(e.y & 0xffff), f16x2(e.y >> 16));
+  }
+  __device__ __forceinline__ void scale(int64_t, float s) const { *scale_out = s; }
+};
+
 template <typename T, int kAct>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -138,9 +153,9 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   const uint32_t tile_bytes = kCols * H;
   uint8_t* ring = smem;                                        // kRing x 16 rows x H
   uint8_t* w2s = ring + kRing * size_t(tile_bytes);            // pairs x 16 rows x I
-  uint8_t* xq = w2s + size_t(p.units2) * kMaxSlots * kCols * I;  // [H]
-  uint8_t* x2 = xq + H;                                        // [kMaxSlots, I]
-  float* red = reinterpret_cast<float*>(x2 + kMaxSlots * I);   // [2 units][2 tiles][kWarps][16]
+  uint32_t* xq = reinterpret_cast<uint32_t*>(w2s + size_t(p.units2) * kMaxSlots * kCols * I);  // [H / 2]
+  uint32_t* x2 = xq + H / 2;                                   // [kMaxSlots][I / 2]
+  float* red = reinterpret_cast<float*>(x2 + kMaxSlots * I / 2);  // [2 units][2 tiles][kWarps][16]
   float* part = red + 2 * 2 * kWarps * kCols;                  // [kWarps][16]
   __shared__ int s_expert[kMaxSlots];
   __shared__ float s_weight[kMaxSlots], s_scale2[kMaxSlots], s_xscale;
@@ -152,7 +167,11 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   asm volatile("griddepcontrol.wait;" ::: "memory");
   stamp(p, 0);
-  if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 16 + 14] = clock64();
+  if (p.trace && threadIdx.x == 0) {
+    unsigned long long v;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+    p.trace[blockIdx.x * 16 + 14] = v;
+  }
   // The token's row and routing, requested together.
   uint4 xr = make_uint4(0, 0, 0, 0);
   if (threadIdx.x < H / 8) xr = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.hidden) + 8 * threadIdx.x);
@@ -214,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   // The token in E4M3 (expand's quantization: a static scale, or one per token).
   quantize_row<MOEK_QUANT_FP8>(
       BlockTeam{}, [&](int64_t, float* v) { Vec8<T> x; x.unpack(xr); for (int i = 0; i < 8; ++i) v[i] = x.v[i]; },
-      H, p.a13_scale, SmemRow{xq, &s_xscale});
+      H, p.a13_scale, FragRow{xq, &s_xscale});
   stamp(p, 12);
   __syncthreads();
   stamp(p, 2);
@@ -270,16 +289,15 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     const uint8_t* rows = ring + (j % kRing) * size_t(tile_bytes) + g * H + 16 * t;
     float c[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};  // two chains of MMAs
     for (int ch = warp; ch < chunks1; ch += 2 * kWarps) {
-      const uint4 r0 = *reinterpret_cast<const uint4*>(rows + 64 * ch);
-      const uint4 r1 = *reinterpret_cast<const uint4*>(rows + 8 * H + 64 * ch);
-      const uint4 x = g == 0 ? *reinterpret_cast<const uint4*>(xq + 64 * ch + 16 * t) : make_uint4(0, 0, 0, 0);
-      dot64(c, r0, r1, x);
+      uint4 b01, b23;
+      load_frag(xq, ch, t, g == 0, b01, b23);
+      dot64(c, *reinterpret_cast<const uint4*>(rows + 64 * ch), *reinterpret_cast<const uint4*>(rows + 8 * H + 64 * ch),
+            b01, b23);
       const int ch2 = ch + kWarps;
       if (ch2 < chunks1) {
-        const uint4 q0 = *reinterpret_cast<const uint4*>(rows + 64 * ch2);
-        const uint4 q1 = *reinterpret_cast<const uint4*>(rows + 8 * H + 64 * ch2);
-        const uint4 y = g == 0 ? *reinterpret_cast<const uint4*>(xq + 64 * ch2 + 16 * t) : make_uint4(0, 0, 0, 0);
-        dot64(c2, q0, q1, y);
+        load_frag(xq, ch2, t, g == 0, b01, b23);
+        dot64(c2, *reinterpret_cast<const uint4*>(rows + 64 * ch2),
+              *reinterpret_cast<const uint4*>(rows + 8 * H + 64 * ch2), b01, b23);
       }
     }
     c[0] += c2[0];
@@ -322,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
           const float4 b = __ldcg(reinterpret_cast<const float4*>(yr + j + 4));
           v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
         },
-        I, p.a2_scale, SmemRow{x2 + warp * I, &s_scale2[warp]});
+        I, p.a2_scale, FragRow{x2 + warp * I / 2, &s_scale2[warp]});
   }
   __syncthreads();
   stamp(p, 5);
@@ -336,16 +354,15 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     const uint8_t* rows = w2s + size_t(q) * kCols * I + g * I + 16 * t;
     float c[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
     for (int ch = warp % per_pair; ch < chunks2; ch += 2 * per_pair) {
-      const uint4 r0 = *reinterpret_cast<const uint4*>(rows + 64 * ch);
-      const uint4 r1 = *reinterpret_cast<const uint4*>(rows + 8 * I + 64 * ch);
-      const uint4 x = g == 0 ? *reinterpret_cast<const uint4*>(x2 + s * I + 64 * ch + 16 * t) : make_uint4(0, 0, 0, 0);
-      dot64(c, r0, r1, x);
+      uint4 b01, b23;
+      load_frag(x2 + s * I / 2, ch, t, g == 0, b01, b23);
+      dot64(c, *reinterpret_cast<const uint4*>(rows + 64 * ch), *reinterpret_cast<const uint4*>(rows + 8 * I + 64 * ch),
+            b01, b23);
       const int ch2 = ch + per_pair;
       if (ch2 < chunks2) {
-        const uint4 q0 = *reinterpret_cast<const uint4*>(rows + 64 * ch2);
-        const uint4 q1 = *reinterpret_cast<const uint4*>(rows + 8 * I + 64 * ch2);
-        const uint4 y = g == 0 ? *reinterpret_cast<const uint4*>(x2 + s * I + 64 * ch2 + 16 * t) : make_uint4(0, 0, 0, 0);
-        dot64(c2, q0, q1, y);
+        load_frag(x2 + s * I / 2, ch2, t, g == 0, b01, b23);
+        dot64(c2, *reinterpret_cast<const uint4*>(rows + 64 * ch2),
+              *reinterpret_cast<const uint4*>(rows + 8 * I + 64 * ch2), b01, b23);
       }
     }
     c[0] += c2[0];
@@ -373,7 +390,11 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     static_cast<T*>(p.out)[unit_at(unit) * kCols + r] = Vec8<T>::from_float(acc);
   }
   stamp(p, 7);
-  if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 16 + 15] = clock64();
+  if (p.trace && threadIdx.x == 0) {
+    unsigned long long v;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+    p.trace[blockIdx.x * 16 + 15] = v;
+  }
 }
 
 }  // namespace moe_kernels::one_token

@@ -1,9 +1,9 @@
-// Probe for src/one_token.cuh before it joins the runner: Qwen3-30B-A3B fp8 (E 128, k 8,
+// Probe for src/one_token.cuh (the one_token tactic): Qwen3-30B-A3B fp8 (E 128, k 8,
 // H 2048, I 768, SwiGLU, dynamic per-token scales, per-tensor weight scales), one token.
 // Checks the output against a float64 host reference of the same quantization, then times
 // the kernel in CUDA graphs of 32 launches over 16 expert sets (so the bytes come from HBM),
-// median of 30 replays, PDL on and off; and prints a timeline of the phases (globaltimer
-// stamps per CTA) and the SM clock over the kernel.
+// median of 30 replays, PDL on and off; and prints a timeline of the phases (clock64 stamps
+// per CTA, converted with the SM clock measured against globaltimer over the kernel).
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude \
 //     -o /tmp/one_token benchmarks/probes/one_token_forward.cu && /tmp/one_token
 #include <cmath>
@@ -167,7 +167,7 @@ int main() {
         }, ts);
         if (ok) printf("%-32s pdl %d: %.2f us (min %.2f)  = %.0f%% of the 8.9 us floor\n", names[0], pdl, ts[15], ts[0], 100 * 8.9 / ts[15]);
       }
-  // Timeline: globaltimer stamps per CTA, one launch after warm-up (each set's weights cold
+  // Timeline: clock64 stamps per CTA, one launch after warm-up (each set's weights cold
   // in L2 as far as 16 sets allow), relative to the earliest start.
   {
     unsigned long long* tr; CK(cudaMalloc(&tr, sms * 16 * 8));
@@ -181,17 +181,15 @@ int main() {
       CK(cudaStreamSynchronize(st));
       std::vector<unsigned long long> h(sms * 16);
       CK(cudaMemcpy(h.data(), tr, h.size() * 8, cudaMemcpyDeviceToHost));
-      unsigned long long t0 = ~0ull;
-      for (int b = 0; b < sms; ++b) t0 = std::min(t0, h[b * 16]);
-      printf("timeline %d (us from the first CTA's start: mean / max over CTAs that have the point)\n", rep);
+      double ghz = 0;
+      for (int b = 0; b < sms; ++b) ghz += double(h[b * 16 + 7] - h[b * 16]) / double(h[b * 16 + 15] - h[b * 16 + 14]);
+      ghz /= sms;
+      printf("timeline %d (us from each CTA's own start, by clock64 at %.2f GHz: mean / max over CTAs that have the point)\n", rep, ghz);
       for (int k = 0; k < 13; ++k) {
         double sum = 0, mx = 0; int n = 0;
-        for (int b = 0; b < sms; ++b) if (h[b * 16 + k]) { double v = (h[b * 16 + k] - t0) / 1000.0; sum += v; mx = std::max(mx, v); ++n; }
+        for (int b = 0; b < sms; ++b) if (h[b * 16 + k]) { double v = (h[b * 16 + k] - h[b * 16]) / ghz / 1000.0; sum += v; mx = std::max(mx, v); ++n; }
         if (n) printf("  %-12s %6.2f / %6.2f  (%d)\n", what[k], sum / n, mx, n);
       }
-      double ghz = 0;
-      for (int b = 0; b < sms; ++b) ghz += double(h[b * 16 + 15] - h[b * 16 + 14]) / double(h[b * 16 + 7] - h[b * 16]);
-      printf("  SM clock over the kernel, mean over CTAs: %.2f GHz\n", ghz / sms);
     }
   }
   return 0;
