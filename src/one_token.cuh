@@ -345,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   __syncthreads();
   stamp(p, 5);
   // GEMM2: pair q (unit q / slots, slot q % slots) gets kWarps / pairs warps, each a share of
-  // its K chunks (run() keeps pairs <= kWarps).
+  // its K chunks (one_token_problem keeps pairs <= kWarps).
   const int per_pair = pairs > 0 ? kWarps / pairs : 1, q = warp / per_pair;
   if (q < pairs) {
     wait_parity(&w2_full, 0);
