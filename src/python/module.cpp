@@ -220,7 +220,6 @@ PYBIND11_MODULE(_C, m) {
     return st == MOEK_OK ? std::string() : std::string(err);
   }, py::arg("device"), py::arg("shape"),
      "Empty string if a forward of `shape` can take the one_token tactic on `device`, else why not");
-  m.attr("ONE_TOKEN") = MOEK_ONE_TOKEN;
   m.def("workspace_size", [](int device, py::dict shape) {
     moek_shape s = make_shape(shape);
     size_t bytes = 0;
