@@ -21,8 +21,8 @@ int why_not(char* why, size_t n, const char* fmt, ...) {
   return 1;
 }
 
-// The kernel's static shared memory (the epilogues' scales, barriers: under 4 KB).
-constexpr size_t kStaticSmem = 4096;
+// The kernel's static shared memory (the epilogues' scales and terms, barriers: under 6 KB).
+constexpr size_t kStaticSmem = 6144;
 
 }  // namespace
 
@@ -41,9 +41,15 @@ int one_token_problem(const moek_shape& s, int sm_count, int smem_optin, char* w
     return why_not(why, n, "one_token: top_k x intermediate_size = %lld is more than %d SMs hold", k * I, sm_count);
   if (units2 > kMaxUnits2 || units2 * k > kWarps)
     return why_not(why, n, "one_token: hidden_size %lld with top_k %lld is more than %d SMs hold", H, k, sm_count);
-  const size_t smem = smem_bytes(int(H), int(I), int(units2)) + kStaticSmem;
-  if (smem > size_t(smem_optin))
-    return why_not(why, n, "one_token needs %zu bytes of shared memory, the device allows %d", smem, smem_optin);
+  if (!one_token_ring(int(H), int(I), int(units2), smem_optin))
+    return why_not(why, n, "one_token needs %zu bytes of shared memory, the device allows %d",
+                   smem_bytes(int(H), int(I), int(units2), 2) + kStaticSmem, smem_optin);
+  return 0;
+}
+
+int one_token_ring(int hidden, int inter, int units2, int smem_optin) {
+  for (int ring = one_token::kMaxRing; ring >= 2; --ring)
+    if (one_token::smem_bytes(hidden, inter, units2, ring) + kStaticSmem <= size_t(smem_optin)) return ring;
   return 0;
 }
 
@@ -77,7 +83,7 @@ cudaError_t launch_typed(const one_token::Params& p, int sm_count, size_t smem, 
 
 }  // namespace
 
-cudaError_t launch_one_token(const moek_args& a, float* y, int sm_count, cudaStream_t stream) {
+cudaError_t launch_one_token(const moek_args& a, float* y, int sm_count, int smem_optin, cudaStream_t stream) {
   const moek_shape& s = a.shape;
   one_token::Params p{};
   p.hidden = a.hidden;
@@ -105,7 +111,9 @@ cudaError_t launch_one_token(const moek_args& a, float* y, int sm_count, cudaStr
   p.limit = s.act_limit;
   p.units1 = int((s.top_k * s.inter_size / one_token::kCols + sm_count - 1) / sm_count);
   p.units2 = int((s.hidden_size / one_token::kCols + sm_count - 1) / sm_count);
-  const size_t smem = one_token::smem_bytes(p.hidden_size, p.inter, p.units2);
+  p.ring = one_token_ring(p.hidden_size, p.inter, p.units2, smem_optin);
+  p.w2_after = 1 << 30;  // with the last w13 tile (earlier was slower in the probe)
+  const size_t smem = one_token::smem_bytes(p.hidden_size, p.inter, p.units2, p.ring);
   const bool fp16 = s.dtype == MOEK_DTYPE_FP16;
 #define MOEK_ONE_TOKEN_ACT(A)                                                       \
   case A:                                                                           \

@@ -11,10 +11,16 @@
 // One CTA per SM, all resident (a cooperative launch: grid barrier between the GEMMs, since
 // GEMM2's per-token activation scale needs every GEMM1 column). After reading the token's
 // expert ids, each CTA streams its GEMM1 units (16 intermediate columns of one slot's expert:
-// 16 gate + 16 up rows of w13) through a ring of bulk copies, multiplying each tile as it lands,
-// and once its last w13 tile is requested, its GEMM2 share (16 output columns of every slot's
-// expert: 16 rows of w2 each) into shared memory, to arrive during the barrier. Requesting
-// everything at once made every piece land at the end of the stream (25.7 us against 17.8).
+// 16 gate + 16 up rows of w13) through a ring of bulk copies (3 tiles in flight where shared
+// memory holds them), multiplying each tile as it lands, and once its last w13 tile is
+// requested, its GEMM2 share (16 output columns of every slot's expert: 16 rows of w2 each)
+// into shared memory, to arrive during the barrier. Requesting everything at once made every
+// piece land at the end of the stream (25.7 us against 17.8).
+//
+// Warp roles in GEMM1: 16 compute warps take each tile as it lands and release its ring slot
+// through an mbarrier that counts them; a 17th, the producer, refills the slot and applies the
+// activation to each finished unit. No block-wide barrier in the loop (with one per tile and
+// 2 tiles in flight the probe took 17.35 us on an H200, now 16.97).
 //
 // The multiplications are mma.sync m16n8k16 on f16 (E4M3 converts exactly), weights as the
 // 16-row operand and the token as column 0 of the 8-wide one. K is permuted the same way in
@@ -35,12 +41,13 @@
 namespace moe_kernels::one_token {
 
 constexpr int kWarps = 16;                   // compute warps
-constexpr int kThreads = (kWarps + 1) * 32;  // + one that loads the epilogues' scales and biases
+constexpr int kThreads = (kWarps + 1) * 32;  // + the producer: copies, epilogue scales, activation
 constexpr int kCols = 16;      // rows per weight tile: GEMM1 intermediate, GEMM2 output columns
 constexpr int kMaxSlots = 8;
 constexpr int kMaxUnits1 = 6;  // GEMM1 units (16 gate + 16 up rows of one slot's w13) per CTA
 constexpr int kMaxUnits2 = 2;  // GEMM2 units (16 rows of every slot's w2) per CTA
-constexpr int kRing = 2;       // w13 tiles in flight per CTA (3: 1% slower)
+constexpr int kMaxRing = 3;    // w13 tiles in flight per CTA: 3 where shared memory holds them, else 2
+constexpr int kStamps = 32;    // trace entries per CTA
 
 struct Params {
   const void* hidden;         // [1, H] 16-bit
@@ -61,14 +68,16 @@ struct Params {
   int ids64, w13_per_channel, w2_per_channel;
   float alpha, limit;
   int units1, units2;         // per CTA, at most: <= kMaxUnits1, kMaxUnits2 (the launcher checks)
-  unsigned long long* trace;  // or null: [grid, 16] clock64 stamps of the phases, globaltimer at 14, 15
+  int ring;                   // w13 tiles in flight, <= kMaxRing
+  int w2_after;               // the w2 share is requested with w13 tile min(w2_after, last)
+  unsigned long long* trace;  // or null: [grid, kStamps] clock64 stamps of the phases, globaltimer at 30, 31
 };
 
 // Shared memory: the w13 ring, the w2 share, the token and GEMM2's inputs as f16 MMA fragments
 // (two bytes per value), partial sums.
-inline size_t smem_bytes(int hidden, int inter, int units2) {
-  return size_t(kRing) * kCols * hidden + size_t(units2) * kMaxSlots * kCols * inter + 2 * size_t(hidden) +
-         2 * size_t(kMaxSlots) * inter + (2 * 2 * kWarps * kCols + kWarps * kCols) * sizeof(float);
+inline size_t smem_bytes(int hidden, int inter, int units2, int ring) {
+  return size_t(ring) * kCols * hidden + size_t(units2) * kMaxSlots * kCols * inter + 2 * size_t(hidden) +
+         2 * size_t(kMaxSlots) * inter + ((ring + 2) * kWarps * kCols + kWarps * kCols) * sizeof(float);
 }
 
 __device__ __forceinline__ uint32_t f16x2(uint16_t e4m3x2) {
@@ -114,7 +123,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 
 __device__ __forceinline__ void stamp(const Params& p, int k, int who = 0) {
   if (p.trace && threadIdx.x == who) {
-    p.trace[blockIdx.x * 16 + k] = clock64();
+    p.trace[blockIdx.x * kStamps + k] = clock64();
   }
 }
 
@@ -146,55 +155,77 @@ struct FragRow {  // quantize_row's sink: E4M3 values as f16 B fragments (load_f
   __device__ __forceinline__ void scale(int64_t, float s) const { *scale_out = s; }
 };
 
+// The threads of a warp pair (warps 2s, 2s + 1) as one quantize_row team: GEMM2's input rows,
+// one slot's per pair, so that the whole row is loaded in one round from L2.
+struct PairTeam {
+  float* warp_amax;  // [kWarps] in shared memory
+  __device__ __forceinline__ int rank() const { return threadIdx.x % 64; }
+  __device__ __forceinline__ int size() const { return 64; }
+  __device__ __forceinline__ float amax(float v) const {
+    v = WarpTeam{}.amax(v);
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0) warp_amax[warp] = v;
+    asm volatile("bar.sync %0, 64;" ::"r"(1 + warp / 2) : "memory");  // named barriers 1 .. 8
+    return fmaxf(warp_amax[warp & ~1], warp_amax[warp | 1]);
+  }
+};
+
 template <typename T, int kAct>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
-  const int H = p.hidden_size, I = p.inter;
+  const int H = p.hidden_size, I = p.inter, ring_n = p.ring, red_n = ring_n + 2;
   const uint32_t tile_bytes = kCols * H;
-  uint8_t* ring = smem;                                        // kRing x 16 rows x H
-  uint8_t* w2s = ring + kRing * size_t(tile_bytes);            // pairs x 16 rows x I
+  uint8_t* ring = smem;                                        // ring x 16 rows x H
+  uint8_t* w2s = ring + ring_n * size_t(tile_bytes);           // pairs x 16 rows x I
   uint32_t* xq = reinterpret_cast<uint32_t*>(w2s + size_t(p.units2) * kMaxSlots * kCols * I);  // [H / 2]
   uint32_t* x2 = xq + H / 2;                                   // [kMaxSlots][I / 2]
-  float* red = reinterpret_cast<float*>(x2 + kMaxSlots * I / 2);  // [2 units][2 tiles][kWarps][16]
-  float* part = red + 2 * 2 * kWarps * kCols;                  // [kWarps][16]
+  float* red = reinterpret_cast<float*>(x2 + kMaxSlots * I / 2);  // [ring + 2][kWarps][16]
+  float* part = red + red_n * kWarps * kCols;                  // [kWarps][16]
   __shared__ int s_expert[kMaxSlots];
-  __shared__ float s_weight[kMaxSlots], s_scale2[kMaxSlots], s_xscale;
+  __shared__ float s_weight[kMaxSlots], s_scale2[kMaxSlots], s_xscale, s_amax[kWarps];
   __shared__ float s_scale1[kMaxUnits1][2 * kCols], s_bias1[kMaxUnits1][2 * kCols];
   __shared__ float s_wscale2[kMaxSlots][kMaxUnits2 * kCols], s_bias2[kMaxSlots][kMaxUnits2 * kCols];
+  __shared__ float s_term[kMaxUnits2 * kMaxSlots][kCols];
   __shared__ int s_slots;
-  __shared__ __align__(8) uint64_t full[kRing], w2_full, scales_full;
+  // full: a w13 tile landed; empty: every compute warp has read it and written its partial sums
+  __shared__ __align__(8) uint64_t full[kMaxRing], empty[kMaxRing], w2_full;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  if (threadIdx.x == kWarps * 32) {
+    for (int i = 0; i < ring_n; ++i) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&full[i])));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&empty[i])), "r"(kWarps));
+    }
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&w2_full)));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
   asm volatile("griddepcontrol.wait;" ::: "memory");
   stamp(p, 0);
   if (p.trace && threadIdx.x == 0) {
     unsigned long long v;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
-    p.trace[blockIdx.x * 16 + 14] = v;
+    p.trace[blockIdx.x * kStamps + 30] = v;
   }
-  // The token's row and routing, requested together.
+  // The token's row and routing, requested together; warp 0 keeps the slots with local
+  // experts, in order.
   uint4 xr = make_uint4(0, 0, 0, 0);
   if (threadIdx.x < H / 8) xr = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.hidden) + 8 * threadIdx.x);
-  if (threadIdx.x < p.top_k) {
-    const int s = threadIdx.x;
-    const int64_t id = p.ids64 ? static_cast<const int64_t*>(p.topk_ids)[s] : static_cast<const int32_t*>(p.topk_ids)[s];
-    const int64_t e = id - p.expert_offset;
-    s_expert[s] = e < 0 || e >= p.num_experts ? -1 : int(e);  // -1: another rank's expert (or -1)
-    s_weight[s] = p.topk_weights[s];
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {  // the slots with local experts, in order
-    int n = 0;
-    for (int s = 0; s < p.top_k; ++s)
-      if (s_expert[s] >= 0) {
-        s_expert[n] = s_expert[s];
-        s_weight[n++] = s_weight[s];
-      }
-    s_slots = n;
-    for (int i = 0; i < kRing; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&full[i])));
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&w2_full)));
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&scales_full)));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  if (warp == 0) {
+    int e = -1;
+    float w = 0.f;
+    if (lane < p.top_k) {
+      const int64_t id = p.ids64 ? static_cast<const int64_t*>(p.topk_ids)[lane]
+                                 : static_cast<const int32_t*>(p.topk_ids)[lane];
+      e = id - p.expert_offset < 0 || id - p.expert_offset >= p.num_experts ? -1 : int(id - p.expert_offset);
+      w = p.topk_weights[lane];
+    }
+    const unsigned local = __ballot_sync(0xffffffffu, e >= 0);  // -1: another rank's expert (or -1)
+    if (e >= 0) {
+      const int n = __popc(local & ((1u << lane) - 1));
+      s_expert[n] = e;
+      s_weight[n] = w;
+    }
+    if (lane == 0) s_slots = __popc(local);
   }
   __syncthreads();
   stamp(p, 1);
@@ -204,45 +235,42 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   while (units < p.units1 && unit_at(units) < slots * col_blocks) ++units;
   while (units2 < p.units2 && unit_at(units2) < H / kCols) ++units2;
   const int tiles = 2 * units, pairs = units2 * slots;  // w13 tiles; GEMM2 (unit, slot) pairs
+  const bool producer = warp == kWarps;
 
-  // The loader (thread 0): w13 tile j (unit j / 2's gate or up rows) into ring slot j % kRing;
-  // after the last tile, the w2 share: 16 rows of each slot's expert per GEMM2 unit.
-  auto issue_w2 = [&] {
-    if (pairs == 0) return;
-    expect_bytes(&w2_full, pairs * kCols * I);
-    for (int q = 0; q < pairs; ++q) {
-      const int64_t row = int64_t(s_expert[q % slots]) * H + unit_at(q / slots) * kCols;
-      bulk_copy(w2s + q * size_t(kCols) * I, p.w2 + row * I, kCols * I, &w2_full);
-    }
-  };
+  // The producer's lane 0: w13 tile j (unit j / 2's gate or up rows) into ring slot j % ring;
+  // with tile w2_at, the w2 share: 16 rows of each slot's expert per GEMM2 unit.
+  const int w2_at = min(p.w2_after, max(tiles, 1) - 1);
   auto issue = [&](int j) {
     if (j < tiles) {
       const int u = unit_at(j / 2);
       const int64_t row = int64_t(s_expert[u / col_blocks]) * 2 * I + (j % 2) * I + (u % col_blocks) * kCols;
-      expect_bytes(&full[j % kRing], tile_bytes);
-      bulk_copy(ring + (j % kRing) * size_t(tile_bytes), p.w13 + row * H, tile_bytes, &full[j % kRing]);
+      expect_bytes(&full[j % ring_n], tile_bytes);
+      bulk_copy(ring + (j % ring_n) * size_t(tile_bytes), p.w13 + row * H, tile_bytes, &full[j % ring_n]);
     }
-    if (j == max(tiles, 1) - 1) issue_w2();
+    if (j == w2_at && pairs > 0) {
+      expect_bytes(&w2_full, pairs * kCols * I);
+      for (int q = 0; q < pairs; ++q) {
+        const int64_t row = int64_t(s_expert[q % slots]) * H + unit_at(q / slots) * kCols;
+        bulk_copy(w2s + q * size_t(kCols) * I, p.w2 + row * I, kCols * I, &w2_full);
+      }
+    }
   };
-  if (threadIdx.x == 0)
-    for (int j = 0; j < kRing; ++j) issue(j);
-  stamp(p, 9);
+  if (producer && lane == 0)
+    for (int j = 0; j < ring_n; ++j) issue(j);
+  stamp(p, 9, kWarps * 32);
 
-  stamp(p, 10, kWarps * 32);
-  stamp(p, 11, 32);
   // The token in E4M3 (expand's quantization: a static scale, or one per token).
   quantize_row<MOEK_QUANT_FP8>(
       BlockTeam{}, [&](int64_t, float* v) { Vec8<T> x; x.unpack(xr); for (int i = 0; i < 8; ++i) v[i] = x.v[i]; },
       H, p.a13_scale, FragRow{xq, &s_xscale});
-  stamp(p, 12);
   __syncthreads();
   stamp(p, 2);
-  // The last warp loads the epilogues' scales and biases while the others start on GEMM1:
-  // behind the weight stream each load takes microseconds, and a block-wide barrier waiting on
-  // them held every warp (setup took 4 us).
-  constexpr int kPer1 = kMaxUnits1 * 2 * kCols / 32, kPer2 = kMaxSlots * kMaxUnits2 * kCols / 32;
-  float sc1[kPer1], bi1[kPer1], sc2[kPer2], bi2[kPer2];
-  if (warp == kWarps) {
+
+  if (producer) {
+    // The epilogues' scales and biases, loaded into registers now and stored to shared memory
+    // once the first tile is consumed: behind the weight stream each load takes microseconds.
+    constexpr int kPer1 = kMaxUnits1 * 2 * kCols / 32, kPer2 = kMaxSlots * kMaxUnits2 * kCols / 32;
+    float sc1[kPer1], bi1[kPer1], sc2[kPer2], bi2[kPer2];
 #pragma unroll
     for (int k = 0; k < kPer1; ++k) {
       const int j = lane + 32 * k, i = j / (2 * kCols), r = j % (2 * kCols);
@@ -264,83 +292,92 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
         if (p.w2_bias) bi2[k] = Vec8<T>::to_float(static_cast<const T*>(p.w2_bias)[e * H + col]);
       }
     }
-  }
-  if (warp == kWarps) {
+    auto store_scales = [&] {
 #pragma unroll
-    for (int k = 0; k < kPer1; ++k) {
-      const int j = lane + 32 * k;
-      s_scale1[j / (2 * kCols)][j % (2 * kCols)] = sc1[k];
-      s_bias1[j / (2 * kCols)][j % (2 * kCols)] = bi1[k];
-    }
+      for (int k = 0; k < kPer1; ++k) {
+        const int j = lane + 32 * k;
+        s_scale1[j / (2 * kCols)][j % (2 * kCols)] = sc1[k];
+        s_bias1[j / (2 * kCols)][j % (2 * kCols)] = bi1[k];
+      }
 #pragma unroll
-    for (int k = 0; k < kPer2; ++k) {
-      const int j = lane + 32 * k;
-      s_wscale2[j / (kMaxUnits2 * kCols)][j % (kMaxUnits2 * kCols)] = sc2[k];
-      s_bias2[j / (kMaxUnits2 * kCols)][j % (kMaxUnits2 * kCols)] = bi2[k];
-    }
-    __syncwarp();
-    if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&scales_full)) : "memory");
-  }
-
-  // GEMM1, tile by tile as they land: warp w takes K chunks w, w + 16, ... of the tile's 16
-  // rows. After a unit's up tile, warp 0 applies the activation while the others go on.
-  for (int j = 0; j < tiles && warp < kWarps; ++j) {
-    wait_parity(&full[j % kRing], (j / kRing) & 1);
-    const uint8_t* rows = ring + (j % kRing) * size_t(tile_bytes) + g * H + 16 * t;
-    float c[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};  // two chains of MMAs
-    for (int ch = warp; ch < chunks1; ch += 2 * kWarps) {
-      uint4 b01, b23;
-      load_frag(xq, ch, t, g == 0, b01, b23);
-      dot64(c, *reinterpret_cast<const uint4*>(rows + 64 * ch), *reinterpret_cast<const uint4*>(rows + 8 * H + 64 * ch),
-            b01, b23);
-      const int ch2 = ch + kWarps;
-      if (ch2 < chunks1) {
-        load_frag(xq, ch2, t, g == 0, b01, b23);
-        dot64(c2, *reinterpret_cast<const uint4*>(rows + 64 * ch2),
-              *reinterpret_cast<const uint4*>(rows + 8 * H + 64 * ch2), b01, b23);
+      for (int k = 0; k < kPer2; ++k) {
+        const int j = lane + 32 * k;
+        s_wscale2[j / (kMaxUnits2 * kCols)][j % (kMaxUnits2 * kCols)] = sc2[k];
+        s_bias2[j / (kMaxUnits2 * kCols)][j % (kMaxUnits2 * kCols)] = bi2[k];
+      }
+      __syncwarp();
+    };
+    if (tiles == 0) store_scales();
+    // As each tile is consumed: the slot refilled; after a unit's up tile, the activation of
+    // the unit's 16 columns from the warps' partial sums, to the workspace.
+    for (int j = 0; j < tiles; ++j) {
+      wait_parity(&empty[j % ring_n], (j / ring_n) & 1);
+      if (j == 0) stamp(p, 13, kWarps * 32);
+      if (lane == 0) issue(j + ring_n);
+      if (j == 0) store_scales();
+      if (j % 2 == 1 && lane < kCols) {
+        const int i = j / 2, u = unit_at(i), r = lane;
+        const float* red_gate = red + ((j - 1) % red_n) * kWarps * kCols;
+        const float* red_up = red + (j % red_n) * kWarps * kCols;
+        float gate = 0.f, up = 0.f;
+        for (int w = 0; w < kWarps; ++w) {
+          gate += red_gate[w * kCols + r];
+          up += red_up[w * kCols + r];
+        }
+        // The grouped path's GEMM1 stores 16-bit accumulators; the activation kernel scales them.
+        gate = round16<T>(gate) * (s_xscale * s_scale1[i][r]) + s_bias1[i][r];
+        up = round16<T>(up) * (s_xscale * s_scale1[i][kCols + r]) + s_bias1[i][kCols + r];
+        p.y[(u / col_blocks) * I + (u % col_blocks) * kCols + r] = activate<kAct>(gate, up, p.alpha, p.limit);
       }
     }
-    c[0] += c2[0];
-    c[2] += c2[2];
-    float* red_tile = red + (((j / 2) % 2) * 2 + j % 2) * kWarps * kCols;
-    if (t == 0) {
-      red_tile[warp * kCols + g] = c[0];
-      red_tile[warp * kCols + g + 8] = c[2];
-    }
-    asm volatile("bar.sync 1, %0;" ::"n"(kWarps * 32) : "memory");  // the slot is read, the sums are in
-    if (threadIdx.x == 0) issue(j + kRing);
-    if (j == 1) wait_parity(&scales_full, 0);
-    if (j % 2 == 1 && threadIdx.x < kCols) {
-      const int i = j / 2, u = unit_at(i), r = threadIdx.x;
-      const float* red_gate = red_tile - kWarps * kCols;
-      float gate = 0.f, up = 0.f;
-      for (int w = 0; w < kWarps; ++w) {
-        gate += red_gate[w * kCols + r];
-        up += red_tile[w * kCols + r];
+    stamp(p, 3, kWarps * 32);
+  } else {
+    // GEMM1, tile by tile as they land: warp w takes K chunks w, w + 16, ... of the tile's 16
+    // rows, in two chains of MMAs, and hands its partial sums to the producer. Those have
+    // ring + 2 entries: while the warps write tile j's, the producer may still read tile
+    // j - ring - 1's (the activation of the unit that ends at tile j - ring).
+    for (int j = 0; j < tiles; ++j) {
+      wait_parity(&full[j % ring_n], (j / ring_n) & 1);
+      if (j == 0) stamp(p, 10);
+      const uint8_t* rows = ring + (j % ring_n) * size_t(tile_bytes) + g * H + 16 * t;
+      float c[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int ch = warp; ch < chunks1; ch += 2 * kWarps) {
+        uint4 b01, b23;
+        load_frag(xq, ch, t, g == 0, b01, b23);
+        dot64(c, *reinterpret_cast<const uint4*>(rows + 64 * ch), *reinterpret_cast<const uint4*>(rows + 8 * H + 64 * ch),
+              b01, b23);
+        const int ch2 = ch + kWarps;
+        if (ch2 < chunks1) {
+          load_frag(xq, ch2, t, g == 0, b01, b23);
+          dot64(c2, *reinterpret_cast<const uint4*>(rows + 64 * ch2),
+                *reinterpret_cast<const uint4*>(rows + 8 * H + 64 * ch2), b01, b23);
+        }
       }
-      // The grouped path's GEMM1 stores 16-bit accumulators; the activation kernel scales them.
-      gate = round16<T>(gate) * (s_xscale * s_scale1[i][r]) + s_bias1[i][r];
-      up = round16<T>(up) * (s_xscale * s_scale1[i][kCols + r]) + s_bias1[i][kCols + r];
-      p.y[(u / col_blocks) * I + (u % col_blocks) * kCols + r] = activate<kAct>(gate, up, p.alpha, p.limit);
+      float* red_tile = red + (j % red_n) * kWarps * kCols;
+      if (t == 0) {
+        red_tile[warp * kCols + g] = c[0] + c2[0];
+        red_tile[warp * kCols + g + 8] = c[2] + c2[2];
+      }
+      __syncwarp();  // the warp's reads of the slot and writes of its sums, before lane 0 releases them
+      if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[j % ring_n])) : "memory");
     }
   }
-  stamp(p, 3);
 
   cooperative_groups::this_grid().sync();
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   stamp(p, 4);
 
-  // GEMM2's inputs: every slot's activation row in E4M3, a warp per slot (the activation
+  // GEMM2's inputs: every slot's activation row in E4M3, a warp pair per slot (the activation
   // kernel's quantization), read past L1: other CTAs wrote them.
-  if (warp < slots) {
-    const float* yr = p.y + warp * I;
+  if (warp < 2 * slots) {
+    const float* yr = p.y + (warp / 2) * I;
     quantize_row<MOEK_QUANT_FP8>(
-        WarpTeam{}, [&](int64_t j, float* v) {
+        PairTeam{s_amax}, [&](int64_t j, float* v) {
           const float4 a = __ldcg(reinterpret_cast<const float4*>(yr + j));
           const float4 b = __ldcg(reinterpret_cast<const float4*>(yr + j + 4));
           v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
         },
-        I, p.a2_scale, FragRow{x2 + warp * I / 2, &s_scale2[warp]});
+        I, p.a2_scale, FragRow{x2 + (warp / 2) * I / 2, &s_scale2[warp / 2]});
   }
   __syncthreads();
   stamp(p, 5);
@@ -365,35 +402,34 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
               *reinterpret_cast<const uint4*>(rows + 8 * I + 64 * ch2), b01, b23);
       }
     }
-    c[0] += c2[0];
-    c[2] += c2[2];
     if (t == 0) {
-      part[warp * kCols + g] = c[0];
-      part[warp * kCols + g + 8] = c[2];
+      part[warp * kCols + g] = c[0] + c2[0];
+      part[warp * kCols + g + 8] = c[2] + c2[2];
     }
   }
   __syncthreads();
   stamp(p, 6);
-  // Finalize: each output column sums its slots in order, as the grouped path does.
+  // Finalize: each (pair, column) term dequantized in parallel, then each output column sums
+  // its slots in order, as the grouped path does.
+  if (threadIdx.x < pairs * kCols) {
+    const int pq = threadIdx.x / kCols, r = threadIdx.x % kCols, s = pq % slots, c = (pq / slots) * kCols + r;
+    float d = 0.f;
+    for (int w = 0; w < per_pair; ++w) d += part[(pq * per_pair + w) * kCols + r];
+    s_term[pq][r] = round16<T>(d) * (s_scale2[s] * s_wscale2[s][c]) + s_bias2[s][c];
+  }
+  __syncthreads();
+  stamp(p, 11);
   if (threadIdx.x < units2 * kCols) {
-    wait_parity(&scales_full, 0);
     const int unit = threadIdx.x / kCols, r = threadIdx.x % kCols;
     float acc = 0.f;
-#pragma unroll
-    for (int s = 0; s < kMaxSlots; ++s) {
-      if (s >= slots) break;
-      const int pq = unit * slots + s;
-      float d = 0.f;
-      for (int w = 0; w < per_pair; ++w) d += part[(pq * per_pair + w) * kCols + r];
-      acc += s_weight[s] * (round16<T>(d) * (s_scale2[s] * s_wscale2[s][threadIdx.x]) + s_bias2[s][threadIdx.x]);
-    }
+    for (int s = 0; s < slots; ++s) acc = fmaf(s_weight[s], s_term[unit * slots + s][r], acc);
     static_cast<T*>(p.out)[unit_at(unit) * kCols + r] = Vec8<T>::from_float(acc);
   }
   stamp(p, 7);
   if (p.trace && threadIdx.x == 0) {
     unsigned long long v;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
-    p.trace[blockIdx.x * 16 + 15] = v;
+    p.trace[blockIdx.x * kStamps + 31] = v;
   }
 }
 

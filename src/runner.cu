@@ -382,7 +382,7 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
                 a->workspace_bytes, L.total);
   if (one_token) {  // GEMM1's output region (T * k * 2I 16-bit values) holds its k * I floats
     MOEK_CUDA_TRY(launch_one_token(*a, reinterpret_cast<float*>(static_cast<char*>(a->workspace) + L.g),
-                                   d.sm_count, static_cast<cudaStream_t>(a->stream)),
+                                   d.sm_count, d.smem_optin, static_cast<cudaStream_t>(a->stream)),
                   MOEK_ONE_TOKEN);
     return MOEK_OK;
   }

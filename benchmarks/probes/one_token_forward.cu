@@ -3,7 +3,9 @@
 // Checks the output against a float64 host reference of the same quantization, then times
 // the kernel in CUDA graphs of 32 launches over 16 expert sets (so the bytes come from HBM),
 // median of 30 replays, PDL on and off; and prints a timeline of the phases (clock64 stamps
-// per CTA, converted with the SM clock measured against globaltimer over the kernel).
+// per CTA, converted with the SM clock measured against globaltimer over the kernel), for each
+// point in the w13 stream at which the w2 share may be requested (the library: after the last
+// tile). ONE_SET=1 repeats one expert set, so that the weights come from L2.
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude \
 //     -o /tmp/one_token benchmarks/probes/one_token_forward.cu && /tmp/one_token
 #include <cmath>
@@ -16,6 +18,9 @@
 
 using namespace moe_kernels;
 constexpr int E = 128, K = 8, H = 2048, I = 768, SETS = 16;
+#ifndef RING  // w13 tiles in flight (-DRING=2: what a problem gets whose 3 do not fit)
+#define RING 3
+#endif
 
 __global__ void fill_e4m3(uint8_t* w, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
@@ -77,8 +82,9 @@ int main() {
   p.alpha = 1.702f; p.limit = 7.f;
   p.units1 = (K * I / one_token::kCols + sms - 1) / sms;
   p.units2 = (H / one_token::kCols + sms - 1) / sms;
-  const size_t smem = one_token::smem_bytes(H, I, p.units2);
-  printf("grid %d, units1 %d, units2 %d, smem %zu\n", sms, p.units1, p.units2, smem);
+  p.ring = RING;
+  const size_t smem = one_token::smem_bytes(H, I, p.units2, p.ring);
+  printf("grid %d, units1 %d, units2 %d, ring %d, smem %zu\n", sms, p.units1, p.units2, p.ring, smem);
   cudaStream_t st; CK(cudaStreamCreate(&st));
 
   auto launch = [&](auto kern, int set, bool pdl, bool coop) {
@@ -95,8 +101,10 @@ int main() {
   auto k_coop = one_token::forward_kernel<__nv_bfloat16, MOEK_ACT_SWIGLU>;
 
   // Correctness: every set once with each kernel, against the host reference.
-  std::vector<double> worst(3, 0.0);
-  for (int v = 0; v < 1; ++v) {
+  const int w2_afters[] = {0, 2, 4, 99};  // w13 tile the w2 share is requested with
+  std::vector<double> worst(4, 0.0);
+  for (int v = 0; v < 4; ++v) {
+    p.w2_after = w2_afters[v];
     CK(cudaMemset(out, 0xff, SETS * H * 2));  // poison (NaN)
     for (int s = 0; s < SETS; ++s)
       CK(launch(k_coop, s, false, true));
@@ -135,7 +143,7 @@ int main() {
       }
       worst[v] = std::max(worst[v], err / amax);
     }
-    printf("kernel %d: worst |out - ref| / max|ref| over 3 sets = %.3g\n", v, worst[v]);
+    printf("w2_after %d: worst |out - ref| / max|ref| over 3 sets = %.3g\n", w2_afters[v], worst[v]);
   }
 
   // Can a cooperative launch be captured into a graph (with PDL)?
@@ -154,40 +162,44 @@ int main() {
     coop_ok = e1 == cudaSuccess && e4 == cudaSuccess && e5 == cudaSuccess;
     cudaGetLastError();
   }
-  const char* names[] = {"cooperative"};
+  // ONE_SET=1: every launch the same experts, whose weights then stay in L2.
+  const int sets_used = getenv("ONE_SET") ? 1 : SETS;
   for (int round = 0; round < 2; ++round)
-    for (int v = 2; v < 3; ++v)
+    for (int v = 0; v < 4; ++v)
       for (int pdl = 1; pdl >= 0; --pdl) {
-        if (v == 2 && !coop_ok) continue;
+        if (!coop_ok) continue;
+        p.w2_after = w2_afters[v];
         std::vector<float> ts;
         bool ok = true;
         time_graph(st, 32, [&](int i) {
-          cudaError_t e = launch(k_coop, i % SETS, pdl, true);
+          cudaError_t e = launch(k_coop, i % sets_used, pdl, true);
           if (e != cudaSuccess) { ok = false; printf("  launch: %s\n", cudaGetErrorString(e)); cudaGetLastError(); }
         }, ts);
-        if (ok) printf("%-32s pdl %d: %.2f us (min %.2f)  = %.0f%% of the 8.9 us floor\n", names[0], pdl, ts[15], ts[0], 100 * 8.9 / ts[15]);
+        if (ok) printf("ring %d, w2 with tile %-2d pdl %d: %.2f us (min %.2f)  = %.0f%% of the 8.9 us floor\n", p.ring, w2_afters[v], pdl, ts[15], ts[0], 100 * 8.9 / ts[15]);
       }
   // Timeline: clock64 stamps per CTA, one launch after warm-up (each set's weights cold
   // in L2 as far as 16 sets allow), relative to the earliest start.
   {
-    unsigned long long* tr; CK(cudaMalloc(&tr, sms * 16 * 8));
-    const char* what[] = {"start", "ids", "setup", "gemm1 done", "post-sync", "y quantized", "gemm2 mma", "end", "w2 landed", "t0 issued", "warp 16 pre-quant", "warp 1 pre-quant", "t0 quantized"};
-    for (int rep = 0; rep < 3; ++rep) {
-      for (int i = 0; i < 40; ++i) CK(launch(k_coop, i % SETS, true, true));
-      CK(cudaMemset(tr, 0, sms * 16 * 8));
+    constexpr int S = one_token::kStamps;
+    unsigned long long* tr; CK(cudaMalloc(&tr, sms * S * 8));
+    const char* what[] = {"start", "ids", "token quantized", "gemm1 done", "post-sync", "y quantized", "gemm2 mma", "end", "w2 landed", "first tiles issued", "tile 0 landed", "terms", "-", "tile 0 consumed"};
+    for (int rep = 0; rep < 4; ++rep) {
+      p.w2_after = w2_afters[rep];
+      for (int i = 0; i < 40; ++i) CK(launch(k_coop, i % sets_used, true, true));
+      CK(cudaMemset(tr, 0, sms * S * 8));
       p.trace = tr;
-      CK(launch(k_coop, (rep * 5 + 3) % SETS, true, true));
+      CK(launch(k_coop, (rep * 5 + 3) % sets_used, true, true));
       p.trace = nullptr;
       CK(cudaStreamSynchronize(st));
-      std::vector<unsigned long long> h(sms * 16);
+      std::vector<unsigned long long> h(sms * S);
       CK(cudaMemcpy(h.data(), tr, h.size() * 8, cudaMemcpyDeviceToHost));
       double ghz = 0;
-      for (int b = 0; b < sms; ++b) ghz += double(h[b * 16 + 7] - h[b * 16]) / double(h[b * 16 + 15] - h[b * 16 + 14]);
+      for (int b = 0; b < sms; ++b) ghz += double(h[b * S + 7] - h[b * S]) / double(h[b * S + 31] - h[b * S + 30]);
       ghz /= sms;
-      printf("timeline %d (us from each CTA's own start, by clock64 at %.2f GHz: mean / max over CTAs that have the point)\n", rep, ghz);
-      for (int k = 0; k < 13; ++k) {
+      printf("timeline, w2 with tile %d (us from each CTA's own start, by clock64 at %.2f GHz: mean / max over CTAs that have the point)\n", w2_afters[rep], ghz);
+      for (int k = 0; k < 14; ++k) {
         double sum = 0, mx = 0; int n = 0;
-        for (int b = 0; b < sms; ++b) if (h[b * 16 + k]) { double v = (h[b * 16 + k] - h[b * 16]) / ghz / 1000.0; sum += v; mx = std::max(mx, v); ++n; }
+        for (int b = 0; b < sms; ++b) if (h[b * S + k]) { double v = (h[b * S + k] - h[b * S]) / ghz / 1000.0; sum += v; mx = std::max(mx, v); ++n; }
         if (n) printf("  %-12s %6.2f / %6.2f  (%d)\n", what[k], sum / n, mx, n);
       }
     }
