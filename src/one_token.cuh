@@ -35,6 +35,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "act.cuh"
 #include "vec.cuh"
 
@@ -143,6 +145,12 @@ __device__ __forceinline__ void expect_bytes(uint64_t* bar, uint32_t bytes) {
 
 template <typename T>
 __device__ __forceinline__ float round16(float v) { return Vec8<T>::to_float(Vec8<T>::from_float(v)); }
+
+template <typename T>  // a 16-bit float from its bits
+__device__ __forceinline__ float bits_to_float(uint16_t v) {
+  if constexpr (std::is_same_v<T, __half>) return __half2float(__ushort_as_half(v));
+  else return __uint_as_float(uint32_t(v) << 16);
+}
 
 struct FragRow {  // quantize_row's sink: E4M3 values as f16 B fragments (load_frag), the scale
   uint32_t* frag;
@@ -266,48 +274,41 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   __syncthreads();
   stamp(p, 2);
 
+  // The epilogues' scales and biases: the producer loads GEMM1's into registers before its
+  // loop and stores them to shared memory once the first tile is consumed, GEMM2's after its
+  // loop, stored after the grid barrier (behind the weight stream each load takes
+  // microseconds). Every load is unconditional (a valid index where there is nothing to load)
+  // and nothing reads a loaded register before the store: a select on a load's value made the
+  // producer wait for the loads before its first refill (2 us into the stream, against 0.1).
+  constexpr int kPer1 = kMaxUnits1 * 2 * kCols / 32, kPer2 = kMaxSlots * kMaxUnits2 * kCols / 32;
+  float sc2[kPer2];
+  uint16_t bi2[kPer2];  // the biases' bits (without a bias: a scale's, unused)
+  auto has2 = [&](int k) {
+    return (lane + 32 * k) / (kMaxUnits2 * kCols) < slots && (lane + 32 * k) % (kMaxUnits2 * kCols) < units2 * kCols;
+  };
   if (producer) {
-    // The epilogues' scales and biases, loaded into registers now and stored to shared memory
-    // once the first tile is consumed: behind the weight stream each load takes microseconds.
-    constexpr int kPer1 = kMaxUnits1 * 2 * kCols / 32, kPer2 = kMaxSlots * kMaxUnits2 * kCols / 32;
-    float sc1[kPer1], bi1[kPer1], sc2[kPer2], bi2[kPer2];
+    float sc1[kPer1];
+    uint16_t bi1[kPer1];
+    const uint16_t* b1 = static_cast<const uint16_t*>(p.w13_bias ? p.w13_bias : p.w13_scale);
+    auto has1 = [&](int k) { return (lane + 32 * k) / (2 * kCols) < units; };
 #pragma unroll
     for (int k = 0; k < kPer1; ++k) {
-      const int j = lane + 32 * k, i = j / (2 * kCols), r = j % (2 * kCols);
-      sc1[k] = bi1[k] = 0.f;
-      if (i < units) {
-        const int u = unit_at(i);
-        const int64_t e = s_expert[u / col_blocks], col = (r / kCols) * I + (u % col_blocks) * kCols + r % kCols;
-        sc1[k] = p.w13_scale[p.w13_per_channel ? e * 2 * I + col : e];
-        if (p.w13_bias) bi1[k] = Vec8<T>::to_float(static_cast<const T*>(p.w13_bias)[e * 2 * I + col]);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kPer2; ++k) {
-      const int j = lane + 32 * k, s = j / (kMaxUnits2 * kCols), r = j % (kMaxUnits2 * kCols);
-      sc2[k] = bi2[k] = 0.f;
-      if (s < slots && r < units2 * kCols) {
-        const int64_t e = s_expert[s], col = unit_at(r / kCols) * kCols + r % kCols;
-        sc2[k] = p.w2_scale[p.w2_per_channel ? e * H + col : e];
-        if (p.w2_bias) bi2[k] = Vec8<T>::to_float(static_cast<const T*>(p.w2_bias)[e * H + col]);
-      }
+      const int j = lane + 32 * k, r = j % (2 * kCols), u = has1(k) ? unit_at(j / (2 * kCols)) : 0;
+      const int64_t e = has1(k) ? s_expert[u / col_blocks] : 0, col = (r / kCols) * I + (u % col_blocks) * kCols + r % kCols;
+      sc1[k] = p.w13_scale[p.w13_per_channel ? e * 2 * I + col : e];
+      bi1[k] = b1[p.w13_bias ? e * 2 * I + col : 0];
     }
     auto store_scales = [&] {
 #pragma unroll
       for (int k = 0; k < kPer1; ++k) {
         const int j = lane + 32 * k;
-        s_scale1[j / (2 * kCols)][j % (2 * kCols)] = sc1[k];
-        s_bias1[j / (2 * kCols)][j % (2 * kCols)] = bi1[k];
-      }
-#pragma unroll
-      for (int k = 0; k < kPer2; ++k) {
-        const int j = lane + 32 * k;
-        s_wscale2[j / (kMaxUnits2 * kCols)][j % (kMaxUnits2 * kCols)] = sc2[k];
-        s_bias2[j / (kMaxUnits2 * kCols)][j % (kMaxUnits2 * kCols)] = bi2[k];
+        s_scale1[j / (2 * kCols)][j % (2 * kCols)] = has1(k) ? sc1[k] : 0.f;
+        s_bias1[j / (2 * kCols)][j % (2 * kCols)] = has1(k) && p.w13_bias ? bits_to_float<T>(bi1[k]) : 0.f;
       }
       __syncwarp();
     };
     if (tiles == 0) store_scales();
+    stamp(p, 12, kWarps * 32);
     // As each tile is consumed: the slot refilled; after a unit's up tile, the activation of
     // the unit's 16 columns from the warps' partial sums, to the workspace.
     for (int j = 0; j < tiles; ++j) {
@@ -331,6 +332,15 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
       }
     }
     stamp(p, 3, kWarps * 32);
+    const uint16_t* b2 = static_cast<const uint16_t*>(p.w2_bias ? p.w2_bias : p.w2_scale);
+#pragma unroll
+    for (int k = 0; k < kPer2; ++k) {
+      const int j = lane + 32 * k, r = j % (kMaxUnits2 * kCols);
+      const int64_t e = has2(k) ? s_expert[j / (kMaxUnits2 * kCols)] : 0;
+      const int64_t col = has2(k) ? unit_at(r / kCols) * kCols + r % kCols : 0;
+      sc2[k] = p.w2_scale[p.w2_per_channel ? e * H + col : e];
+      bi2[k] = b2[p.w2_bias ? e * H + col : 0];
+    }
   } else {
     // GEMM1, tile by tile as they land: warp w takes K chunks w, w + 16, ... of the tile's 16
     // rows, in two chains of MMAs, and hands its partial sums to the producer. Those have
@@ -366,6 +376,14 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   cooperative_groups::this_grid().sync();
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   stamp(p, 4);
+  if (producer) {  // read after the __syncthreads below
+#pragma unroll
+    for (int k = 0; k < kPer2; ++k) {
+      const int j = lane + 32 * k;
+      s_wscale2[j / (kMaxUnits2 * kCols)][j % (kMaxUnits2 * kCols)] = has2(k) ? sc2[k] : 0.f;
+      s_bias2[j / (kMaxUnits2 * kCols)][j % (kMaxUnits2 * kCols)] = has2(k) && p.w2_bias ? bits_to_float<T>(bi2[k]) : 0.f;
+    }
+  }
 
   // GEMM2's inputs: every slot's activation row in E4M3, a warp pair per slot (the activation
   // kernel's quantization), read past L1: other CTAs wrote them.

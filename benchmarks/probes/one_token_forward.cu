@@ -182,7 +182,7 @@ int main() {
   {
     constexpr int S = one_token::kStamps;
     unsigned long long* tr; CK(cudaMalloc(&tr, sms * S * 8));
-    const char* what[] = {"start", "ids", "token quantized", "gemm1 done", "post-sync", "y quantized", "gemm2 mma", "end", "w2 landed", "first tiles issued", "tile 0 landed", "terms", "-", "tile 0 consumed"};
+    const char* what[] = {"start", "ids", "token quantized", "gemm1 done", "post-sync", "y quantized", "gemm2 mma", "end", "w2 landed", "first tiles issued", "tile 0 landed", "terms", "producer ready", "tile 0 consumed"};
     for (int rep = 0; rep < 4; ++rep) {
       p.w2_after = w2_afters[rep];
       for (int i = 0; i < 40; ++i) CK(launch(k_coop, i % sets_used, true, true));
