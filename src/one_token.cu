@@ -21,8 +21,28 @@ int why_not(char* why, size_t n, const char* fmt, ...) {
   return 1;
 }
 
-// The kernel's static shared memory (the epilogues' scales and terms, barriers: under 6 KB).
-constexpr size_t kStaticSmem = 6144;
+// The kernel's static shared memory (the epilogues' scales and terms, barriers), the most of its
+// instantiations', as built: dynamic plus static must fit the device's opt-in limit.
+size_t static_smem() {
+  static const size_t bytes = [] {
+    size_t most = 0;
+    auto take = [&most](const void* kernel) {
+      cudaFuncAttributes fa{};
+      if (cudaFuncGetAttributes(&fa, kernel) == cudaSuccess)
+        most = fa.sharedSizeBytes > most ? fa.sharedSizeBytes : most;
+      else
+        cudaGetLastError();  // no image for this device: its launch reports that
+    };
+    take(reinterpret_cast<const void*>(one_token::forward_kernel<__half, MOEK_ACT_SWIGLU>));
+    take(reinterpret_cast<const void*>(one_token::forward_kernel<__half, MOEK_ACT_GEGLU>));
+    take(reinterpret_cast<const void*>(one_token::forward_kernel<__half, MOEK_ACT_SWIGLU_OAI>));
+    take(reinterpret_cast<const void*>(one_token::forward_kernel<__nv_bfloat16, MOEK_ACT_SWIGLU>));
+    take(reinterpret_cast<const void*>(one_token::forward_kernel<__nv_bfloat16, MOEK_ACT_GEGLU>));
+    take(reinterpret_cast<const void*>(one_token::forward_kernel<__nv_bfloat16, MOEK_ACT_SWIGLU_OAI>));
+    return most;
+  }();
+  return bytes;
+}
 
 }  // namespace
 
@@ -43,13 +63,13 @@ int one_token_problem(const moek_shape& s, int sm_count, int smem_optin, char* w
     return why_not(why, n, "one_token: hidden_size %lld with top_k %lld is more than %d SMs hold", H, k, sm_count);
   if (!one_token_ring(int(H), int(I), int(units2), smem_optin))
     return why_not(why, n, "one_token needs %zu bytes of shared memory, the device allows %d",
-                   smem_bytes(int(H), int(I), int(units2), 2) + kStaticSmem, smem_optin);
+                   smem_bytes(int(H), int(I), int(units2), 2) + static_smem(), smem_optin);
   return 0;
 }
 
 int one_token_ring(int hidden, int inter, int units2, int smem_optin) {
   for (int ring = one_token::kMaxRing; ring >= 2; --ring)
-    if (one_token::smem_bytes(hidden, inter, units2, ring) + kStaticSmem <= size_t(smem_optin)) return ring;
+    if (one_token::smem_bytes(hidden, inter, units2, ring) + static_smem() <= size_t(smem_optin)) return ring;
   return 0;
 }
 

@@ -169,6 +169,43 @@ def test_tuned_choice_is_used_inside_a_cuda_graph(tmp_path):
     assert moe_kernels.api.choose_tactic(*args) == tuned
 
 
+# One token of this fp8 problem fits the one_token tactic (tests/test_gpu.py ONE_TOKEN_SHAPES).
+ONE_TOKEN_SPEC = ProblemSpec("fp8", "swiglu", 8, 1, 512, 1024)
+
+
+@pytest.mark.gpu
+def test_one_token_tactic_is_a_candidate_at_one_token():
+    whole = Tactic(moe_kernels.ONE_TOKEN, moe_kernels.ONE_TOKEN)
+    res = tuning.tune([ONE_TOKEN_SPEC], [1], replays=3, progress=False)
+    rec = res[ONE_TOKEN_SPEC.signature]["1"]
+    assert isinstance(rec[tuning.ONE_TOKEN_KEY], float) and rec[tuning.ONE_TOKEN_KEY] > 0, rec
+    assert str(whole) not in rec["rejected"] and not rec["faulted"]
+    # One launch against the grouped path's six: among the fastest three on this small problem.
+    assert str(whole) in rec["finalists"], rec["finalists"]
+    p = make_problem(T=1, E=ONE_TOKEN_SPEC.experts, k=ONE_TOKEN_SPEC.top_k, H=ONE_TOKEN_SPEC.hidden,
+                     I=ONE_TOKEN_SPEC.inter, dtype="fp8")
+    args = (p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"])
+    kw = dict(quant="fp8", w13_scale=p["w13_scale"], w2_scale=p["w2_scale"])
+    grouped = moe_kernels.list_kernels(quant="fp8")[0].name
+    cache = tuning._cache_for(torch.cuda.current_device())
+    saved = cache.entries.get(ONE_TOKEN_SPEC.signature, {}).get("1")
+    try:
+        # A record tuned with one_token among its candidates is used, whichever pair won.
+        cache.put(ONE_TOKEN_SPEC, 1, {**rec, "gemm1": grouped, "gemm2": grouped})
+        assert moe_kernels.api.choose_tactic(*args, **kw) == Tactic(grouped, grouped)
+        cache.put(ONE_TOKEN_SPEC, 1, {**rec, "gemm1": whole.gemm1, "gemm2": whole.gemm2})
+        assert moe_kernels.api.choose_tactic(*args, **kw) == whole
+        # One tuned before it was a candidate (no ONE_TOKEN_KEY) gives way to one_token.
+        old = {k: v for k, v in rec.items() if k != tuning.ONE_TOKEN_KEY}
+        cache.put(ONE_TOKEN_SPEC, 1, {**old, "gemm1": grouped, "gemm2": grouped})
+        assert moe_kernels.api.choose_tactic(*args, **kw) == whole
+    finally:
+        if saved is None:
+            cache.entries.get(ONE_TOKEN_SPEC.signature, {}).pop("1", None)
+        else:
+            cache.put(ONE_TOKEN_SPEC, 1, saved)
+
+
 FAKE_WORKER = r'''
 import argparse, json, sys
 p = argparse.ArgumentParser()

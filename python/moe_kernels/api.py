@@ -288,11 +288,14 @@ def _resolve_tactic(p: _Problem, tactic) -> Tactic:
                 f"no {p.quant.value} kernels can run on {_native.device_info(dev)['name']} in this build")
         from .tuning import ProblemSpec, cached_tactic
         spec = ProblemSpec(p.quant.value, p.activation.value, p.E, p.k, p.H, p.I)
-        if p.T == 1 and p.quant is QuantMode.FP8 and not _native.C().one_token_check(dev, p.shape):
-            return _log_choice(spec, p.T, Tactic(ONE_TOKEN, ONE_TOKEN), "one token")
-        tuned = cached_tactic(spec, p.T, dev)
-        if tuned is not None and tuned.gemm1 in usable and tuned.gemm2 in usable:
+        whole = Tactic(ONE_TOKEN, ONE_TOKEN)
+        one_token = p.T == 1 and p.quant is QuantMode.FP8 and not _native.C().one_token_check(dev, p.shape)
+        tuned = cached_tactic(spec, p.T, dev, one_token=one_token)
+        if tuned is not None and ((one_token and tuned == whole) or
+                                  (tuned.gemm1 in usable and tuned.gemm2 in usable)):
             return _log_choice(spec, p.T, tuned, "tuned")
+        if one_token:
+            return _log_choice(spec, p.T, whole, "one token")
         return _log_choice(spec, p.T, default_tactic(
             list(usable.values()), num_tokens=p.T, top_k=p.k, num_experts=p.E, hidden_size=p.H,
             gemm1_n=p.n1, sm_count=_native.device_info(dev)["sm_count"]), "default rule")

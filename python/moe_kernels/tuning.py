@@ -2,7 +2,8 @@
 
 - `list_tactics(...)`: every (GEMM1, GEMM2) kernel pair for a problem on this GPU, and the
   kernels filtered out with their reason (shared memory, arch, mode). Filtered kernels are
-  never launched.
+  never launched. At one token the tuner also times the one_token tactic where the problem
+  fits it.
 - Tuning runs in a child process (`python -m moe_kernels.tuning --worker ...`): a kernel
   that faults takes down the child, the parent records it against the candidate being
   tried, excludes it and goes on in a fresh child.
@@ -30,7 +31,7 @@ import warnings
 
 from . import _native
 from .modes import Activation, QuantMode
-from .tactic import Tactic
+from .tactic import ONE_TOKEN, Tactic
 
 # Token buckets: powers of two to 256, then x4 steps. A forward of T tokens uses the
 # smallest bucket >= T (the largest for more tokens).
@@ -38,6 +39,8 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, 16384)
 CACHE_FORMAT = 1
 ROUTING_SETS = 4       # rotated routing/input sets per timing (experts hit differ per forward)
 REL_TOL = {"fp8": 5e-2, "fp8_block": 5e-2}  # candidate output against the float32 reference; 2e-2 for 16-bit
+# A record tuned with the one_token tactic among its candidates says so (its time, or why not).
+ONE_TOKEN_KEY = "one_token"
 TEST_CORRUPT_ENV = "MOE_KERNELS_TEST_CORRUPT_KERNEL"  # test-only: treat this kernel's output as wrong
 MAX_RESTARTS = 8
 FINALISTS = 3          # fastest candidates of the search, timed again before one is chosen
@@ -177,13 +180,16 @@ def _cache_for(device: int) -> TuningCache:
     return _caches[device]
 
 
-def cached_tactic(spec: ProblemSpec, num_tokens: int, device: int):
+def cached_tactic(spec: ProblemSpec, num_tokens: int, device: int, *, one_token: bool = False):
     """The tuned tactic for this problem's bucket, tuning it first inside autotune() (never
-    during a CUDA graph capture); None when nothing is known (the default rule applies)."""
+    during a CUDA graph capture); None when nothing is known (the default rule applies).
+    one_token: the problem can take the one_token tactic, so a record tuned without it as a
+    candidate (ONE_TOKEN_KEY absent: an older table) is not used."""
     import torch
     cache = _cache_for(device)
     bucket = bucket_for(num_tokens)
-    tactic = cache.get(spec, bucket)
+    rec = cache.entries.get(spec.signature, {}).get(str(bucket))
+    tactic = None if not rec or (one_token and ONE_TOKEN_KEY not in rec) else Tactic(rec["gemm1"], rec["gemm2"])
     if tactic is not None or not _active or torch.cuda.is_current_stream_capturing():
         return tactic
     settings = _active[-1]
@@ -389,27 +395,42 @@ def _worker(args) -> int:
                 run(tactic, *sets[j], outs[j])
             return profiling.time_graph(call, args.replays, len(sets))[0] * 1e6
 
-        if not good:
+        # The one-kernel forward of one token, where the problem fits it (the runner says why not).
+        one_token = None
+        if T == 1 and ONE_TOKEN in excluded:
+            one_token = excluded[ONE_TOKEN]
+        elif T == 1:
+            whole = Tactic(ONE_TOKEN, ONE_TOKEN)
+            try:
+                one_token = measure(whole, ONE_TOKEN, 0, 1)
+            except ValueError as e:
+                one_token = f"not applicable: {e}"
+            if str(whole) in rejected:
+                one_token = rejected[str(whole)]
+        if not good and not timings:
             _emit(event="bucket", bucket=T, record=None)
             continue
-        default = default_tactic([infos[k] for k in good], num_tokens=T, top_k=spec.top_k,
-                                 num_experts=spec.experts, hidden_size=spec.hidden,
-                                 gemm1_n=(2 if act.gated else 1) * spec.inter, sm_count=sm_count)
-        default_us = measure(default, default.gemm1, 0, 1)
-        if args.exhaustive:
-            pairs = [Tactic(a, b) for a in good for b in good]
-            for i, t in enumerate(pairs):
-                measure(t, t.gemm1, i, len(pairs))
-        # Coordinate search: GEMM1 with GEMM2 on the default, then GEMM2 with the best GEMM1.
-        # After an exhaustive run every pair is timed already, so this replays the search on the
-        # same timings: what tuning would have chosen, comparable with the exhaustive best.
-        for i, k in enumerate(good):
-            measure(Tactic(k, default.gemm2), k, i, 2 * len(good))
-        best1 = min(good, key=lambda k: timings.get(str(Tactic(k, default.gemm2)), float("inf")))
-        for i, k in enumerate(good):
-            measure(Tactic(best1, k), k, len(good) + i, 2 * len(good))
-        best2 = min(good, key=lambda k: timings.get(str(Tactic(best1, k)), float("inf")))
-        searched = Tactic(best1, best2)
+        default = searched = default_us = None
+        if good:
+            default = default_tactic([infos[k] for k in good], num_tokens=T, top_k=spec.top_k,
+                                     num_experts=spec.experts, hidden_size=spec.hidden,
+                                     gemm1_n=(2 if act.gated else 1) * spec.inter, sm_count=sm_count)
+            default_us = measure(default, default.gemm1, 0, 1)
+            if args.exhaustive:
+                pairs = [Tactic(a, b) for a in good for b in good]
+                for i, t in enumerate(pairs):
+                    measure(t, t.gemm1, i, len(pairs))
+            # Coordinate search: GEMM1 with GEMM2 on the default, then GEMM2 with the best
+            # GEMM1. After an exhaustive run every pair is timed already, so this replays the
+            # search on the same timings: what tuning would have chosen, comparable with the
+            # exhaustive best.
+            for i, k in enumerate(good):
+                measure(Tactic(k, default.gemm2), k, i, 2 * len(good))
+            best1 = min(good, key=lambda k: timings.get(str(Tactic(k, default.gemm2)), float("inf")))
+            for i, k in enumerate(good):
+                measure(Tactic(best1, k), k, len(good) + i, 2 * len(good))
+            best2 = min(good, key=lambda k: timings.get(str(Tactic(best1, k)), float("inf")))
+            searched = Tactic(best1, best2)
         if not timings:
             _emit(event="bucket", bucket=T, record=None)
             continue
@@ -421,14 +442,17 @@ def _worker(args) -> int:
         ranked = list(confirm(timings, again).items())
         best = Tactic(*ranked[0][0].split("+"))
         rec = {"gemm1": best.gemm1, "gemm2": best.gemm2, "us": ranked[0][1],
-               "search": str(searched), "search_us": timings.get(str(searched)),
+               "search": str(searched) if searched else None,
+               "search_us": timings.get(str(searched)) if searched else None,
                "exhaustive": bool(args.exhaustive),
                "runner_up": ranked[1][0] if len(ranked) > 1 else None,
                "runner_up_us": ranked[1][1] if len(ranked) > 1 else None,
                "finalists": dict(ranked),
-               "default": str(default), "default_us": default_us,
+               "default": str(default) if default else None, "default_us": default_us,
                "routing": args.histogram or args.routing, "candidates": len(timings),
                "rejected": rejected, "filtered": ts.filtered, "faulted": excluded}
+        if one_token is not None:
+            rec[ONE_TOKEN_KEY] = one_token
         _emit(event="bucket", bucket=T, record=rec)
         del sets, outs, ref
     _emit(event="done", peak_bytes=torch.cuda.max_memory_allocated(),
