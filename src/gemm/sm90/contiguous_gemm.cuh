@@ -418,7 +418,7 @@ __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc
   }
 }
 
-template <int kTileN, bool kFused, bool kMergeTail>
+template <int kTileN, bool kFused>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant__ Params p) {
   using C = Config<kTileN, kFused>;
   constexpr int kStages = C::kStages, kBlocksN = C::kBlocksN;
@@ -571,7 +571,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], phase);
       const float a0 = smem.sfa[stage][a_half * kHalfM + my_row];
       const float a1 = smem.sfa[stage][a_half * kHalfM + my_row + 8];
-      auto issue_block = [&](int b) {  // block b's four wgmmas into part
+#pragma unroll
+      for (int b = 0; b < kBlocksN; ++b) {
+        if (b >= blocks) break;
+        warpgroup_fence_operand(part);
+        warpgroup_arrive();
         mma.accumulate_ = GMMA::ScaleOut::Zero;
 #pragma unroll
         for (int k = 0; k < size<2>(tCrA); ++k) {
@@ -579,36 +583,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
                      part);
           mma.accumulate_ = GMMA::ScaleOut::One;
         }
-      };
-#pragma unroll
-      for (int b = 0; b < kBlocksN; ++b) {
-        if (b >= blocks) break;
-        // kMergeTail: the tail's wgmmas go in the last block's batch, one wait for both.
-        const bool with_tail = kMergeTail && tail && b == blocks - 1;
+        warpgroup_commit_batch();
         const float sb = smem.sfb[stage][b_first + b];
         const float r0 = a0 * sb, r1 = a1 * sb;
-        warpgroup_fence_operand(part);
-        // Each branch arrives, commits and waits itself: a wgmma issued in a branch between an
-        // arrive and a commit outside it serializes every wgmma of the kernel (ptxas C7520).
-        if (with_tail) {
-          warpgroup_fence_operand(part_t);
-          warpgroup_arrive();
-          issue_block(b);
-          tmma.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-          for (int k = 0; k < size<2>(tTrA); ++k) {
-            cute::gemm(tmma, tTrA(_, _, k, kBlocksN * stage + half), tTrB(_, _, k, stage), part_t);
-            tmma.accumulate_ = GMMA::ScaleOut::One;
-          }
-          warpgroup_commit_batch();
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(part_t);
-        } else {
-          warpgroup_arrive();
-          issue_block(b);
-          warpgroup_commit_batch();
-          warpgroup_wait<0>();
-        }
+        warpgroup_wait<0>();
         warpgroup_fence_operand(part);
         if (b == blocks - 1 && !tail) {
           __syncwarp();
@@ -618,20 +596,18 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         for (int i = 0; i < size(part); ++i) acc(i, 0, b) += part(i) * ((i & 2) ? r1 : r0);
       }
       if (tail) {
-        if constexpr (!kMergeTail) {
-          warpgroup_fence_operand(part_t);
-          warpgroup_arrive();
-          tmma.accumulate_ = GMMA::ScaleOut::Zero;
+        warpgroup_fence_operand(part_t);
+        warpgroup_arrive();
+        tmma.accumulate_ = GMMA::ScaleOut::Zero;
 #pragma unroll
-          for (int k = 0; k < size<2>(tTrA); ++k) {
-            cute::gemm(tmma, tTrA(_, _, k, kBlocksN * stage + half), tTrB(_, _, k, stage), part_t);
-            tmma.accumulate_ = GMMA::ScaleOut::One;
-          }
-          warpgroup_commit_batch();
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(part_t);
+        for (int k = 0; k < size<2>(tTrA); ++k) {
+          cute::gemm(tmma, tTrA(_, _, k, kBlocksN * stage + half), tTrB(_, _, k, stage), part_t);
+          tmma.accumulate_ = GMMA::ScaleOut::One;
         }
+        warpgroup_commit_batch();
         const float sb = smem.sfb[stage][half];
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(part_t);
 #pragma unroll
         for (int i = 0; i < size(part_t); ++i)
           acc_t(i) += part_t(i) * (sb * smem.sfa[stage][kTileM + get<1>(coord_t(i))]);
@@ -724,7 +700,7 @@ struct ContiguousBlockwise {
   static int registers() {
     static const int regs = [] {
       cudaFuncAttributes fa{};
-      if (cudaFuncGetAttributes(&fa, contig::gemm_kernel<kTileN, kFused, false>) != cudaSuccess) {
+      if (cudaFuncGetAttributes(&fa, contig::gemm_kernel<kTileN, kFused>) != cudaSuccess) {
         cudaGetLastError();
         return 0;
       }
@@ -806,12 +782,7 @@ struct ContiguousBlockwise {
     p.n = static_cast<int>(a.n);
     p.k = static_cast<int>(a.k);
     const bool fused = p.act_out != nullptr;
-    static const bool merge = [] {
-      const char* v = getenv("MOE_KERNELS_CONTIG_MERGE_TAIL");
-      return v && atoi(v);
-    }();
-    auto kernel = fused ? (merge ? gemm_kernel<kTileN, true, true> : gemm_kernel<kTileN, true, false>)
-                        : (merge ? gemm_kernel<kTileN, false, true> : gemm_kernel<kTileN, false, false>);
+    auto kernel = fused ? gemm_kernel<kTileN, true> : gemm_kernel<kTileN, false>;
     const size_t smem = smem_bytes(a.num_groups, fused);
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(smem));
