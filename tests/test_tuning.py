@@ -52,6 +52,35 @@ def test_mismatched_key_is_ignored_with_a_warning(tmp_path, field, value):
     assert mine.get(SPEC, 16) is None
 
 
+def test_one_token_problems_use_only_records_tuned_with_it(monkeypatch):
+    """CPU check of cached_tactic's rule: where one_token can run, a bucket's record counts
+    only if one_token was among its candidates (ONE_TOKEN_KEY); elsewhere any record does."""
+    c = TuningCache(KEY)
+    monkeypatch.setattr(tuning, "_cache_for", lambda device: c)
+    monkeypatch.setattr(tuning, "_active", [])  # outside autotune(): nothing is tuned here
+    c.put(SPEC, 1, {"gemm1": "a", "gemm2": "b", "us": 1.0})  # tuned before one_token competed
+    assert tuning.cached_tactic(SPEC, 1, 0) == Tactic("a", "b")
+    assert tuning.cached_tactic(SPEC, 1, 0, one_token=True) is None
+    c.put(SPEC, 1, {"gemm1": "a", "gemm2": "b", "us": 1.0, tuning.ONE_TOKEN_KEY: 2.0})
+    assert tuning.cached_tactic(SPEC, 1, 0, one_token=True) == Tactic("a", "b")
+
+
+def test_report_prints_one_token_and_records_without_a_default(capsys):
+    whole = {"gemm1": "one_token", "gemm2": "one_token", "us": 17.0, "search": None, "search_us": None,
+             "default": None, "default_us": None, "runner_up": None, "runner_up_us": None,
+             "rejected": {}, "faulted": {}, tuning.ONE_TOKEN_KEY: 17.0}
+    grouped = {**whole, "gemm1": "a", "gemm2": "b", "us": 20.0, "search_us": 20.0, "default_us": 25.0,
+               "rejected": {"c+c": "wrong result"}, tuning.ONE_TOKEN_KEY: "not applicable: 2 tokens"}
+    results = {SPEC.signature: {"1": whole, "16": grouped, "64": None}}
+    for exhaustive in (False, True):
+        tuning.report([SPEC], results, "skewed", exhaustive)
+    out = capsys.readouterr().out
+    assert "one_token: 17.0 us" in out and "one_token: not applicable: 2 tokens" in out
+    assert "rejected c+c: wrong result" in out and "no valid tactic" in out
+    assert "     1       17.0           -" in out  # no default where only one_token ran
+    assert "1.250" in out  # default / best at bucket 16, exhaustive table
+
+
 def test_corrupt_file_is_ignored(tmp_path):
     path = tmp_path / "tuned.json"
     path.write_text("{not json")

@@ -482,6 +482,40 @@ def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="JSON cache file to write (merged if it exists)")
 
 
+def _us(rec: dict, key: str, per=None) -> str:
+    """A record's time (or its ratio to `per`); "-" where it has none."""
+    v = rec.get(key)
+    return "-" if v is None else f"{v / per:.3f}" if per else f"{v:.1f}"
+
+
+def report(specs, results: dict, routing: str, exhaustive: bool) -> None:
+    """Print each problem's tuned choice per bucket (what `python -m moe_kernels tune` shows)."""
+    for spec in specs:
+        print(f"\n{spec.signature} ({routing} routing)")
+        if exhaustive:  # the search's pick against the best of every pair, same timings
+            print(f"{'bucket':>6}  {'exhaustive us':>13}  {'tuned us':>9}  {'tuned/best':>10}  "
+                  f"{'default us':>10}  {'default/best':>12}  exhaustive best")
+        else:
+            print(f"{'bucket':>6}  {'tuned us':>9}  {'default us':>10}  {'runner-up us':>12}  tactic")
+        for b, rec in sorted(results.get(spec.signature, {}).items(), key=lambda kv: int(kv[0])):
+            if rec is None:
+                print(f"{b:>6}  no valid tactic")
+                continue
+            if exhaustive:
+                best = rec["us"]
+                print(f"{b:>6}  {best:>13.1f}  {_us(rec, 'search_us'):>9}  {_us(rec, 'search_us', best):>10}  "
+                      f"{_us(rec, 'default_us'):>10}  {_us(rec, 'default_us', best):>12}  "
+                      f"{rec['gemm1']}+{rec['gemm2']}")
+            else:
+                print(f"{b:>6}  {rec['us']:>9.1f}  {_us(rec, 'default_us'):>10}  {_us(rec, 'runner_up_us'):>12}  "
+                      f"{rec['gemm1']}+{rec['gemm2']}")
+            if ONE_TOKEN_KEY in rec:  # its time, or why it did not run
+                v = rec[ONE_TOKEN_KEY]
+                print(f"        {ONE_TOKEN}: {v:.1f} us" if isinstance(v, float) else f"        {ONE_TOKEN}: {v}")
+            for name, why in {**rec["rejected"], **rec["faulted"]}.items():
+                print(f"        rejected {name}: {why}")
+
+
 def main(args) -> int:
     import torch
     from . import bench
@@ -510,27 +544,7 @@ def main(args) -> int:
             if rec is not None:
                 cache.put(spec, int(b), rec)
         cache.save()
-    for spec in specs:
-        print(f"\n{spec.signature} ({args.routing} routing)")
-        if args.exhaustive:  # the search's pick against the best of every pair, same timings
-            print(f"{'bucket':>6}  {'exhaustive us':>13}  {'tuned us':>9}  {'tuned/best':>10}  "
-                  f"{'default us':>10}  {'default/best':>12}  exhaustive best")
-        else:
-            print(f"{'bucket':>6}  {'tuned us':>9}  {'default us':>10}  {'runner-up us':>12}  tactic")
-        for b, rec in sorted(results.get(spec.signature, {}).items(), key=lambda kv: int(kv[0])):
-            if rec is None:
-                print(f"{b:>6}  no valid tactic")
-                continue
-            if args.exhaustive:
-                best = rec["us"]
-                print(f"{b:>6}  {best:>13.1f}  {rec['search_us']:>9.1f}  {rec['search_us'] / best:>10.3f}  "
-                      f"{rec['default_us']:>10.1f}  {rec['default_us'] / best:>12.3f}  "
-                      f"{rec['gemm1']}+{rec['gemm2']}")
-            else:
-                ru = f"{rec['runner_up_us']:.1f}" if rec["runner_up_us"] else "-"
-                print(f"{b:>6}  {rec['us']:>9.1f}  {rec['default_us']:>10.1f}  {ru:>12}  {rec['gemm1']}+{rec['gemm2']}")
-            for name, why in {**rec["rejected"], **rec["faulted"]}.items():
-                print(f"        rejected {name}: {why}")
+    report(specs, results, args.routing, args.exhaustive)
     for ev in memory:
         print(f"\ntuning process peak device memory {ev['peak_bytes'] / 2**30:.2f} GiB: weights "
               f"{ev['weight_bytes'] / 2**30:.2f} GiB, workspace of the largest bucket "
