@@ -33,36 +33,22 @@ inline bool pdl_enabled() {
   return enabled;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) in clusters of `cluster` CTAs along x, with
-// PDL unless it is turned off; returns the launch error.
+// kernel<<<grid, block, smem, stream>>>(args...), with PDL unless it is turned off; returns
+// the launch error.
 template <typename... Params, typename... Args>
-cudaError_t launch_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                            cudaStream_t stream, unsigned cluster, Args&&... args) {
-  cudaLaunchAttribute attr[2];
-  int n = 0;
-  if (pdl_enabled()) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n++].val.clusterDim = {cluster, 1, 1};
-  }
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = n;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-}
-
-// kernel<<<grid, block, smem, stream>>>(args...), with PDL unless it is turned off.
-template <typename... Params, typename... Args>
-cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                   cudaStream_t stream, Args&&... args) {
-  return launch_clusters(kernel, grid, block, smem, stream, 1, std::forward<Args>(args)...);
 }
 
 }  // namespace moe_kernels

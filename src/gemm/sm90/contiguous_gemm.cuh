@@ -33,13 +33,6 @@
 // DeepSeek-V3 4096 tokens took 1-2% less). But an expert's last rows up to 16 past a full tile
 // get no tile of their own: that tile multiplies them too (tail_rows), so they cost no second
 // stream of the weight tile (DeepSeek-V3 4096 tokens, uniform routing: 4470 us against 5023).
-// Clusters of two CTAs (when the N tiles pair up): both CTAs of a cluster take the same M tile
-// and neighbouring N tiles, and each loads one 64-row half of A (and the tail rows: the second)
-// for both by TMA multicast, so A is read from L2 once per pair of N tiles, not once per N tile
-// (GEMM1 reads an expert's A rows 16 times at DeepSeek-V3's shape; the link between the two L2
-// partitions was the busy unit, ncu: 90% of cycles). The first CTA takes the tiles from the
-// counter and hands each to the second through its shared memory; a stage is free again when
-// the consumers of both CTAs have released it. MOE_KERNELS_CONTIG_CLUSTER=1 turns it off.
 // GEMM1 with a gated activation: the two 128-row weight blocks of a tile are
 // gate block n and up block n (I rows further), so the epilogue holds both halves of 128
 // intermediate columns and writes what the activation kernel would: act(gate, up) of the
@@ -121,9 +114,6 @@ struct Config {
     uint64_t full[kStages];   // TMA bytes landed and the 32 loader lanes' scale copies done
     uint64_t empty[kStages];  // consumers done with the stage (one arrive per consumer warp)
     int32_t tile[kSchedSlots];           // tiles taken by the loader, for the consumers
-    int32_t ticket[kSchedSlots];         // clusters: the tile the first CTA took, for the second
-    uint64_t ticket_full[kSchedSlots];   // second CTA: the first one wrote ticket[i]
-    uint64_t ticket_empty[kSchedSlots];  // first CTA: the second one read it
     uint64_t tile_full[kSchedSlots];     // the loader wrote tile[i]
     uint64_t tile_empty[kSchedSlots];    // every consumer warp read it
     // then, dynamically sized: int32 tile_start[E + 1] (prefix sums of M tiles per expert) and
@@ -196,29 +186,6 @@ __device__ __forceinline__ Tile tile_at(int t, const int32_t* tile_start, const 
 template <int kTileN>
 __device__ __forceinline__ int block_row(const Params& p, int n, int b) {
   return p.act_out ? n * kBlockN + b * p.inter : n * kTileN + b * kBlockN;
-}
-
-// Shared memory across the cluster: the address of `local`'s counterpart in CTA `rank`, a store
-// there, and mbarrier arrivals and waits that order memory at cluster scope.
-__device__ __forceinline__ uint32_t cluster_addr(const void* local, uint32_t rank) {
-  uint32_t a;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(cast_smem_ptr_to_uint(local)), "r"(rank));
-  return a;
-}
-__device__ __forceinline__ void cluster_store(int32_t* local, uint32_t rank, int32_t v) {
-  asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(cluster_addr(local, rank)), "r"(v) : "memory");
-}
-__device__ __forceinline__ void cluster_arrive(uint64_t* bar, uint32_t rank) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr(bar, rank))
-               : "memory");
-}
-__device__ __forceinline__ void cluster_wait(uint64_t* bar, int phase) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile("{\n\t.reg .pred p;\n\t"
-                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-                 "selp.u32 %0, 1, 0, p;\n\t}"
-                 : "=r"(done) : "r"(cast_smem_ptr_to_uint(bar)), "r"(phase) : "memory");
 }
 
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
@@ -451,9 +418,8 @@ __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc
   }
 }
 
-template <int kTileN, bool kFused, int kCluster>
+template <int kTileN, bool kFused>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant__ Params p) {
-  static_assert(kCluster == 1 || kCluster == 2, "clusters of one or two CTAs");
   using C = Config<kTileN, kFused>;
   constexpr int kStages = C::kStages, kBlocksN = C::kBlocksN;
   using SharedStorage = typename C::SharedStorage;
@@ -463,18 +429,15 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   int32_t* offsets = tile_start + p.num_experts + 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = threadIdx.x / 128;
-  const int rank = kCluster > 1 ? int(cute::block_rank_in_cluster()) : 0;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       cutlass::arch::ClusterTransactionBarrier::init(&smem.full[s], 1 + 32);
-      cutlass::arch::ClusterBarrier::init(&smem.empty[s], kConsumerWarps * kCluster);
+      cutlass::arch::ClusterBarrier::init(&smem.empty[s], kConsumerWarps);
     }
     for (int s = 0; s < kSchedSlots; ++s) {
       cutlass::arch::ClusterBarrier::init(&smem.tile_full[s], 1);
       cutlass::arch::ClusterBarrier::init(&smem.tile_empty[s], kConsumerWarps);
-      cutlass::arch::ClusterBarrier::init(&smem.ticket_full[s], 1);
-      cutlass::arch::ClusterBarrier::init(&smem.ticket_empty[s], 1);
     }
     cutlass::arch::fence_barrier_init();
     cute::prefetch_tma_descriptor(&p.tma_a);
@@ -488,7 +451,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   const int E = p.num_experts;
   for (int i = threadIdx.x; i <= E; i += kThreads) offsets[i] = p.offsets[i];
   __syncthreads();
-  if constexpr (kCluster > 1) cute::cluster_sync();  // the other CTA's barriers are initialized
   if (warp == 0) {
     int carry = 0;
     if (lane == 0) tile_start[0] = 0;
@@ -506,44 +468,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   }
   __syncthreads();
   const int n_tiles = p.act_out ? p.inter / kBlockN : p.n / kTileN, k_blocks = p.k / kTileK;
-  // A cluster's tile t: M tile and pair of N tiles; this CTA takes the pair's N tile `rank`.
-  const int n_units = n_tiles / kCluster, num_tiles = tile_start[E] * n_units;
-  auto tile_of = [&](int t) {
-    Tile tile = tile_at(t, tile_start, offsets, E, n_units);
-    tile.n = tile.n * kCluster + rank;
-    return tile;
-  };
-  // A consumer warp is done with a stage: both CTAs' loaders write into it.
-  auto release = [&](int s) {
-    __syncwarp();
-    if constexpr (kCluster == 1) {
-      if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[s]);
-    } else if (lane < kCluster) {
-      cutlass::arch::ClusterBarrier::arrive(&smem.empty[s], lane, 1);
-    }
-  };
+  const int num_tiles = tile_start[E] * n_tiles;
 
   if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<C::kProducerRegs>();
-    if (warp == 0) {
+    if (warp != 0) return;
     int stage = 0, phase = 0, slot = 0, slot_phase = 0;
     for (;;) {
       // Take the next tile and pass it on; a number past the last tells the consumers to stop.
       int t = 0;
-      if (lane == 0) {
-        if (rank == 0) t = atomicAdd(p.tile_counter, 1);
-        if constexpr (kCluster > 1) {
-          if (rank == 0) {
-            cluster_wait(&smem.ticket_empty[slot], slot_phase ^ 1);
-            cluster_store(&smem.ticket[slot], 1, t);
-            cluster_arrive(&smem.ticket_full[slot], 1);
-          } else {
-            cluster_wait(&smem.ticket_full[slot], slot_phase);
-            t = *reinterpret_cast<volatile int32_t*>(&smem.ticket[slot]);
-            cluster_arrive(&smem.ticket_empty[slot], 0);
-          }
-        }
-      }
+      if (lane == 0) t = atomicAdd(p.tile_counter, 1);
       t = __shfl_sync(0xffffffffu, t, 0);
       cutlass::arch::ClusterBarrier::wait(&smem.tile_empty[slot], slot_phase ^ 1);
       if (lane == 0) {
@@ -552,7 +486,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       }
       if (++slot == kSchedSlots) { slot = 0; slot_phase ^= 1; }
       if (t >= num_tiles) break;
-      const Tile tile = tile_of(t);
+      const Tile tile = tile_at(t, tile_start, offsets, E, n_tiles);
       const int b_row = tile.expert * p.n;
       // Lanes < kBlocksN copy the weight-block scales, every lane 4 of the 128 row scales.
       const float* sfb = p.sfb + (int64_t(tile.expert) * (p.n / kBlockN) +
@@ -566,23 +500,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
               &smem.full[stage], halves * (C::kStageBytesA / 2) + C::kStageBytesB + (tail ? kTail * kTileK : 0));
           const auto hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
-          // In a cluster, CTA h loads half h (and the last CTA the tail) for both.
-          for (int h = 0; h < halves; ++h) {
-            void* dst = smem.a + stage * C::kStageBytesA + h * (C::kStageBytesA / 2);
-            if constexpr (kCluster == 1)
-              SM90_TMA_LOAD_2D::copy(&p.tma_a, &smem.full[stage], hint, dst, kb * kTileK, tile.row0 + h * kHalfM);
-            else if (h == rank)
-              SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_a, &smem.full[stage], 0x3, hint, dst, kb * kTileK,
-                                               tile.row0 + h * kHalfM);
-          }
-          if (tail) {
-            void* dst = smem.a_tail + stage * kTail * kTileK;
-            if constexpr (kCluster == 1)
-              SM90_TMA_LOAD_2D::copy(&p.tma_tail, &smem.full[stage], hint, dst, kb * kTileK, tile.row0 + kTileM);
-            else if (rank == kCluster - 1)
-              SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_tail, &smem.full[stage], 0x3, hint, dst, kb * kTileK,
-                                               tile.row0 + kTileM);
-          }
+          for (int h = 0; h < halves; ++h)
+            SM90_TMA_LOAD_2D::copy(&p.tma_a, &smem.full[stage], hint,
+                                   smem.a + stage * C::kStageBytesA + h * (C::kStageBytesA / 2),
+                                   kb * kTileK, tile.row0 + h * kHalfM);
+          if (tail)
+            SM90_TMA_LOAD_2D::copy(&p.tma_tail, &smem.full[stage], hint, smem.a_tail + stage * kTail * kTileK,
+                                   kb * kTileK, tile.row0 + kTileM);
 #pragma unroll
           for (int b = 0; b < kBlocksN; ++b)
             SM90_TMA_LOAD_2D::copy(&p.tma_b, &smem.full[stage], hint,
@@ -600,8 +524,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       }
     }
     asm volatile("cp.async.wait_all;" ::: "memory");
-    }
-  } else {
+    return;
+  }
+
   cutlass::arch::warpgroup_reg_alloc<C::kConsumerRegs>();
   const int half = wg - 1;  // this warpgroup's 64 rows of the tile
   TiledMma mma;
@@ -635,7 +560,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.tile_empty[slot]);
     if (++slot == kSchedSlots) { slot = 0; slot_phase ^= 1; }
     if (t >= num_tiles) break;
-    const Tile tile = tile_of(t);
+    const Tile tile = tile_at(t, tile_start, offsets, E, n_tiles);
     const int tile_rows = min(tile.rows, kTileM);
     const bool split = tile_rows <= kHalfM;  // by columns: weight block `half` of A's first half
     const int a_half = split ? 0 : half, b_first = split ? half : 0, blocks = split ? 1 : kBlocksN;
@@ -663,7 +588,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         const float r0 = a0 * sb, r1 = a1 * sb;
         warpgroup_wait<0>();
         warpgroup_fence_operand(part);
-        if (b == blocks - 1 && !tail) release(stage);
+        if (b == blocks - 1 && !tail) {
+          __syncwarp();
+          if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
+        }
 #pragma unroll
         for (int i = 0; i < size(part); ++i) acc(i, 0, b) += part(i) * ((i & 2) ? r1 : r0);
       }
@@ -683,7 +611,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
 #pragma unroll
         for (int i = 0; i < size(part_t); ++i)
           acc_t(i) += part_t(i) * (sb * smem.sfa[stage][kTileM + get<1>(coord_t(i))]);
-        release(stage);
+        __syncwarp();
+        if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
       }
       if (++stage == kStages) { stage = 0; phase ^= 1; }
     }
@@ -720,9 +649,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   }
   // The last stores must be done before the CTA (and its shared memory) goes.
   if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-  }
-  // Nor may a CTA go while the other one can still arrive on its barriers or write its stages.
-  if constexpr (kCluster > 1) cute::cluster_sync();
 }
 
 // cuTensorMapEncodeTiled from the driver, found once through the runtime.
@@ -770,92 +696,17 @@ struct ContiguousBlockwise {
            sizeof(int32_t) * 2 * (size_t(num_experts) + 1);
   }
 
-  template <bool kFused, int kCluster>
+  template <bool kFused>
   static int registers() {
     static const int regs = [] {
       cudaFuncAttributes fa{};
-      if (cudaFuncGetAttributes(&fa, contig::gemm_kernel<kTileN, kFused, kCluster>) != cudaSuccess) {
+      if (cudaFuncGetAttributes(&fa, contig::gemm_kernel<kTileN, kFused>) != cudaSuccess) {
         cudaGetLastError();
         return 0;
       }
       return fa.numRegs;
     }();
     return regs;
-  }
-
-  static int n_tiles(const GroupedGemmArgs& a) {
-    return static_cast<int>(a.act_out ? a.n / 2 / contig::kBlockN : a.n / kTileN);
-  }
-
-  // How many clusters of kCluster CTAs can be resident at once (0: none, or the query failed).
-  template <bool kFused, int kCluster>
-  static int max_clusters(size_t smem) {
-    static const int n = [smem] {
-      if (kCluster == 1) return 1 << 30;
-      auto kernel = contig::gemm_kernel<kTileN, kFused, kCluster>;
-      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-      }
-      cudaLaunchAttribute attr;
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim = {unsigned(kCluster), 1, 1};
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(kCluster);
-      cfg.blockDim = dim3(contig::kThreads);
-      cfg.dynamicSmemBytes = smem;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-      }
-      return clusters;
-    }();
-    return n;
-  }
-
-  // Clusters of two CTAs when the N tiles pair up, two fit on the device and
-  // MOE_KERNELS_CONTIG_CLUSTER is not 1 (for A/B runs).
-  static int cluster(const GroupedGemmArgs& a) {
-    static const bool enabled = [] {
-      const char* v = getenv("MOE_KERNELS_CONTIG_CLUSTER");
-      return !(v && atoi(v) == 1);
-    }();
-    if (!enabled || n_tiles(a) % 2) return 1;
-    const size_t smem = smem_bytes(a.num_groups, a.act_out != nullptr);
-    return (a.act_out ? max_clusters<true, 2>(smem) : max_clusters<false, 2>(smem)) > 0 ? 2 : 1;
-  }
-
-  template <bool kFused, int kCluster>
-  static int launch_kernel(const GroupedGemmArgs& a, const contig::Params& p, char* err, size_t errlen) {
-    using namespace contig;
-    auto kernel = gemm_kernel<kTileN, kFused, kCluster>;
-    const size_t smem = smem_bytes(a.num_groups, kFused);
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(smem));
-        e != cudaSuccess) {
-      snprintf(err, errlen, "contiguous fp8_block GEMM: %s", cudaGetErrorString(e));
-      return MOEK_CUDA_ERROR;
-    }
-    // Never more clusters than tiles can exist (each expert has at most rows / 128 + 1 M tiles),
-    // nor more than fit on the device at once: the tiles are taken from a counter.
-    const int64_t max_tiles = (a.rows / kTileM + a.max_active_groups) * (n_tiles(a) / kCluster);
-    const int64_t clusters = std::min<int64_t>(std::min<int64_t>(a.sm_count / kCluster, max_tiles),
-                                               max_clusters<kFused, kCluster>(smem));
-    if (clusters < 1) {
-      snprintf(err, errlen, "contiguous fp8_block GEMM: no cluster of %d CTAs with %zu bytes of "
-               "shared memory fits on the device", kCluster, smem);
-      return MOEK_UNSUPPORTED;
-    }
-    if (cudaError_t e = launch_clusters(kernel, dim3(unsigned(clusters * kCluster)), dim3(kThreads), smem,
-                                        a.stream, kCluster, p);
-        e != cudaSuccess) {
-      snprintf(err, errlen, "contiguous fp8_block GEMM launch: %s", cudaGetErrorString(e));
-      return MOEK_CUDA_ERROR;
-    }
-    return MOEK_OK;
   }
 
   static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
@@ -888,8 +739,7 @@ struct ContiguousBlockwise {
                "memory, the device allows %d", a.num_groups, smem, optin);
       return MOEK_UNSUPPORTED;
     }
-    const int regs = cluster(a) == 2 ? (fused ? registers<true, 2>() : registers<false, 2>())
-                                     : (fused ? registers<true, 1>() : registers<false, 1>());
+    const int regs = fused ? registers<true>() : registers<false>();
     if (regs < kRegsPerThread) {
       snprintf(err, errlen, "contiguous fp8_block GEMM: built with %d registers per thread, "
                "its warpgroups need %d", regs, kRegsPerThread);
@@ -932,9 +782,23 @@ struct ContiguousBlockwise {
     p.n = static_cast<int>(a.n);
     p.k = static_cast<int>(a.k);
     const bool fused = p.act_out != nullptr;
-    if (cluster(a) == 2)
-      return fused ? launch_kernel<true, 2>(a, p, err, errlen) : launch_kernel<false, 2>(a, p, err, errlen);
-    return fused ? launch_kernel<true, 1>(a, p, err, errlen) : launch_kernel<false, 1>(a, p, err, errlen);
+    auto kernel = fused ? gemm_kernel<kTileN, true> : gemm_kernel<kTileN, false>;
+    const size_t smem = smem_bytes(a.num_groups, fused);
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(smem));
+        e != cudaSuccess) {
+      snprintf(err, errlen, "contiguous fp8_block GEMM: %s", cudaGetErrorString(e));
+      return MOEK_CUDA_ERROR;
+    }
+    // Never more CTAs than tiles can exist: each expert has at most rows / 128 + 1 M tiles.
+    const int64_t max_tiles = (a.rows / kTileM + a.max_active_groups) * (a.n / kTileN);
+    const int grid = static_cast<int>(std::min<int64_t>(a.sm_count, max_tiles));
+    if (cudaError_t e = launch(kernel, dim3(grid), dim3(kThreads), smem, a.stream, p);
+        e != cudaSuccess) {
+      snprintf(err, errlen, "contiguous fp8_block GEMM launch: %s", cudaGetErrorString(e));
+      return MOEK_CUDA_ERROR;
+    }
+    return MOEK_OK;
   }
 
   static size_t workspace_size(int, int) { return 0; }
