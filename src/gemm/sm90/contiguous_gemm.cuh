@@ -605,12 +605,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
           tmma.accumulate_ = GMMA::ScaleOut::One;
         }
         warpgroup_commit_batch();
+        // This thread's four tail rows' scales, read while the wgmmas run (value i is tail row
+        // 2q + (i & 1) + 8 * ((i >> 2) & 1), as in store_tail_activation).
         const float sb = smem.sfb[stage][half];
+        const int q2 = 2 * (lane & 3);
+        const float ts[4] = {sb * smem.sfa[stage][kTileM + q2], sb * smem.sfa[stage][kTileM + q2 + 1],
+                             sb * smem.sfa[stage][kTileM + q2 + 8], sb * smem.sfa[stage][kTileM + q2 + 9]};
         warpgroup_wait<0>();
         warpgroup_fence_operand(part_t);
 #pragma unroll
-        for (int i = 0; i < size(part_t); ++i)
-          acc_t(i) += part_t(i) * (sb * smem.sfa[stage][kTileM + get<1>(coord_t(i))]);
+        for (int i = 0; i < size(part_t); ++i) acc_t(i) += part_t(i) * ts[(i & 1) + 2 * ((i >> 2) & 1)];
         __syncwarp();
         if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
       }
