@@ -4,6 +4,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -124,6 +125,42 @@ def test_fp8_block_peer_dequantizes_the_block_scales():
     assert peer.weights(q13, q2, s13, s2, torch.bfloat16) is first
 
 
+def test_format_row_prints_the_clock_it_ran_at():
+    ours = {"status": "ok", "us": 12.5, "tb_s": 3.0, "tflop_s": 1.0, "of_floor": 0.8,
+            "sm_mhz": 1425.0, "power_w": 697.4, "samples": 31}
+    row = {"preset": "p", "tokens": 1, "experts_hit": 2.0, "bw_floor_us": 10.0, "flop_floor_us": 1.0,
+           "results": {"moe_kernels": ours}}
+    assert "ours ran at 1425 MHz, 697 W (31 samples)" in bench.format_row(row, [])
+    del ours["sm_mhz"], ours["power_w"], ours["samples"]
+    assert "MHz" not in bench.format_row(row, [])
+    assert parse("--clocks").clocks and not parse().clocks
+
+
+def test_gpu_sampler_takes_medians_and_never_fails_the_run(monkeypatch):
+    values = iter([(1400.0, 690.0), (1500.0, 700.0), (1600.0, 710.0)] * 10_000)
+    sampler = profiling.GpuSampler(read=lambda: next(values), period_s=0.001)
+    with sampler.window() as w:
+        deadline = time.perf_counter() + 0.05
+        while time.perf_counter() < deadline and len(w) == 0:
+            time.sleep(0.005)
+    assert w["samples"] >= 1 and 1400.0 <= w["sm_mhz"] <= 1600.0 and 690.0 <= w["power_w"] <= 710.0
+
+    def broken():
+        raise RuntimeError("NVML clock or power query failed")
+    with profiling.GpuSampler(read=broken).window() as w:
+        pass
+    assert w == {}  # a failing query leaves the window empty, nothing raised
+
+    def no_nvml():
+        raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+    monkeypatch.setattr(profiling, "_nvml_reader", no_nvml)
+    sampler = profiling.GpuSampler()
+    assert not sampler.available
+    with sampler.window() as w:
+        pass
+    assert w == {}
+
+
 @pytest.mark.parametrize("peers", [{}, {"torch._grouped_mm": {"status": "ok", "us": 25.0}}])
 def test_markdown_columns_line_up(peers):
     row = {"preset": "p", "tokens": 1, "experts_hit": 2.0, "bw_floor_us": 10.0, "flop_floor_us": 1.0,
@@ -187,13 +224,16 @@ def test_tiny_bench_run(tmp_path):
     out = tmp_path / "b.json"
     r = subprocess.run([sys.executable, "-m", "moe_kernels", "bench", "--experts", "8", "--top-k", "2",
                         "--hidden", "256", "--intermediate", "128", "--tokens", "1,64", "--replays", "3",
-                        "--breakdown", "--json", str(out)], capture_output=True, text=True)
+                        "--breakdown", "--clocks", "--json", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["copy_bw_bytes_s"] > 0 and data["gemm_flop_s"] > 0 and data["gemm_flop_s_burst"] > 0
+    nvml = profiling.GpuSampler().available  # --clocks: the dense rounds last long enough to be sampled
+    assert ("gemm_sm_mhz" in data) == nvml and (not nvml or 100 < data["gemm_sm_mhz"] < 5000)
     for row in data["rows"]:
         ours = row["results"]["moe_kernels"]
         assert ours["status"] == "ok" and math.isfinite(ours["us"]) and ours["us"] > 0
+        assert "sm_mhz" not in ours or 100 < ours["sm_mhz"] < 5000
         assert ours["rel_err"] < 2e-2
         assert set(row["breakdown_us"]) == set(bench.STEPS)
         if hasattr(torch, "_grouped_mm"):

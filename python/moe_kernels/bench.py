@@ -10,6 +10,7 @@ present on the machine, each checked against moe_kernels.reference before it is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -19,7 +20,7 @@ import statistics
 import subprocess
 import sys
 
-from .profiling import ROUTINGS, kernel_times, load_histogram, make_weights, routing, time_graph
+from .profiling import ROUTINGS, GpuSampler, kernel_times, load_histogram, make_weights, routing, time_graph
 from .tactic import ONE_TOKEN
 
 PRESETS = {  # DESIGN.md section 8: experts, top_k, hidden, intermediate
@@ -104,6 +105,9 @@ def add_arguments(p) -> None:
     p.add_argument("--kernels", action="store_true",
                    help="also list each kernel's GPU time per forward (torch.profiler, eager calls; "
                         "run with MOE_KERNELS_PDL=0 so that no kernel's time holds a wait)")
+    p.add_argument("--clocks", action="store_true",
+                   help="also sample the SM clock and board power (NVML) while ours and the dense ceiling "
+                        "are timed: the FP8 GEMMs run power-capped; more --replays give more samples")
     p.add_argument("--json", help="write the results to this file")
     p.add_argument("--plot", help="write a plot (PNG) to this file; needs matplotlib")
     p.add_argument("--markdown", help="write the results as a Markdown table to this file")
@@ -158,7 +162,7 @@ def floors(*, tokens, top_k, hidden, inter, gated, experts_hit, elem_bytes, copy
 
 # ---- timing --------------------------------------------------------------------------------
 
-def measure_ceilings(quant):
+def measure_ceilings(quant, sampler=None):
     """Copy bandwidth (bytes read + written per second), and the dense GEMM rate (FLOP/s) in the
     mode's arithmetic (fp8: torch._scaled_mm, E4M3 x E4M3 -> bf16) sustained and in a burst.
 
@@ -170,7 +174,8 @@ def measure_ceilings(quant):
     taken first: on the H200 its rounds last ~30 ms, and in them the SM clock can still be at
     its 1980 MHz boost, before the 700 W cap pulls it to ~1380
     (`benchmarks/probes/dense_ceiling_modes.py`), so it read anywhere from 1269 to 1493 TFLOP/s
-    (FP8) from one process to the next. Percentages are of the sustained rate."""
+    (FP8) from one process to the next. Percentages are of the sustained rate. The last value: the
+    SM clock and power during the sustained rounds, from `sampler` (a GpuSampler), or {}."""
     import torch
     src = torch.randn(1 << 29, device="cuda")
     dst = torch.empty_like(src)
@@ -189,9 +194,10 @@ def measure_ceilings(quant):
         b = torch.randn(n, n, device="cuda", dtype=dtype)
         gemm = lambda: torch.matmul(a, b)  # noqa: E731
     burst = min(time_graph(gemm, replays=10, per_graph=4)[0] for _ in range(3))
-    sustained = min(time_graph(gemm, replays=10, per_graph=4, warmup_s=1.0 if r == 0 else 0.025)[0]
-                    for r in range(3))
-    return bw, 2 * n ** 3 / sustained, 2 * n ** 3 / burst
+    with sampler.window() if sampler else contextlib.nullcontext({}) as clocks:
+        sustained = min(time_graph(gemm, replays=10, per_graph=4, warmup_s=1.0 if r == 0 else 0.025)[0]
+                        for r in range(3))
+    return bw, 2 * n ** 3 / sustained, 2 * n ** 3 / burst, clocks
 
 
 # ---- peers ---------------------------------------------------------------------------------
@@ -324,7 +330,7 @@ def peers(activation, quant="bf16"):
 
 # ---- the run -------------------------------------------------------------------------------
 
-def bench_shape(shape, tokens, args, ceilings, report, progress):
+def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
     import torch
     import moe_kernels
     from moe_kernels import reference
@@ -364,8 +370,9 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
             moe_kernels.fused_moe(x, w13, w2, w, ids, quant=args.quant, activation=act, workspace=ws,
                                   out=o, tactic=tactic, _last_step=last_step, **scales)
 
-        def timed(fn, check=True, ref=ref, tol=REL_TOL[args.quant]):
-            """Check fn against ref on set 0, then time it over all sets."""
+        def timed(fn, check=True, ref=ref, tol=REL_TOL[args.quant], clocks=False):
+            """Check fn against ref on set 0, then time it over all sets (with clocks and a
+            sampler, the SM clock and power while it runs)."""
             if check:
                 outs[0].fill_(float("nan"))
                 fn(x0, ids0, w0, outs[0])
@@ -377,11 +384,13 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
             def call():
                 j = next(it) % len(sets)
                 fn(*sets[j], outs[j])
-            t, lo, hi = time_graph(call, args.replays, len(sets))
+            with sampler.window() if clocks and sampler else contextlib.nullcontext({}) as gpu:
+                t, lo, hi = time_graph(call, args.replays, len(sets))
             r = {"status": "ok", "us": t * 1e6, "min_us": lo * 1e6, "max_us": hi * 1e6,
                  "tb_s": f["bytes"] / t / 1e12, "tflop_s": f["flops"] / t / 1e12, "of_floor": f["floor_s"] / t}
             if check:
                 r["rel_err"] = err
+            r.update(gpu)
             return r
 
         row = {"preset": shape.name, "E": E, "top_k": k, "H": H, "I": I, "tokens": T,
@@ -390,7 +399,7 @@ def bench_shape(shape, tokens, args, ceilings, report, progress):
                "floor_us": f["floor_s"] * 1e6,
                "tactic": str(forced or moe_kernels.api.choose_tactic(
                    x0, w13, w2, w0, ids0, quant=args.quant, activation=act, **scales)),
-               "results": {"moe_kernels": timed(ours)}}
+               "results": {"moe_kernels": timed(ours, clocks=True)}}
         for name, fn, why in peer_list:
             if fn is None:
                 row["results"][name] = {"status": why}
@@ -465,6 +474,8 @@ def format_row(row, peer_names) -> str:
         lines.append(f"    default {sw['default']} {sw['default_us']:.1f} us; best {sw['best']} {sw['best_us']:.1f} us")
         for slot in ("gemm1", "gemm2"):
             lines += [f"    {slot} {us:9.1f} us  {n}" for n, us in sorted(sw[f"{slot}_us"].items(), key=lambda x: x[1])]
+    if "sm_mhz" in ours:
+        lines.append(f"    ours ran at {ours['sm_mhz']:.0f} MHz, {ours['power_w']:.0f} W ({ours['samples']} samples)")
     if "breakdown_us" in row:
         lines.append("    steps (us): " + ", ".join(f"{k} {v:.1f}" for k, v in row["breakdown_us"].items()))
     for name, us in row.get("kernels_us", {}).items():
@@ -626,10 +637,17 @@ def main(args) -> int:
     env = _environment()
     print(f"moe_kernels {moe_kernels.__version__} ({env['commit'][:12]}) on {env['gpu']}, driver {env['driver']}, "
           f"torch {env['torch']}, CUDA {env['cuda']}")
-    bw, rate, burst = measure_ceilings(args.quant)
+    sampler = None
+    if args.clocks:
+        sampler = GpuSampler()
+        if not sampler.available:
+            print("--clocks: NVML (libnvidia-ml) is not available here: no clocks or power")
+    bw, rate, burst, ceiling_clocks = measure_ceilings(args.quant, sampler)
+    at = (f" at {ceiling_clocks['sm_mhz']:.0f} MHz, {ceiling_clocks['power_w']:.0f} W"
+          if "sm_mhz" in ceiling_clocks else "")
     print(f"ceilings measured now: copy {bw / 1e12:.2f} TB/s, dense {args.quant} GEMM {rate / 1e12:.0f} TFLOP/s "
-          f"sustained ({burst / 1e12:.0f} in a burst; 8192^3, best of 3); routing {args.routing_file or args.routing}, "
-          f"activation {args.activation}")
+          f"sustained{at} ({burst / 1e12:.0f} in a burst; 8192^3, best of 3); "
+          f"routing {args.routing_file or args.routing}, activation {args.activation}")
     peer_names = [] if args.no_peers else [n for n, _, _ in peers(args.activation, args.quant)]
     print("floors and times in us per forward; peers: their time (their time / ours)\n")
     print(header(peer_names))
@@ -650,9 +668,9 @@ def main(args) -> int:
             sys.stderr.flush()
 
     for s in shapes:
-        bench_shape(s, tokens, args, (bw, rate), report, progress)
+        bench_shape(s, tokens, args, (bw, rate), report, progress, sampler)
     result = {**env, "version": moe_kernels.__version__, "copy_bw_bytes_s": bw, "gemm_flop_s": rate,
-              "gemm_flop_s_burst": burst,
+              "gemm_flop_s_burst": burst, **{f"gemm_{k}": v for k, v in ceiling_clocks.items()},
               "routing": args.routing_file or args.routing, "quant": args.quant,
               "activation": args.activation, "rows": rows}
     if args.json:

@@ -6,9 +6,12 @@ and holds neutral, finite values), routing is drawn as a router would draw it.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import re
 import statistics
+import threading
 import time
 
 ROUTINGS = ("uniform", "skewed", "balanced")
@@ -172,3 +175,74 @@ def make_weights(quant, activation, experts, hidden, inter, *, device="cuda", se
     if mode in (QuantMode.FP8, QuantMode.FP8_BLOCK):  # fp8: per-channel, as checkpoints mostly ship
         return quantize_weights(w13, w2, quant=mode, activation=activation, device=device)
     return prepare_weights(w13, w2, quant=mode, activation=activation, device=device)
+
+
+class GpuSampler:
+    """The GPU's SM clock (MHz) and board power (W), sampled from a thread while a block of work
+    runs (`with sampler.window() as w: ...`, then w["sm_mhz"], w["power_w"], w["samples"]).
+
+    Why: the FP8 GEMMs run power-capped (an H200 at 700 W holds ~1.4-1.6 GHz, not its 1.98 GHz
+    boost), so a kernel's rate, and its share of the dense one, depends on the clock it ran at.
+    The power is NVML's, which on Ampere and newer is an average over the last second: over a
+    shorter window it lags. `read` returns one (MHz, W) sample; by default NVML through the driver's libnvidia-ml (no
+    Python package needed) for torch's current device. Where NVML is missing or fails, the
+    sampler is `available == False` and its windows stay empty: nothing else changes."""
+
+    def __init__(self, read=None, period_s=0.005):
+        self.period_s = period_s
+        self.read = read
+        if read is None:
+            try:
+                self.read = _nvml_reader()
+            except (OSError, RuntimeError, AttributeError):
+                self.read = None
+        self.available = self.read is not None
+
+    @contextlib.contextmanager
+    def window(self):
+        result = {}
+        if not self.available:
+            yield result
+            return
+        samples, stop = [], threading.Event()
+
+        def run():
+            while not stop.is_set():
+                try:
+                    samples.append(self.read())
+                except (OSError, RuntimeError):
+                    return
+                stop.wait(self.period_s)
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        try:
+            yield result
+        finally:
+            stop.set()
+            thread.join()
+            if samples:
+                result.update(sm_mhz=statistics.median(m for m, _ in samples),
+                              power_w=statistics.median(w for _, w in samples), samples=len(samples))
+
+
+def _nvml_reader():
+    """A function that reads (SM clock MHz, board power W) of torch's current CUDA device from
+    NVML, found by PCI bus id (NVML's indices need not be CUDA's)."""
+    import torch
+    lib = ctypes.CDLL("libnvidia-ml.so.1")
+    if lib.nvmlInit_v2() != 0:
+        raise RuntimeError("nvmlInit failed")
+    prop = torch.cuda.get_device_properties(torch.cuda.current_device())
+    bus_id = f"{prop.pci_domain_id:08X}:{prop.pci_bus_id:02X}:{prop.pci_device_id:02X}.0".encode()
+    handle = ctypes.c_void_p()
+    if lib.nvmlDeviceGetHandleByPciBusId_v2(ctypes.c_char_p(bus_id), ctypes.byref(handle)) != 0:
+        raise RuntimeError(f"NVML has no device at PCI bus id {bus_id.decode()}")
+    NVML_CLOCK_SM = 1
+
+    def read():
+        mhz, mw = ctypes.c_uint(), ctypes.c_uint()
+        if (lib.nvmlDeviceGetClockInfo(handle, NVML_CLOCK_SM, ctypes.byref(mhz)) != 0 or
+                lib.nvmlDeviceGetPowerUsage(handle, ctypes.byref(mw)) != 0):
+            raise RuntimeError("NVML clock or power query failed")
+        return float(mhz.value), mw.value / 1000.0
+    return read
