@@ -184,9 +184,10 @@ class GpuSampler:
     Why: the FP8 GEMMs run power-capped (an H200 at 700 W holds ~1.4-1.6 GHz, not its 1.98 GHz
     boost), so a kernel's rate, and its share of the dense one, depends on the clock it ran at.
     The power is NVML's, which on Ampere and newer is an average over the last second: over a
-    shorter window it lags. `read` returns one (MHz, W) sample; by default NVML through the driver's libnvidia-ml (no
-    Python package needed) for torch's current device. Where NVML is missing or fails, the
-    sampler is `available == False` and its windows stay empty: nothing else changes."""
+    shorter window it lags. `read` returns one (MHz, W) sample; by default NVML through the
+    driver's libnvidia-ml (no Python package needed) for torch's current device. Where NVML is
+    missing or fails, the sampler is `available == False` and its windows stay empty: nothing
+    else changes."""
 
     def __init__(self, read=None, period_s=0.005):
         self.period_s = period_s
@@ -194,7 +195,7 @@ class GpuSampler:
         if read is None:
             try:
                 self.read = _nvml_reader()
-            except (OSError, RuntimeError, AttributeError):
+            except Exception:  # no driver library, no CUDA device, an older torch: no samples
                 self.read = None
         self.available = self.read is not None
 
