@@ -144,9 +144,14 @@ class TuningCache:
             self.entries.setdefault(sig, {}).update(buckets)
         return True
 
-    def get(self, spec: ProblemSpec, bucket: int):
+    def get(self, spec: ProblemSpec, bucket: int, *, one_token: bool = False):
+        """The bucket's tactic, or None. one_token: the problem can take the one_token tactic,
+        so a record tuned without it as a candidate (ONE_TOKEN_KEY absent: an older table)
+        does not count."""
         rec = self.entries.get(spec.signature, {}).get(str(bucket))
-        return Tactic(rec["gemm1"], rec["gemm2"]) if rec else None
+        if not rec or (one_token and ONE_TOKEN_KEY not in rec):
+            return None
+        return Tactic(rec["gemm1"], rec["gemm2"])
 
     def put(self, spec: ProblemSpec, bucket: int, record: dict) -> None:
         self.entries.setdefault(spec.signature, {})[str(bucket)] = record
@@ -183,13 +188,11 @@ def _cache_for(device: int) -> TuningCache:
 def cached_tactic(spec: ProblemSpec, num_tokens: int, device: int, *, one_token: bool = False):
     """The tuned tactic for this problem's bucket, tuning it first inside autotune() (never
     during a CUDA graph capture); None when nothing is known (the default rule applies).
-    one_token: the problem can take the one_token tactic, so a record tuned without it as a
-    candidate (ONE_TOKEN_KEY absent: an older table) is not used."""
+    one_token: as in TuningCache.get."""
     import torch
     cache = _cache_for(device)
     bucket = bucket_for(num_tokens)
-    rec = cache.entries.get(spec.signature, {}).get(str(bucket))
-    tactic = None if not rec or (one_token and ONE_TOKEN_KEY not in rec) else Tactic(rec["gemm1"], rec["gemm2"])
+    tactic = cache.get(spec, bucket, one_token=one_token)
     if tactic is not None or not _active or torch.cuda.is_current_stream_capturing():
         return tactic
     settings = _active[-1]
