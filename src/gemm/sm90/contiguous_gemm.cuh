@@ -140,7 +140,6 @@ struct Params {
   int activation, inter;
   float act_alpha, act_limit;
   int max_tail;  // kTail, or fewer by MOE_KERNELS_CONTIG_TAIL (0: none; for A/B runs)
-  int probe;     // PROBE (timing only, wrong results): bit 0 no A loads, 1 no row scales, 2 no epilogue, 3 no B loads
 };
 
 __device__ __forceinline__ int upper_bound(const int32_t* v, int n, int x) {
@@ -499,23 +498,24 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase ^ 1);
         if (lane == 0) {
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
-              &smem.full[stage], (p.probe & 1 ? 0 : halves * (C::kStageBytesA / 2)) + (p.probe & 8 ? 0 : C::kStageBytesB) + (tail ? kTail * kTileK : 0));
+              &smem.full[stage], halves * (C::kStageBytesA / 2) + C::kStageBytesB + (tail ? kTail * kTileK : 0));
           const auto hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
-          for (int h = 0; h < (p.probe & 1 ? 0 : halves); ++h)
+          for (int h = 0; h < halves; ++h)
             SM90_TMA_LOAD_2D::copy(&p.tma_a, &smem.full[stage], hint,
                                    smem.a + stage * C::kStageBytesA + h * (C::kStageBytesA / 2),
                                    kb * kTileK, tile.row0 + h * kHalfM);
           if (tail)
             SM90_TMA_LOAD_2D::copy(&p.tma_tail, &smem.full[stage], hint, smem.a_tail + stage * kTail * kTileK,
                                    kb * kTileK, tile.row0 + kTileM);
-          for (int b = 0; b < (p.probe & 8 ? 0 : kBlocksN); ++b)
+#pragma unroll
+          for (int b = 0; b < kBlocksN; ++b)
             SM90_TMA_LOAD_2D::copy(&p.tma_b, &smem.full[stage], hint,
                                    smem.b + stage * C::kStageBytesB + b * (kBlockN * kTileK),
                                    kb * kTileK, b_row + block_row<kTileN>(p, tile.n, b));
         }
-        if (lane < kBlocksN && !(p.probe & 2)) cp_async_4(&smem.sfb[stage][lane], sfb + kb);
+        if (lane < kBlocksN) cp_async_4(&smem.sfb[stage][lane], sfb + kb);
 #pragma unroll
-        for (int j = 0; j < (p.probe & 2 ? 0 : kTileM / 32); ++j)
+        for (int j = 0; j < kTileM / 32; ++j)
           cp_async_4(&smem.sfa[stage][32 * j + lane], sfa + min(32 * j + lane, tile.rows - 1) * k_blocks + kb);
         if (tail && lane < kTail)
           cp_async_4(&smem.sfa[stage][kTileM + lane], sfa + min(kTileM + lane, tile.rows - 1) * k_blocks + kb);
@@ -620,7 +620,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       }
       if (++stage == kStages) { stage = 0; phase ^= 1; }
     }
-    if (p.probe & 4) continue;
     const int rows = split ? tile_rows : tile_rows - half * kHalfM;  // rows this warpgroup stores
     const int64_t row0 = tile.row0 + (split ? 0 : half * kHalfM);
     uint8_t* out = smem.out + half * C::kBoxesPerHalf * kBoxBytes;
@@ -783,7 +782,6 @@ struct ContiguousBlockwise {
       return v ? atoi(v) : kTail;
     }();
     p.max_tail = std::max(0, std::min(max_tail, kTail));
-    p.probe = getenv("MOEK_PROBE") ? atoi(getenv("MOEK_PROBE")) : 0;
     p.num_experts = a.num_groups;
     p.n = static_cast<int>(a.n);
     p.k = static_cast<int>(a.k);
