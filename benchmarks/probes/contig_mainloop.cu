@@ -1,0 +1,243 @@
+// How busy can the contig fp8_block kernel's consumer loop keep the tensor cores, with its
+// operands already in shared memory (no loads, no barriers)? Each SM runs two consumer
+// warpgroups over 4 stages of A (128 rows x 128 B) and B (256 rows x 128 B), as
+// src/gemm/sm90/contiguous_gemm.cuh does per 128-deep K block; one K block is 4 batches of
+// 4 wgmma m64n128k32 (1024 tensor cycles at the SM's peak). Prints cycles per K block and the
+// tensor pipe's share.
+//   v0: the kernel's loop: per block, wgmmas into a 64-register partial sum, wait, promote
+//       (64 FFMA with the row scales) into the 128-register accumulator
+//   v2: both blocks' batches in flight into two partial sums (wait<1>, promote, wait<0>,
+//       promote): what a second partial sum buys (wrong sums: one accumulator block)
+//   v4: v0 with fast accumulation (no partial sums, no waits but one per K block): the ceiling
+// With an argument: L5 and L1 alternately, 1000 launches each, eight times (the clocks settle).
+// Not part of the library. Build and run on the GPU machine (CUTLASS headers from the wheel):
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I$CUTLASS/include \
+//     -o /tmp/mainloop benchmarks/probes/contig_mainloop.cu -lcuda && /tmp/mainloop
+#include <cstdio>
+#include <utility>
+#include <vector>
+#include <algorithm>
+#include <cuda.h>
+#include "cute/arch/mma_sm90_gmma.hpp"
+#include "probe_common.cuh"
+
+using Mma = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
+using cute::SM90::GMMA::ScaleOut;
+constexpr int kStages = 4, kKBlocks = 448, kA = 128 * 128, kB = 256 * 128;
+
+template <size_t... I>
+__device__ __forceinline__ void wgmma(uint64_t a, uint64_t b, float* d, ScaleOut s, std::index_sequence<I...>) {
+  Mma::fma(a, b, d[I]..., s);
+}
+__device__ __forceinline__ uint64_t desc(uint32_t addr) {  // K-major, 128-byte swizzle
+  return uint64_t((addr >> 4) & 0x3fff) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+// 4 wgmmas over one 128-deep K block: 64 rows of A at a, 128 rows of B at b.
+__device__ __forceinline__ void batch(uint32_t a, uint32_t b, float* d, bool zero) {
+  cute::warpgroup_arrive();
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    wgmma(desc(a) + 2 * k, desc(b) + 2 * k, d, (zero && k == 0) ? ScaleOut::Zero : ScaleOut::One,
+          std::make_index_sequence<64>{});
+  cute::warpgroup_commit_batch();
+}
+
+constexpr int kRowBytes = 7168, kTileKBlocks = kRowBytes / 128, kEpilogue = 9500;
+struct Src {
+  CUtensorMap w;         // L >= 4: the weights, row-major [experts * 4096, 7168]
+  const uint8_t* a;      // kL2Bytes, read by every CTA (stays in L2)
+  const uint8_t* b;      // kL2Bytes (L = 1) or this CTA's kKBlocks * kB bytes, from DRAM (L >= 2)
+  const float* scales;   // L = 3: [rows][kKBlocks], the row scales as the kernel reads them
+};
+constexpr int kL2Bytes = 64 * kB;
+
+// L: how the stages are filled. 0: never (the operands stay in shared memory); 1: a producer
+// warp copies A and B into each stage (bulk copies, mbarriers as in the kernel) from a few MB
+// that stay in L2; 2: B from DRAM (each CTA streams its own), A from L2; 3: 2 plus the 128 row
+// scales per stage, 4 bytes per lane with cp.async, as the kernel's loader reads them;
+// 4: 3 with B by TMA boxes (128 rows x 128 B, 128-byte swizzle) from row-major weights, as the
+// kernel reads DeepSeek-V3's w13: a CTA's 8 tiles are (expert, N tile) pairs, gate block n and
+// up block n, 56 K blocks each; 5: 4 with both consumer warpgroups pausing kEpilogue cycles
+// after each tile (the fused epilogue's time per tile, measured in the kernel).
+template <int V, int L>
+__global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sink, const __grid_constant__ Src src) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  float* scales = reinterpret_cast<float*>(smem + kStages * (kA + kB));  // [stage][128 rows + 2]
+  uint64_t* full = reinterpret_cast<uint64_t*>(scales + kStages * 130 + 8) ;
+  uint64_t* empty = full + kStages;
+  for (int i = threadIdx.x; i < kStages * (kA + kB) / 4; i += blockDim.x)
+    reinterpret_cast<uint32_t*>(smem)[i] = 0x38383838u ^ (i * 0x01010101u & 0x07070707u);
+  for (int i = threadIdx.x; i < kStages * 130; i += blockDim.x) scales[i] = 1.0f + 1e-3f * (i % 7);
+  if (threadIdx.x < kStages) {
+    mbar_init(&full[threadIdx.x], L >= 3 ? 33 : 1);
+    mbar_init(&empty[threadIdx.x], 8);
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncthreads();
+  const int wg = threadIdx.x / 128, half = wg - 1, t = threadIdx.x % 128;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    if (L == 0 || threadIdx.x >= 32) return;
+    const uint8_t* b_src = L == 1 ? src.b : src.b + size_t(blockIdx.x) * kKBlocks * kB;
+    for (int kb = 0; kb < kKBlocks; ++kb) {
+      const int s = kb % kStages;
+      mbar_wait(&empty[s], ((kb / kStages) & 1) ^ 1);
+      if (threadIdx.x == 0) {
+        mbar_expect(&full[s], kA + kB);
+        const size_t off_a = size_t(kb % 64) * kA, off_b = L == 1 ? size_t(kb % 64) * kB : size_t(kb) * kB;
+        bulk(smem + s * (kA + kB), src.a + off_a, kA, &full[s]);
+        if constexpr (L >= 4) {
+          const int tile = blockIdx.x + (kb / kTileKBlocks) * gridDim.x, x = (kb % kTileKBlocks) * 128;
+          const int row = (tile / 16) * 4096 + (tile % 16) * 128;
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                         ::"r"(smem_u32(smem + s * (kA + kB) + kA + h * kB / 2)), "l"(&src.w), "r"(x), "r"(row + h * 2048),
+                         "r"(smem_u32(&full[s])) : "memory");
+        } else {
+          bulk(smem + s * (kA + kB) + kA, b_src + off_b, kB / 2, &full[s]);
+          bulk(smem + s * (kA + kB) + kA + kB / 2, b_src + off_b + kB / 2, kB / 2, &full[s]);
+        }
+      }
+      if constexpr (L >= 3) {
+        const int row0 = (blockIdx.x * 977 + kb / 56 * 128) % 32768;  // a 128-row tile's rows
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(scales + s * 130 + 32 * j + threadIdx.x)),
+                       "l"(src.scales + size_t(row0 + 32 * j + threadIdx.x) * 56 + kb % 56) : "memory");
+        asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(&full[s])) : "memory");
+      }
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");  // as the kernel's consumers
+  const uint32_t base = smem_u32(smem);
+  const int my_row = (t / 32) * 16 + (t % 32) / 4;
+  float acc[2][64], part[2][64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = part[0][i] = part[1][i] = 0.f;
+  const long long start = clock64();
+  for (int kb = 0; kb < kKBlocks; ++kb) {
+    const int s = kb % kStages;
+    if (L > 0) mbar_wait(&full[s], (kb / kStages) & 1);
+    const uint32_t a = base + s * (kA + kB) + half * 8192, b0 = base + s * (kA + kB) + kA;
+    const float* sc = scales + s * 130;
+    const float r0 = sc[half * 64 + my_row] * sc[128], r1 = sc[half * 64 + my_row + 8] * sc[128];
+    if constexpr (V == 0) {
+#pragma unroll
+      for (int blk = 0; blk < 2; ++blk) {
+        batch(a, b0 + blk * 16384, part[0], true);
+        cute::warpgroup_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[blk][i] += part[0][i] * ((i & 2) ? r1 : r0);
+      }
+    } else if constexpr (V == 2) {
+      batch(a, b0, part[0], true);
+      batch(a, b0 + 16384, part[1], true);
+      cute::warpgroup_wait<1>();
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[0][i] += part[0][i] * ((i & 2) ? r1 : r0);
+      cute::warpgroup_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[0][i] += part[1][i] * ((i & 2) ? r1 : r0);
+    } else {
+      batch(a, b0, acc[0], false);
+      batch(a, b0 + 16384, acc[1], false);
+      cute::warpgroup_wait<1>();  // (the stage is released one K block late: fine for timing)
+    }
+    __syncwarp();
+    if (L > 0 && t % 32 == 0) mbar_arrive(&empty[s]);
+    if (L == 5 && kb % kTileKBlocks == kTileKBlocks - 1) {
+      const long long e0 = clock64();
+      while (clock64() - e0 < kEpilogue) {}
+    }
+  }
+  cute::warpgroup_wait<0>();
+  const long long end = clock64();
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s += acc[0][i] + acc[1][i] + part[0][i] + part[1][i];
+  sink[blockIdx.x * 256 + threadIdx.x - 128] = s;
+  if (t == 0) cycles[blockIdx.x * 2 + half] = end - start;
+}
+
+template <int V, int L>
+void run(const char* what, int sms, long long* d_cycles, float* sink, Src src, int reps = 5) {
+  const int smem = kStages * (kA + kB) + kStages * 130 * 4 + 32 + 16 * kStages;
+  CK(cudaFuncSetAttribute(mainloop<V, L>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  std::vector<long long> c(sms * 2);
+  std::vector<double> per, us;
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (int rep = 0; rep < reps; ++rep) {
+    CK(cudaEventRecord(e0));
+    mainloop<V, L><<<sms, 384, smem>>>(d_cycles, sink, src);
+    CK(cudaEventRecord(e1));
+    CK(cudaDeviceSynchronize());
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    us.push_back(ms * 1e3);
+    CK(cudaMemcpy(c.data(), d_cycles, c.size() * 8, cudaMemcpyDeviceToHost));
+    std::sort(c.begin(), c.end());
+    per.push_back(double(c[c.size() / 2]) / kKBlocks);
+  }
+  if (reps > 5) {  // sustained: the last 5 launches
+    per.erase(per.begin(), per.end() - 5);
+    us.erase(us.begin(), us.end() - 5);
+  }
+  std::sort(per.begin(), per.end());
+  std::sort(us.begin(), us.end());
+  const double mhz = per[2] * kKBlocks / us[2], tbs = L >= 2 ? double(sms) * kKBlocks * kB / us[2] / 1e6 : 0;
+  printf("%5.0f us, %4.0f MHz, B from DRAM %.2f TB/s  ", us[2], mhz, tbs);
+  printf("v%d L%d %-58s %7.0f cycles per K block, tensor pipe %4.1f%%\n", V, L, what, per[2], 100.0 * 1024 / per[2]);
+}
+
+int main(int argc, char** argv) {
+  int sms;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  long long* d_cycles;
+  float* sink;
+  CK(cudaMalloc(&d_cycles, sms * 2 * 8));
+  CK(cudaMalloc(&sink, sms * 256 * 4));
+  Src src;
+  uint8_t *a, *b;
+  float* sc;
+  CK(cudaMalloc(&a, kL2Bytes));
+  CK(cudaMalloc(&b, size_t(sms) * kKBlocks * kB));
+  CK(cudaMalloc(&sc, size_t(32768 + 512) * 56 * 4));
+  CK(cudaMemset(a, 0x38, kL2Bytes));
+  CK(cudaMemset(b, 0x38, size_t(sms) * kKBlocks * kB));
+  CK(cudaMemset(sc, 0, size_t(32768 + 512) * 56 * 4));
+  src.a = a;
+  src.b = b;
+  src.scales = sc;
+  {  // 66 experts x 4096 rows x 7168 bytes: the same 1.9 GB as b
+    cuuint64_t dims[2] = {kRowBytes, cuuint64_t(sms) * kKBlocks * kB / kRowBytes}, strides[1] = {kRowBytes};
+    cuuint32_t box[2] = {128, 128}, es[2] = {1, 1};
+    CUresult r = cuTensorMapEncodeTiled(&src.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, b, dims, strides, box, es,
+                                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) { printf("cuTensorMapEncodeTiled: %d\n", int(r)); return 1; }
+  }
+  if (argc > 1) {  // sustained: launches back to back for a few seconds, as a benchmark's replays
+    for (int round = 0; round < 8; ++round) {
+      run<0, 5>("v0 L5, sustained (1000 launches, the last 5)", sms, d_cycles, sink, src, 1000);
+      run<0, 1>("v0 L1, sustained (1000 launches, the last 5)", sms, d_cycles, sink, src, 1000);
+    }
+    return 0;
+  }
+  run<0, 0>("the kernel's loop (wait, promote, per block)", sms, d_cycles, sink, src);
+  run<2, 0>("two partial sums in flight", sms, d_cycles, sink, src);
+  run<4, 0>("fast accumulation (no promotion)", sms, d_cycles, sink, src);
+  run<0, 1>("v0, stages filled from L2", sms, d_cycles, sink, src);
+  run<4, 1>("v4, stages filled from L2", sms, d_cycles, sink, src);
+  run<0, 2>("v0, B from DRAM (32 KB per K block per SM)", sms, d_cycles, sink, src);
+  run<4, 2>("v4, B from DRAM", sms, d_cycles, sink, src);
+  run<0, 3>("v0, B from DRAM, row scales by cp.async", sms, d_cycles, sink, src);
+  run<0, 4>("v0 L3, B by TMA boxes from row-major weights", sms, d_cycles, sink, src);
+  run<0, 5>("v0 L4, a 9500-cycle epilogue pause per tile", sms, d_cycles, sink, src);
+  run<4, 5>("v4 L4, a 9500-cycle epilogue pause per tile", sms, d_cycles, sink, src);
+  return 0;
+}
