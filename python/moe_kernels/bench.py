@@ -107,7 +107,7 @@ def add_arguments(p) -> None:
                         "run with MOE_KERNELS_PDL=0 so that no kernel's time holds a wait)")
     p.add_argument("--clocks", action="store_true",
                    help="also sample the SM clock and board power (NVML) while ours and the dense ceiling "
-                        "are timed: the FP8 GEMMs run power-capped; more --replays give more samples")
+                        "are timed: the clock drops under the power cap; more --replays give more samples")
     p.add_argument("--json", help="write the results to this file")
     p.add_argument("--plot", help="write a plot (PNG) to this file; needs matplotlib")
     p.add_argument("--markdown", help="write the results as a Markdown table to this file")
