@@ -1,9 +1,9 @@
-// How busy can the contig fp8_block kernel's consumer loop keep the tensor cores, with its
-// operands already in shared memory (no loads, no barriers)? Each SM runs two consumer
-// warpgroups over 4 stages of A (128 rows x 128 B) and B (256 rows x 128 B), as
-// src/gemm/sm90/contiguous_gemm.cuh does per 128-deep K block; one K block is 4 batches of
-// 4 wgmma m64n128k32 (1024 tensor cycles at the SM's peak). Prints cycles per K block and the
-// tensor pipe's share.
+// How busy can the contig fp8_block kernel's consumer loop keep the tensor cores: with its
+// operands already in shared memory, fed from L2, and with the weights streamed from DRAM the
+// way the kernel reads them (L, below)? Each SM runs two consumer warpgroups over 4 stages of
+// A (128 rows x 128 B) and B (256 rows x 128 B), as src/gemm/sm90/contiguous_gemm.cuh does per
+// 128-deep K block; one K block is 4 batches of 4 wgmma m64n128k32 (1024 tensor cycles at the
+// SM's peak). Prints cycles per K block, the tensor pipe's share and the weights' DRAM rate.
 //   v0: the kernel's loop: per block, wgmmas into a 64-register partial sum, wait, promote
 //       (64 FFMA with the row scales) into the 128-register accumulator
 //   v2: both blocks' batches in flight into two partial sums (wait<1>, promote, wait<0>,
@@ -47,7 +47,7 @@ struct Src {
   CUtensorMap w;         // L >= 4: the weights, row-major [experts * 4096, 7168]
   const uint8_t* a;      // kL2Bytes, read by every CTA (stays in L2)
   const uint8_t* b;      // kL2Bytes (L = 1) or this CTA's kKBlocks * kB bytes, from DRAM (L >= 2)
-  const float* scales;   // L = 3: [rows][kKBlocks], the row scales as the kernel reads them
+  const float* scales;   // L >= 3: [rows][56], K-major row scales as the kernel reads them
 };
 constexpr int kL2Bytes = 64 * kB;
 
@@ -63,7 +63,7 @@ template <int V, int L>
 __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sink, const __grid_constant__ Src src) {
   extern __shared__ __align__(1024) uint8_t smem[];
   float* scales = reinterpret_cast<float*>(smem + kStages * (kA + kB));  // [stage][128 rows + 2]
-  uint64_t* full = reinterpret_cast<uint64_t*>(scales + kStages * 130 + 8) ;
+  uint64_t* full = reinterpret_cast<uint64_t*>(scales + kStages * 130 + 8);
   uint64_t* empty = full + kStages;
   for (int i = threadIdx.x; i < kStages * (kA + kB) / 4; i += blockDim.x)
     reinterpret_cast<uint32_t*>(smem)[i] = 0x38383838u ^ (i * 0x01010101u & 0x07070707u);
