@@ -161,16 +161,21 @@ def test_gpu_sampler_takes_medians_and_never_fails_the_run(monkeypatch):
     assert w == {}
 
 
+@pytest.mark.parametrize("clocks", [{}, {"sm_mhz": 1530.0, "power_w": 548.0, "samples": 9}])
 @pytest.mark.parametrize("peers", [{}, {"torch._grouped_mm": {"status": "ok", "us": 25.0}}])
-def test_markdown_columns_line_up(peers):
+def test_markdown_columns_line_up(peers, clocks):
     row = {"preset": "p", "tokens": 1, "experts_hit": 2.0, "bw_floor_us": 10.0, "flop_floor_us": 1.0,
-           "results": {"moe_kernels": {"status": "ok", "us": 12.5, "tb_s": 3.0, "tflop_s": 1.0,
-                                       "of_floor": 0.8}, **peers}}
+           "results": {"moe_kernels": {"status": "ok", "us": 12.5, "tb_s": 3.0, "tflop_s": 500.0,
+                                       "of_floor": 0.8, **clocks}, **peers}}
     result = {"gpu": "g", "driver": "d", "torch": "t", "cuda": "c", "version": "v", "commit": "x",
               "quant": "bf16", "activation": "swiglu", "routing": "uniform", "copy_bw_bytes_s": 1e12,
               "gemm_flop_s": 1e15, "rows": [row]}
     table = [line for line in bench.markdown(result).splitlines() if line.startswith("|")]
-    assert len({line.count("|") for line in table}) == 1 and table[0].count("|") == 10 + len(peers)
+    assert len({line.count("|") for line in table}) == 1
+    assert table[0].count("|") == 11 + len(peers) + bool(clocks)
+    cells = [c.strip() for c in table[2].split("|")[1:-1]]
+    assert cells[9] == "50%"  # of the dense rate: 500 of 1000 TFLOP/s
+    assert (cells[-1] == "1530 MHz, 548 W") == bool(clocks)
 
 
 def test_short_kernel_names_stay_distinct():

@@ -493,25 +493,31 @@ def markdown(result) -> str:
     """The results as a Markdown table (what benchmarks/results/*.md hold)."""
     rows = result["rows"]
     peers_ = [n for n in rows[0]["results"] if n != "moe_kernels"] if rows else []
+    clocks = any("sm_mhz" in r["results"]["moe_kernels"] for r in rows)  # bench --clocks
     out = [f"{result['gpu']}, driver {result['driver']}, torch {result['torch']} (CUDA {result['cuda']}), "
            f"moe_kernels {result['version']} at {result['commit'][:12]}; {result['quant']}, "
            f"{result['activation']}, routing {result['routing']}. Measured ceilings: copy "
            f"{result['copy_bw_bytes_s'] / 1e12:.2f} TB/s, dense GEMM {result['gemm_flop_s'] / 1e12:.0f} TFLOP/s"
-           f" sustained.",
+           f" sustained" + (f" (at {result['gemm_sm_mhz']:.0f} MHz, {result['gemm_power_w']:.0f} W)"
+                            if result.get("gemm_sm_mhz") else "") + ".",
            "",
            "| " + " | ".join(["preset", "tokens", "experts hit", "bw floor us", "FLOP floor us", "ours us",
-                              "TB/s", "TFLOP/s", "of floor"] + [f"{p} us (speedup)" for p in peers_]) + " |",
-           "|---" * (9 + len(peers_)) + "|"]
+                              "TB/s", "TFLOP/s", "of floor", "of dense"] + [f"{p} us (speedup)" for p in peers_]
+                             + (["SM clock, power (ours)"] if clocks else [])) + " |",
+           "|---" * (10 + len(peers_) + clocks) + "|"]
     for r in rows:
         o = r["results"]["moe_kernels"]
         cells = [r["preset"], str(r["tokens"]), f"{r['experts_hit']:.1f}", f"{r['bw_floor_us']:.1f}",
                  f"{r['flop_floor_us']:.1f}"]
-        cells += ([f"{o['us']:.1f}", f"{o['tb_s']:.2f}", f"{o['tflop_s']:.0f}", f"{o['of_floor']:.0%}"]
-                  if o["status"] == "ok" else [o["status"], "", "", ""])
+        cells += ([f"{o['us']:.1f}", f"{o['tb_s']:.2f}", f"{o['tflop_s']:.0f}", f"{o['of_floor']:.0%}",
+                   f"{o['tflop_s'] * 1e12 / result['gemm_flop_s']:.0%}"]
+                  if o["status"] == "ok" else [o["status"], "", "", "", ""])
         for p in peers_:
             q = r["results"][p]
             cells.append(f"{q['us']:.1f} ({q['us'] / o['us']:.2f}x)" if q["status"] == "ok" and o["status"] == "ok"
                          else q["status"])
+        if clocks:
+            cells.append(f"{o['sm_mhz']:.0f} MHz, {o['power_w']:.0f} W" if "sm_mhz" in o else "-")
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
