@@ -26,10 +26,7 @@ if [ ! -f "${AB_PATCH:-}" ] || [ $# -eq 0 ]; then
 fi
 mkdir -p "$LOG_DIR" "$WORK"
 export PYTHONUNBUFFERED=1
-if [ -z "${MOE_KERNELS_ARCHS:-}" ]; then
-  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d '. ')
-  MOE_KERNELS_ARCHS=${cc}a
-fi
+MOE_KERNELS_ARCHS=${MOE_KERNELS_ARCHS:-$(ci/gpu-arch.sh)}
 export MOE_KERNELS_ARCHS MOE_KERNELS_CATALOG=${MOE_KERNELS_CATALOG:-minimal}
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 if compgen -G ".whl/*.whl" > /dev/null; then

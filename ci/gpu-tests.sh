@@ -16,15 +16,7 @@ LOG_DIR=${LOG_DIR:-build/gpu-logs}
 mkdir -p "$LOG_DIR"
 export PYTHONUNBUFFERED=1
 
-if [ -z "${MOE_KERNELS_ARCHS:-}" ]; then
-  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d '. ')
-  case "$cc" in
-    90) MOE_KERNELS_ARCHS=90a ;;
-    100) MOE_KERNELS_ARCHS=100a ;;
-    103) MOE_KERNELS_ARCHS=103a ;;
-    *) echo "ci/gpu-tests.sh: no catalog arch for compute capability $cc (cmake/catalog.py ARCHS)" >&2; exit 2 ;;
-  esac
-fi
+MOE_KERNELS_ARCHS=${MOE_KERNELS_ARCHS:-$(ci/gpu-arch.sh)}
 export MOE_KERNELS_ARCHS MOE_KERNELS_CATALOG=${MOE_KERNELS_CATALOG:-full}
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee "$LOG_DIR/gpu.txt"

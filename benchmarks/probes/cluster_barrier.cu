@@ -56,20 +56,29 @@ __global__ void rounds(unsigned* counter, float* out, long long* cycles) {
   }
 }
 
+// A launch of `ctas` CTAs of 128 threads in clusters of `cluster` (used in place: cfg points
+// at attr).
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  ClusterLaunch(int ctas, int cluster) {
+    cfg.gridDim = dim3(ctas);
+    cfg.blockDim = dim3(128);
+    cfg.dynamicSmemBytes = kSmem;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster;
+    attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+};
+
 template <int kMode>
 void time_rounds(const char* what, int ctas, int cluster, unsigned* counter, float* out, long long* cycles) {
   CK(cudaFuncSetAttribute(rounds<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   if (cluster > 8) CK(cudaFuncSetAttribute(rounds<kMode>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(ctas);
-  cfg.blockDim = dim3(128);
-  cfg.dynamicSmemBytes = kSmem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  ClusterLaunch launch(ctas, cluster);
   std::vector<float> us;
   for (int rep = 0; rep < 5; ++rep) {
     CK(cudaMemset(counter, 0, 4));
@@ -77,7 +86,7 @@ void time_rounds(const char* what, int ctas, int cluster, unsigned* counter, flo
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
     CK(cudaEventRecord(a));
-    CK(cudaLaunchKernelEx(&cfg, rounds<kMode>, counter, out, cycles));
+    CK(cudaLaunchKernelEx(&launch.cfg, rounds<kMode>, counter, out, cycles));
     CK(cudaEventRecord(b));
     CK(cudaEventSynchronize(b));
     float ms;
@@ -101,17 +110,8 @@ int main() {
   CK(cudaFuncSetAttribute(rounds<1>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   int fits[17] = {};
   for (int c : {2, 4, 8, 16}) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(c * 64);
-    cfg.blockDim = dim3(128);
-    cfg.dynamicSmemBytes = kSmem;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = c;
-    attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    CK(cudaOccupancyMaxActiveClusters(&fits[c], rounds<1>, &cfg));
+    ClusterLaunch launch(c * 64, c);
+    CK(cudaOccupancyMaxActiveClusters(&fits[c], rounds<1>, &launch.cfg));
     printf("clusters of %2d CTAs (one per SM) that fit at once: %d (%d CTAs of %d SMs)\n", c, fits[c],
            fits[c] * c, sms);
   }
