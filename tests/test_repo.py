@@ -1,6 +1,9 @@
 """The scripts and the README agree with each other and with the catalog (CPU only)."""
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 from test_catalog import catalog
 
@@ -24,8 +27,17 @@ def test_ci_runs_the_readme_test_command():
     assert sorted(archs) == sorted(catalog.ARCHS)
 
 
-def test_gpu_script_knows_every_catalog_arch():
-    script = (ROOT / "ci" / "gpu-tests.sh").read_text()
-    for arch, spec in catalog.ARCHS.items():
-        major, minor = spec["cc"]
-        assert f"{major}{minor}) MOE_KERNELS_ARCHS={arch} ;;" in script, arch
+def test_gpu_scripts_know_every_catalog_arch(tmp_path):
+    # ci/gpu-arch.sh (used by gpu-tests.sh and gpu-ab.sh) under a stand-in nvidia-smi
+    smi = tmp_path / "nvidia-smi"
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable}
+    for cc, arch in [("%d.%d" % spec["cc"], arch) for arch, spec in catalog.ARCHS.items()] + [("12.0", None)]:
+        smi.write_text(f"#!/bin/sh\necho {cc}\n")
+        smi.chmod(0o755)
+        r = subprocess.run([str(ROOT / "ci" / "gpu-arch.sh")], env=env, capture_output=True, text=True)
+        if arch:
+            assert (r.returncode, r.stdout.strip()) == (0, arch), (cc, r.stderr)
+        else:
+            assert r.returncode != 0 and "no catalog arch for compute capability 120" in r.stderr
+    for script in ("gpu-tests.sh", "gpu-ab.sh"):
+        assert "$(ci/gpu-arch.sh)" in (ROOT / "ci" / script).read_text(), script
