@@ -17,8 +17,8 @@
 // long each tile takes. With a fixed stride instead (blockIdx.x, +gridDim.x, ...), the CTAs
 // drifted apart (half tiles are short) and GEMM1 at DeepSeek-V3 16384 tokens read 35 GB from
 // DRAM where its operands hold 8.5 GB (ncu, H200).
-// Warp specialization: warp 0 loads (one lane issues the TMA loads of A and B, all 32 copy the
-// stage's 128 row scales and its weight-block scales with cp.async), warpgroups 1 and 2 each
+// Warp specialization: warp 0 loads (one lane issues the TMA loads of A, B and, every 4 K
+// blocks, of their scales; scale_at), warpgroups 1 and 2 each
 // compute 64 rows of the 128-row tile with wgmma (64x128x32 per 128 columns, fp32), promoting
 // each 128-deep K block's partial sums with scale(row) * scale(weight block) into their
 // accumulators. Both epilogues go through shared memory and leave by TMA stores, so the
@@ -69,6 +69,9 @@ constexpr int kConsumerWarps = 8;
 constexpr int kSchedSlots = 2;             // tiles taken ahead by the loader
 constexpr int kBoxBytes = kHalfM * 128;    // one TMA store box: 64 rows x 128 bytes
 constexpr int kTail = 16;                  // rows past a full tile that ride along (tail_rows)
+constexpr int kSfaRows = 128 + kTail;      // row scales per K block: the tile's and its tail's
+constexpr int kSetBlocks = 4;              // K blocks per scale set (scale_at)
+constexpr int kSfbPitch = 32;              // floats per weight block's set: TMA writes 128-byte aligned
 // Registers per thread after setmaxnreg: the consumers take what the producer warpgroup gives
 // back, within the CTA's allocation (128 * 40 + 256 * 232 = 128 * 24 + 256 * 240 = 384 * 168);
 // asking for more than the CTA holds blocks forever, so run() checks the kernel was built with
@@ -94,6 +97,10 @@ struct Config {
   static constexpr int kOutBytes = 2 * kBoxesPerHalf * kBoxBytes;
   static constexpr uint32_t kConsumerRegs = kFused ? 240 : 232;  // see kRegsPerThread
   static constexpr uint32_t kProducerRegs = (kThreads * kRegsPerThread - 256 * kConsumerRegs) / 128;
+  // With scale sets (no per-lane scale copies) both kernels' consumers take 240: at 232 the
+  // unfused one spilled an accumulator in every K block (ptxas); its loader spills instead.
+  static constexpr uint32_t kConsumerRegsSets = 240;
+  static constexpr uint32_t kProducerRegsSets = (kThreads * kRegsPerThread - 256 * kConsumerRegsSets) / 128;
   // A stage of A (or B) is 128 rows x 128 bytes with the 128-byte swizzle, i.e. blocks of 64
   // (128) rows back to back: A is indexed as (64, 128, 2 * kStages), half h of stage s at
   // 2s + h; B as (128, 128, kBlocksN * kStages), block b of stage s at kBlocksN * s + b.
@@ -108,10 +115,12 @@ struct Config {
     alignas(1024) Element b[kStages * kStageBytesB];
     alignas(1024) Element a_tail[kStages * kTail * kTileK];  // the tail rows, if the tile has them
     alignas(1024) uint8_t out[kOutBytes];  // per warpgroup: kBoxesPerHalf TMA boxes
-    float sfa[kStages][kTileM + kTail];
+    // The scales, as scale_at finds them: two sets of [row][kSetBlocks] (loaded by TMA), or
+    // [stage][row] (copied by the loader's lanes).
+    alignas(128) float sfa[std::max(2 * kSetBlocks, kStages) * kSfaRows];
+    alignas(128) float sfb[std::max(2 * kSfbPitch, kStages) * kBlocksN];
     float tail_amax[4][kTail];  // fused: warpgroup 0's warps' amax per tail row
-    float sfb[kStages][kBlocksN];
-    uint64_t full[kStages];   // TMA bytes landed and the 32 loader lanes' scale copies done
+    uint64_t full[kStages];   // TMA bytes landed (and, without sets, the 32 loader lanes' scale copies)
     uint64_t empty[kStages];  // consumers done with the stage (one arrive per consumer warp)
     int32_t tile[kSchedSlots];           // tiles taken by the loader, for the consumers
     uint64_t tile_full[kSchedSlots];     // the loader wrote tile[i]
@@ -129,6 +138,7 @@ struct Params {
   CUtensorMap tma_act;  // act_out [rows, inter] E4M3, box 64 x 128 (fused)
   const float* sfa;   // [rows, K / 128]
   const float* sfb;   // [E, N / 128, K / 128]
+  CUtensorMap tma_sfa, tma_sfa_tail, tma_sfb;  // the same, boxes of kSetBlocks x 128, kTail, 1 rows (kSets)
   __nv_bfloat16* d;   // [rows, N]
   const int32_t* offsets;  // [E + 1] row offsets of the experts
   int32_t* tile_counter;   // next tile to take; zero at launch
@@ -165,6 +175,26 @@ __device__ __forceinline__ int m_tiles_of(int rows, int max_tail) {
 }
 __device__ __forceinline__ int tail_rows(const Tile& tile, int max_tail) {  // 0, or rows past the tile's 128
   return tile.rows > kTileM && tile.rows <= kTileM + max_tail ? tile.rows - kTileM : 0;
+}
+
+// Where K block kb's scales are in shared memory (the kseq-th K block the CTA takes, over its
+// tiles): row r's at sfa[a + r * stride], weight block b's at sfb[b_ + b * b_stride]. With scale
+// sets, one TMA box per operand brings kSetBlocks K blocks' scales for all rows of the tile
+// into one of two sets, with the stage of the set's first K block; a set is reloaded 2 *
+// kSetBlocks K blocks later, when the stage's empty barrier says the consumers are past it.
+// Without (K / 128 not a multiple of 4: the boxes need 16-byte rows), each stage's lanes copy
+// 4 bytes per row. The 4-byte copies cost: at DeepSeek-V3 4096 tokens (128 rows per expert) the
+// forward took 3773 us without any scale loads against 4295 (timing-only build, H200).
+struct ScaleAt {
+  int a, b, stride, b_stride;
+};
+template <int kStages, int kBlocksN, bool kSets>
+__device__ __forceinline__ ScaleAt scale_at(int stage, int kseq) {
+  if constexpr (kSets) {
+    const int set = (kseq / kSetBlocks) & 1, j = kseq % kSetBlocks;
+    return {set * kSetBlocks * kSfaRows + j, set * kSfbPitch * kBlocksN + j, kSetBlocks, kSfbPitch};
+  }
+  return {stage * kSfaRows, stage * kBlocksN, 1, 1};
 }
 
 // Tile t in expert-major, then N, then M order.
@@ -418,7 +448,7 @@ __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc
   }
 }
 
-template <int kTileN, bool kFused>
+template <int kTileN, bool kFused, bool kSets>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant__ Params p) {
   using C = Config<kTileN, kFused>;
   constexpr int kStages = C::kStages, kBlocksN = C::kBlocksN;
@@ -432,7 +462,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      cutlass::arch::ClusterTransactionBarrier::init(&smem.full[s], 1 + 32);
+      cutlass::arch::ClusterTransactionBarrier::init(&smem.full[s], kSets ? 1 : 1 + 32);
       cutlass::arch::ClusterBarrier::init(&smem.empty[s], kConsumerWarps);
     }
     for (int s = 0; s < kSchedSlots; ++s) {
@@ -443,6 +473,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     cute::prefetch_tma_descriptor(&p.tma_a);
     cute::prefetch_tma_descriptor(&p.tma_tail);
     cute::prefetch_tma_descriptor(&p.tma_b);
+    if constexpr (kSets) {
+      cute::prefetch_tma_descriptor(&p.tma_sfa);
+      cute::prefetch_tma_descriptor(&p.tma_sfb);
+    }
     cute::prefetch_tma_descriptor(kFused ? &p.tma_act : &p.tma_d);
   }
   pdl_begin();  // the offsets, A and its scales come from the previous kernels
@@ -471,9 +505,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   const int num_tiles = tile_start[E] * n_tiles;
 
   if (wg == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<C::kProducerRegs>();
+    cutlass::arch::warpgroup_reg_dealloc<kSets ? C::kProducerRegsSets : C::kProducerRegs>();
     if (warp != 0) return;
-    int stage = 0, phase = 0, slot = 0, slot_phase = 0;
+    int stage = 0, phase = 0, slot = 0, slot_phase = 0, kseq = 0;
     for (;;) {
       // Take the next tile and pass it on; a number past the last tells the consumers to stop.
       int t = 0;
@@ -494,11 +528,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       const float* sfa = p.sfa + int64_t(tile.row0) * k_blocks;
       const int halves = tile.rows > kHalfM ? 2 : 1;  // 64-row halves of A with rows in them
       const bool tail = tail_rows(tile, p.max_tail) > 0;
-      for (int kb = 0; kb < k_blocks; ++kb) {
+      for (int kb = 0; kb < k_blocks; ++kb, ++kseq) {
         cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase ^ 1);
+        const bool new_set = kSets && kb % kSetBlocks == 0;
         if (lane == 0) {
+          constexpr int kSetBytes = kSetBlocks * sizeof(float);  // per row
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
-              &smem.full[stage], halves * (C::kStageBytesA / 2) + C::kStageBytesB + (tail ? kTail * kTileK : 0));
+              &smem.full[stage], halves * (C::kStageBytesA / 2) + C::kStageBytesB + (tail ? kTail * kTileK : 0) +
+                                     (new_set ? (kTileM + (tail ? kTail : 0) + kBlocksN) * kSetBytes : 0));
           const auto hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
           for (int h = 0; h < halves; ++h)
             SM90_TMA_LOAD_2D::copy(&p.tma_a, &smem.full[stage], hint,
@@ -512,14 +549,29 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
             SM90_TMA_LOAD_2D::copy(&p.tma_b, &smem.full[stage], hint,
                                    smem.b + stage * C::kStageBytesB + b * (kBlockN * kTileK),
                                    kb * kTileK, b_row + block_row<kTileN>(p, tile.n, b));
-        }
-        if (lane < kBlocksN) cp_async_4(&smem.sfb[stage][lane], sfb + kb);
+          if (new_set) {  // rows past the buffer read as zeros
+            const ScaleAt at = scale_at<kStages, kBlocksN, true>(stage, kseq);
+            SM90_TMA_LOAD_2D::copy(&p.tma_sfa, &smem.full[stage], hint, smem.sfa + at.a, kb, tile.row0);
+            if (tail)
+              SM90_TMA_LOAD_2D::copy(&p.tma_sfa_tail, &smem.full[stage], hint, smem.sfa + at.a + kTileM * kSetBlocks,
+                                     kb, tile.row0 + kTileM);
 #pragma unroll
-        for (int j = 0; j < kTileM / 32; ++j)
-          cp_async_4(&smem.sfa[stage][32 * j + lane], sfa + min(32 * j + lane, tile.rows - 1) * k_blocks + kb);
-        if (tail && lane < kTail)
-          cp_async_4(&smem.sfa[stage][kTileM + lane], sfa + min(kTileM + lane, tile.rows - 1) * k_blocks + kb);
-        cutlass::arch::cpasync_barrier_arrive_noinc(&smem.full[stage]);
+            for (int b = 0; b < kBlocksN; ++b)
+              SM90_TMA_LOAD_2D::copy(&p.tma_sfb, &smem.full[stage], hint, smem.sfb + at.b + b * kSfbPitch, kb,
+                                     (b_row + block_row<kTileN>(p, tile.n, b)) / kBlockN);
+          }
+        }
+        if constexpr (!kSets) {
+          if (lane < kBlocksN) cp_async_4(&smem.sfb[stage * kBlocksN + lane], sfb + kb);
+#pragma unroll
+          for (int j = 0; j < kTileM / 32; ++j)
+            cp_async_4(&smem.sfa[stage * kSfaRows + 32 * j + lane],
+                       sfa + min(32 * j + lane, tile.rows - 1) * k_blocks + kb);
+          if (tail && lane < kTail)
+            cp_async_4(&smem.sfa[stage * kSfaRows + kTileM + lane],
+                       sfa + min(kTileM + lane, tile.rows - 1) * k_blocks + kb);
+          cutlass::arch::cpasync_barrier_arrive_noinc(&smem.full[stage]);
+        }
         if (++stage == kStages) { stage = 0; phase ^= 1; }
       }
     }
@@ -527,7 +579,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     return;
   }
 
-  cutlass::arch::warpgroup_reg_alloc<C::kConsumerRegs>();
+  cutlass::arch::warpgroup_reg_alloc<kSets ? C::kConsumerRegsSets : C::kConsumerRegs>();
   const int half = wg - 1;  // this warpgroup's 64 rows of the tile
   TiledMma mma;
   auto thr = mma.get_thread_slice(threadIdx.x % 128);
@@ -552,7 +604,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   // (weight row within the block, tail row) of each value
   Tensor coord_t = tthr.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kTail>>{}));
 
-  int stage = 0, phase = 0, slot = 0, slot_phase = 0;
+  int slot = 0, slot_phase = 0, kseq = 0;  // kseq: the K blocks taken so far (stage, phase, scales)
   for (;;) {
     cutlass::arch::ClusterBarrier::wait(&smem.tile_full[slot], slot_phase);
     const int t = smem.tile[slot];
@@ -567,10 +619,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     const int tail = tail_rows(tile, p.max_tail);
     clear(acc);
     clear(acc_t);
-    for (int kb = 0; kb < k_blocks; ++kb) {
-      cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], phase);
-      const float a0 = smem.sfa[stage][a_half * kHalfM + my_row];
-      const float a1 = smem.sfa[stage][a_half * kHalfM + my_row + 8];
+    for (int kb = 0; kb < k_blocks; ++kb, ++kseq) {
+      const int stage = kseq % kStages;
+      cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], (kseq / kStages) & 1);
+      const ScaleAt at = scale_at<kStages, kBlocksN, kSets>(stage, kseq);
+      const float a0 = smem.sfa[at.a + (a_half * kHalfM + my_row) * at.stride];
+      const float a1 = smem.sfa[at.a + (a_half * kHalfM + my_row + 8) * at.stride];
 #pragma unroll
       for (int b = 0; b < kBlocksN; ++b) {
         if (b >= blocks) break;
@@ -584,7 +638,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
           mma.accumulate_ = GMMA::ScaleOut::One;
         }
         warpgroup_commit_batch();
-        const float sb = smem.sfb[stage][b_first + b];
+        const float sb = smem.sfb[at.b + (b_first + b) * at.b_stride];
         const float r0 = a0 * sb, r1 = a1 * sb;
         warpgroup_wait<0>();
         warpgroup_fence_operand(part);
@@ -607,10 +661,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         warpgroup_commit_batch();
         // This thread's four tail rows' scales, read while the wgmmas run (value i is tail row
         // 2q + (i & 1) + 8 * ((i >> 2) & 1), as in store_tail_activation).
-        const float sb = smem.sfb[stage][half];
-        const int q2 = 2 * (lane & 3);
-        const float ts[4] = {sb * smem.sfa[stage][kTileM + q2], sb * smem.sfa[stage][kTileM + q2 + 1],
-                             sb * smem.sfa[stage][kTileM + q2 + 8], sb * smem.sfa[stage][kTileM + q2 + 9]};
+        const float sb = smem.sfb[at.b + half * at.b_stride];
+        const float* sa = smem.sfa + at.a + (kTileM + 2 * (lane & 3)) * at.stride;
+        const float ts[4] = {sb * sa[0], sb * sa[at.stride], sb * sa[8 * at.stride], sb * sa[9 * at.stride]};
         warpgroup_wait<0>();
         warpgroup_fence_operand(part_t);
 #pragma unroll
@@ -618,7 +671,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         __syncwarp();
         if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
       }
-      if (++stage == kStages) { stage = 0; phase ^= 1; }
     }
     const int rows = split ? tile_rows : tile_rows - half * kHalfM;  // rows this warpgroup stores
     const int64_t row0 = tile.row0 + (split ? 0 : half * kHalfM);
@@ -686,6 +738,20 @@ inline bool encode(CUtensorMap* map, const void* base, int64_t rows, int64_t k, 
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// A [rows, k_blocks] fp32 scale tensor in boxes of kSetBlocks x box_rows (no swizzle); needs
+// 16-byte rows (k_blocks % 4 == 0) and a 16-byte aligned base, else the scales go by cp.async.
+inline bool encode_scales(CUtensorMap* map, const float* base, int64_t rows, int64_t k_blocks, int box_rows) {
+  auto fn = encode_fn();
+  if (!fn || k_blocks % kSetBlocks || reinterpret_cast<uintptr_t>(base) % 16) return false;
+  const cuuint64_t dims[2] = {cuuint64_t(k_blocks), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(k_blocks) * sizeof(float)};
+  const cuuint32_t box[2] = {kSetBlocks, cuuint32_t(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(base), dims, strides, box, elem,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 }  // namespace contig
 
 template <int kTileN>
@@ -700,11 +766,11 @@ struct ContiguousBlockwise {
            sizeof(int32_t) * 2 * (size_t(num_experts) + 1);
   }
 
-  template <bool kFused>
+  template <bool kFused, bool kSets>
   static int registers() {
     static const int regs = [] {
       cudaFuncAttributes fa{};
-      if (cudaFuncGetAttributes(&fa, contig::gemm_kernel<kTileN, kFused>) != cudaSuccess) {
+      if (cudaFuncGetAttributes(&fa, contig::gemm_kernel<kTileN, kFused, kSets>) != cudaSuccess) {
         cudaGetLastError();
         return 0;
       }
@@ -743,7 +809,8 @@ struct ContiguousBlockwise {
                "memory, the device allows %d", a.num_groups, smem, optin);
       return MOEK_UNSUPPORTED;
     }
-    const int regs = fused ? registers<true>() : registers<false>();
+    const int regs = std::min(fused ? registers<true, true>() : registers<false, true>(),
+                              fused ? registers<true, false>() : registers<false, false>());
     if (regs < kRegsPerThread) {
       snprintf(err, errlen, "contiguous fp8_block GEMM: built with %d registers per thread, "
                "its warpgroups need %d", regs, kRegsPerThread);
@@ -767,6 +834,10 @@ struct ContiguousBlockwise {
     }
     p.sfa = a.sfa_base;
     p.sfb = a.sfb_base;
+    const int64_t k_blocks = a.k / kTileK;
+    const bool sets = encode_scales(&p.tma_sfa, a.sfa_base, a.rows, k_blocks, kTileM) &&
+                   encode_scales(&p.tma_sfa_tail, a.sfa_base, a.rows, k_blocks, kTail) &&
+                   encode_scales(&p.tma_sfb, a.sfb_base, int64_t(a.num_groups) * (a.n / kBlockN), k_blocks, 1);
     p.d = static_cast<__nv_bfloat16*>(a.d_base);
     p.offsets = a.offsets;
     p.tile_counter = a.tile_counter;
@@ -786,7 +857,8 @@ struct ContiguousBlockwise {
     p.n = static_cast<int>(a.n);
     p.k = static_cast<int>(a.k);
     const bool fused = p.act_out != nullptr;
-    auto kernel = fused ? gemm_kernel<kTileN, true> : gemm_kernel<kTileN, false>;
+    auto kernel = fused ? (sets ? gemm_kernel<kTileN, true, true> : gemm_kernel<kTileN, true, false>)
+                        : (sets ? gemm_kernel<kTileN, false, true> : gemm_kernel<kTileN, false, false>);
     const size_t smem = smem_bytes(a.num_groups, fused);
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(smem));
