@@ -6,7 +6,7 @@
 # one machine, not across machines (they differ by up to 10% on the same code).
 #
 #   git diff main > .whl/ab.patch       # an ignored folder that travels when carried
-#   AB_PATCH=.whl/ab.patch PYTEST_ARGS="tests/test_gpu.py -k contig" ci/gpu-ab.sh \
+#   AB_PATCH=.whl/ab.patch PYTEST_ARGS="tests/test_gpu.py -k 'contig or fp8_block'" ci/gpu-ab.sh \
 #       "--preset deepseek-v3 --quant fp8_block --tokens 4096" \
 #       "--preset deepseek-v3 --quant fp8_block --tokens 16384 --breakdown"
 #
@@ -47,8 +47,8 @@ build() {  # build this tree as variant $1 and keep a copy of the installed pack
 
 build B
 if [ -n "${PYTEST_ARGS:-}" ]; then
-  # shellcheck disable=SC2086
-  if ! PYTHONPATH="$WORK/B" $PY -m pytest -q -rs $PYTEST_ARGS > "$LOG_DIR/tests-B.log" 2>&1; then
+  eval "pytest_args=($PYTEST_ARGS)"  # keeps quoted words whole: -k "contig or fp8_block"
+  if ! PYTHONPATH="$WORK/B" $PY -m pytest -q -rs "${pytest_args[@]}" > "$LOG_DIR/tests-B.log" 2>&1; then
     grep -E "^(FAILED|ERROR)|Error" "$LOG_DIR/tests-B.log" | head -20
     tail -n 3 "$LOG_DIR/tests-B.log"
     echo "tests failed on B: no timings" >&2
