@@ -150,7 +150,6 @@ struct Params {
   int activation, inter;
   float act_alpha, act_limit;
   int max_tail;  // kTail, or fewer by MOE_KERNELS_CONTIG_TAIL (0: none; for A/B runs)
-  int exp;  // EXPERIMENT: MOE_KERNELS_CONTIG_EXP bits: 1 weights issued before A, 2 paired bf16 rounding
 };
 
 __device__ __forceinline__ int upper_bound(const int32_t* v, int n, int x) {
@@ -323,15 +322,8 @@ __device__ __forceinline__ void store_activation(const Params& p, const Acc& acc
     for (int j = 0; j < 32; ++j) {
       const int i = 4 * (j / 2) + 2 * rs + j % 2, col = 8 * (j / 2) + 2 * q + j % 2;
       // GEMM1's output is bf16: round as the unfused path stores it.
-      float g, u;
-      if (p.exp & 2) {
-        const __nv_bfloat162 gu = __floats2bfloat162_rn(acc(i, 0, 0), acc(i, 0, 1));
-        g = __low2float(gu);
-        u = __high2float(gu);
-      } else {
-        g = __bfloat162float(__float2bfloat16_rn(acc(i, 0, 0)));
-        u = __bfloat162float(__float2bfloat16_rn(acc(i, 0, 1)));
-      }
+      float g = __bfloat162float(__float2bfloat16_rn(acc(i, 0, 0)));
+      float u = __bfloat162float(__float2bfloat16_rn(acc(i, 0, 1)));
       if (bias) {
         g += __bfloat162float(bias[col]);
         u += __bfloat162float(bias[p.inter + col]);
@@ -545,13 +537,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
               &smem.full[stage], halves * (C::kStageBytesA / 2) + C::kStageBytesB + (tail ? kTail * kTileK : 0) +
                                      (new_set ? (kTileM + (tail ? kTail : 0) + kBlocksN) * kSetBytes : 0));
           const auto hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
-          if (p.exp & 1) {
-#pragma unroll
-            for (int b = 0; b < kBlocksN; ++b)
-              SM90_TMA_LOAD_2D::copy(&p.tma_b, &smem.full[stage], hint,
-                                     smem.b + stage * C::kStageBytesB + b * (kBlockN * kTileK),
-                                     kb * kTileK, b_row + block_row<kTileN>(p, tile.n, b));
-          }
           for (int h = 0; h < halves; ++h)
             SM90_TMA_LOAD_2D::copy(&p.tma_a, &smem.full[stage], hint,
                                    smem.a + stage * C::kStageBytesA + h * (C::kStageBytesA / 2),
@@ -559,13 +544,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
           if (tail)
             SM90_TMA_LOAD_2D::copy(&p.tma_tail, &smem.full[stage], hint, smem.a_tail + stage * kTail * kTileK,
                                    kb * kTileK, tile.row0 + kTileM);
-          if (!(p.exp & 1)) {
 #pragma unroll
-            for (int b = 0; b < kBlocksN; ++b)
-              SM90_TMA_LOAD_2D::copy(&p.tma_b, &smem.full[stage], hint,
-                                     smem.b + stage * C::kStageBytesB + b * (kBlockN * kTileK),
-                                     kb * kTileK, b_row + block_row<kTileN>(p, tile.n, b));
-          }
+          for (int b = 0; b < kBlocksN; ++b)
+            SM90_TMA_LOAD_2D::copy(&p.tma_b, &smem.full[stage], hint,
+                                   smem.b + stage * C::kStageBytesB + b * (kBlockN * kTileK),
+                                   kb * kTileK, b_row + block_row<kTileN>(p, tile.n, b));
           if (new_set) {  // rows past the buffer read as zeros
             const ScaleAt at = scale_at<kStages, kBlocksN, true>(stage, kseq);
             SM90_TMA_LOAD_2D::copy(&p.tma_sfa, &smem.full[stage], hint, smem.sfa + at.a, kb, tile.row0);
@@ -870,11 +853,6 @@ struct ContiguousBlockwise {
       return v ? atoi(v) : kTail;
     }();
     p.max_tail = std::max(0, std::min(max_tail, kTail));
-    static const int exp = [] {
-      const char* v = getenv("MOE_KERNELS_CONTIG_EXP");
-      return v ? atoi(v) : 0;
-    }();
-    p.exp = exp;
     p.num_experts = a.num_groups;
     p.n = static_cast<int>(a.n);
     p.k = static_cast<int>(a.k);
