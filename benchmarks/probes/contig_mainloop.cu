@@ -9,6 +9,12 @@
 //   v2: both blocks' batches in flight into two partial sums (wait<1>, promote, wait<0>,
 //       promote): what a second partial sum buys (wrong sums: one accumulator block)
 //   v4: v0 with fast accumulation (no partial sums, no waits but one per K block): the ceiling
+//   v1: v0 plus the kernel's tail (16 rows past the tile): weight block `half` x 16 rows as
+//       8 wgmma m64n16k32, wait, promote (what a tile with tail rows costs per K block)
+//   v3 / v5: swap-AB, the tile's rows as the wgmma's N (144 / 128 rows): per warpgroup its
+//       weight block as two 64-row A operands, each 4 wgmma m64nNk32 into a partial sum, wait,
+//       promote with a scale per column (row of the tile): does a tile of 128 + 16 rows cost
+//       less that way than v1?
 // With an argument: L5 and L1 alternately, 1000 launches each, eight times (the clocks settle).
 // Not part of the library. Build and run on the GPU machine (CUTLASS headers from the wheel):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I$CUTLASS/include \
@@ -21,24 +27,32 @@
 #include "cute/arch/mma_sm90_gmma.hpp"
 #include "probe_common.cuh"
 
+#include "cute/arch/mma_sm90_gmma_ext.hpp"
+
 using Mma = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
+using TailMma = cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_SS_TN<>;
+template <int N> struct SwapMma;
+template <> struct SwapMma<144> { using T = cute::SM90::GMMA::MMA_64x144x32_F32E4M3E4M3_SS_TN<>; };
+template <> struct SwapMma<128> { using T = Mma; };
 using cute::SM90::GMMA::ScaleOut;
 constexpr int kStages = 4, kKBlocks = 448, kA = 128 * 128, kB = 256 * 128;
+constexpr int kScaleStride = 160;  // floats per stage: up to 144 row scales; [128]: the weight block's
 
-template <size_t... I>
+template <class M = Mma, size_t... I>
 __device__ __forceinline__ void wgmma(uint64_t a, uint64_t b, float* d, ScaleOut s, std::index_sequence<I...>) {
-  Mma::fma(a, b, d[I]..., s);
+  M::fma(a, b, d[I]..., s);
 }
 __device__ __forceinline__ uint64_t desc(uint32_t addr) {  // K-major, 128-byte swizzle
   return uint64_t((addr >> 4) & 0x3fff) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-// 4 wgmmas over one 128-deep K block: 64 rows of A at a, 128 rows of B at b.
+// 4 wgmmas over one 128-deep K block: 64 rows of A at a, N (128) rows of B at b.
+template <class M = Mma, int kValues = 64>
 __device__ __forceinline__ void batch(uint32_t a, uint32_t b, float* d, bool zero) {
   cute::warpgroup_arrive();
 #pragma unroll
   for (int k = 0; k < 4; ++k)
-    wgmma(desc(a) + 2 * k, desc(b) + 2 * k, d, (zero && k == 0) ? ScaleOut::Zero : ScaleOut::One,
-          std::make_index_sequence<64>{});
+    wgmma<M>(desc(a) + 2 * k, desc(b) + 2 * k, d, (zero && k == 0) ? ScaleOut::Zero : ScaleOut::One,
+             std::make_index_sequence<kValues>{});
   cute::warpgroup_commit_batch();
 }
 
@@ -62,12 +76,12 @@ constexpr int kL2Bytes = 64 * kB;
 template <int V, int L>
 __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sink, const __grid_constant__ Src src) {
   extern __shared__ __align__(1024) uint8_t smem[];
-  float* scales = reinterpret_cast<float*>(smem + kStages * (kA + kB));  // [stage][128 rows + 2]
-  uint64_t* full = reinterpret_cast<uint64_t*>(scales + kStages * 130 + 8);
+  float* scales = reinterpret_cast<float*>(smem + kStages * (kA + kB));  // [stage][kScaleStride]
+  uint64_t* full = reinterpret_cast<uint64_t*>(scales + kStages * kScaleStride + 8);
   uint64_t* empty = full + kStages;
   for (int i = threadIdx.x; i < kStages * (kA + kB) / 4; i += blockDim.x)
     reinterpret_cast<uint32_t*>(smem)[i] = 0x38383838u ^ (i * 0x01010101u & 0x07070707u);
-  for (int i = threadIdx.x; i < kStages * 130; i += blockDim.x) scales[i] = 1.0f + 1e-3f * (i % 7);
+  for (int i = threadIdx.x; i < kStages * kScaleStride; i += blockDim.x) scales[i] = 1.0f + 1e-3f * (i % 7);
   if (threadIdx.x < kStages) {
     mbar_init(&full[threadIdx.x], L >= 3 ? 33 : 1);
     mbar_init(&empty[threadIdx.x], 8);
@@ -103,7 +117,7 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
         const int row0 = (blockIdx.x * 977 + kb / 56 * 128) % 32768;  // a 128-row tile's rows
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-          asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(scales + s * 130 + 32 * j + threadIdx.x)),
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(scales + s * kScaleStride + 32 * j + threadIdx.x)),
                        "l"(src.scales + size_t(row0 + 32 * j + threadIdx.x) * 56 + kb % 56) : "memory");
         asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(&full[s])) : "memory");
       }
@@ -114,23 +128,60 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");  // as the kernel's consumers
   const uint32_t base = smem_u32(smem);
   const int my_row = (t / 32) * 16 + (t % 32) / 4;
-  float acc[2][64], part[2][64];
+  constexpr int kSwapN = V == 3 ? 144 : 128;  // v3, v5
+  constexpr int kAccN = V == 3 || V == 5 ? kSwapN / 2 : 64;
+  float acc[2][kAccN], part[2][kAccN], acc_t[16], part_t[16];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = part[0][i] = part[1][i] = 0.f;
+  for (int i = 0; i < kAccN; ++i) acc[0][i] = acc[1][i] = part[0][i] = part[1][i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc_t[i] = part_t[i] = 0.f;
   const long long start = clock64();
   for (int kb = 0; kb < kKBlocks; ++kb) {
     const int s = kb % kStages;
     if (L > 0) mbar_wait(&full[s], (kb / kStages) & 1);
     const uint32_t a = base + s * (kA + kB) + half * 8192, b0 = base + s * (kA + kB) + kA;
-    const float* sc = scales + s * 130;
+    const float* sc = scales + s * kScaleStride;
     const float r0 = sc[half * 64 + my_row] * sc[128], r1 = sc[half * 64 + my_row + 8] * sc[128];
-    if constexpr (V == 0) {
+    if constexpr (V == 0 || V == 1) {
 #pragma unroll
       for (int blk = 0; blk < 2; ++blk) {
         batch(a, b0 + blk * 16384, part[0], true);
         cute::warpgroup_wait<0>();
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[blk][i] += part[0][i] * ((i & 2) ? r1 : r0);
+      }
+      if constexpr (V == 1) {  // the tail: 16 rows (the stage's first: contents do not matter)
+        const uint32_t w = b0 + half * 16384, tail = base + s * (kA + kB);
+        cute::warpgroup_arrive();
+#pragma unroll
+        for (int m = 0; m < 2; ++m)
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            wgmma<TailMma>(desc(w + m * 8192) + 2 * k, desc(tail) + 2 * k, part_t + 8 * m,
+                           k == 0 ? ScaleOut::Zero : ScaleOut::One, std::make_index_sequence<8>{});
+        cute::warpgroup_commit_batch();
+        const float* ts = sc + 2 * (t % 4);
+        const float t4[4] = {ts[0] * sc[128], ts[1] * sc[128], ts[8] * sc[128], ts[9] * sc[128]};
+        cute::warpgroup_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 16; ++i) acc_t[i] += part_t[i] * t4[(i & 1) + 2 * ((i >> 2) & 1)];
+      }
+    } else if constexpr (V == 3 || V == 5) {  // swap-AB: weights (A) x the tile's kSwapN rows (B)
+      const uint32_t w = b0 + half * 16384, rows = base + s * (kA + kB);
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        batch<typename SwapMma<kSwapN>::T, kAccN>(w + m * 8192, rows, part[0], true);
+        cute::warpgroup_wait<0>();
+        // value i: row (of the tile) 8 * (i / 4) + 2 * (t % 4) + i % 2, times the weight block's
+#pragma unroll
+        for (int j = 0; j < kAccN / 4; ++j) {
+          const float2 rs = *reinterpret_cast<const float2*>(sc + 8 * j + 2 * (t % 4));
+          const float s0 = rs.x * sc[128], s1 = rs.y * sc[128];
+          acc[m][4 * j] += part[0][4 * j] * s0;
+          acc[m][4 * j + 1] += part[0][4 * j + 1] * s1;
+          acc[m][4 * j + 2] += part[0][4 * j + 2] * s0;
+          acc[m][4 * j + 3] += part[0][4 * j + 3] * s1;
+        }
       }
     } else if constexpr (V == 2) {
       batch(a, b0, part[0], true);
@@ -157,14 +208,16 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
   const long long end = clock64();
   float s = 0.f;
 #pragma unroll
-  for (int i = 0; i < 64; ++i) s += acc[0][i] + acc[1][i] + part[0][i] + part[1][i];
+  for (int i = 0; i < kAccN; ++i) s += acc[0][i] + acc[1][i] + part[0][i] + part[1][i];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) s += acc_t[i];
   sink[blockIdx.x * 256 + threadIdx.x - 128] = s;
   if (t == 0) cycles[blockIdx.x * 2 + half] = end - start;
 }
 
 template <int V, int L>
 void run(const char* what, int sms, long long* d_cycles, float* sink, Src src, int reps = 5) {
-  const int smem = kStages * (kA + kB) + kStages * 130 * 4 + 32 + 16 * kStages;
+  const int smem = kStages * (kA + kB) + kStages * kScaleStride * 4 + 32 + 16 * kStages;
   CK(cudaFuncSetAttribute(mainloop<V, L>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   std::vector<long long> c(sms * 2);
   std::vector<double> per, us;
@@ -229,6 +282,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   run<0, 0>("the kernel's loop (wait, promote, per block)", sms, d_cycles, sink, src);
+  run<1, 0>("v0 plus a 16-row tail (the kernel's tail tile)", sms, d_cycles, sink, src);
+  run<5, 0>("swap-AB, 128 rows as N", sms, d_cycles, sink, src);
+  run<3, 0>("swap-AB, 144 rows as N (128 + a 16-row tail)", sms, d_cycles, sink, src);
   run<2, 0>("two partial sums in flight", sms, d_cycles, sink, src);
   run<4, 0>("fast accumulation (no promotion)", sms, d_cycles, sink, src);
   run<0, 1>("v0, stages filled from L2", sms, d_cycles, sink, src);
