@@ -192,6 +192,9 @@ struct ScaleAt {
 };
 template <int kStages, int kBlocksN, bool kSets>
 __device__ __forceinline__ ScaleAt scale_at(int stage, int kseq) {
+  // The reload at K block s0 + 2 * kSetBlocks waits for the consumers to be done with K block
+  // s0 + 2 * kSetBlocks - kStages, which must be past the set's last one, s0 + kSetBlocks - 1.
+  static_assert(kStages <= kSetBlocks + 1, "a scale set would be reloaded while still in use");
   if constexpr (kSets) {
     const int set = (kseq / kSetBlocks) & 1, j = kseq % kSetBlocks;
     return {set * kSetBlocks * kSfaRows + j, set * kSfbPitch * kBlocksN + j, kSetBlocks, kSfbPitch};
