@@ -7,6 +7,7 @@
 #   ci/gpu-tests.sh                      # full catalog, tests, default benchmark
 #   MOE_KERNELS_CATALOG=minimal BENCH_ARGS="--tokens 1,128" LOG_DIR=/tmp/logs ci/gpu-tests.sh
 #   SKIP_BUILD=1 ci/gpu-tests.sh         # reuse the installed build
+#   SKIP_BENCH=1 PYTEST_ARGS="-k 'contig or fp8_block'" ci/gpu-tests.sh   # a subset, no benchmark
 #
 # Logs (build.log, tests.log, junit.xml, errors.json, bench.json, bench.log, sass.txt) go to LOG_DIR.
 set -euo pipefail
@@ -45,8 +46,9 @@ $PY -m moe_kernels info
 
 echo "== tests"
 status=0
+eval "pytest_args=(${PYTEST_ARGS:-})"  # keeps quoted words whole: PYTEST_ARGS="-k 'contig or fp8'"
 MOE_KERNELS_ERROR_REPORT="$LOG_DIR/errors.json" $PY -m pytest tests -q -rs --durations=10 \
-  --junitxml="$LOG_DIR/junit.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$LOG_DIR/tests.log" || status=$?
+  --junitxml="$LOG_DIR/junit.xml" "${pytest_args[@]}" 2>&1 | tee "$LOG_DIR/tests.log" || status=$?
 [ -f "$LOG_DIR/errors.json" ] && cat "$LOG_DIR/errors.json"
 
 if [ -z "${SKIP_BENCH:-}" ]; then

@@ -473,6 +473,8 @@ def test_fp8_every_built_kernel(mode, error_log):
 # The contiguous fp8_block kernel (schedule "contig") finds its tiles from the experts' row
 # offsets on the device: rows that end mid-tile (in either 64-row half), experts with no rows,
 # one expert with all rows, ids of other ranks, long K, and both GEMM slots beside another kernel.
+# The scales arrive by TMA in sets of 4 K blocks where K / 128 is a multiple of 4 (H or I of 512,
+# 7168), else by per-row copies (256, 384, 128): both ways are here, in either GEMM.
 CONTIG_CASES = [  # T, E, k, H, I, ids, expert_offset
     (1, 8, 2, 256, 128, None, 0),
     (37, 64, 8, 512, 256, None, 0),
@@ -483,6 +485,7 @@ CONTIG_CASES = [  # T, E, k, H, I, ids, expert_offset
     (200, 8, 4, 256, 384, "ep", 8),      # global experts 0..15, this rank holds 8..15
     (642, 8, 1, 512, 256, "counts", 0),  # SPLIT_COUNTS rows per expert
     (1091, 8, 1, 512, 256, "tails", 0),  # TAIL_COUNTS rows per expert
+    (1091, 8, 1, 512, 512, "tails", 0),  # the same, GEMM2's scales by TMA sets too (K / 128 = 4)
 ]
 # Tiles of at most 64 rows are split by columns between the warpgroups: exactly 64 (TMA
 # stores), 1, 63; after full tiles; and 65 and 129 (both halves).
