@@ -486,6 +486,7 @@ CONTIG_CASES = [  # T, E, k, H, I, ids, expert_offset
     (642, 8, 1, 512, 256, "counts", 0),  # SPLIT_COUNTS rows per expert
     (1091, 8, 1, 512, 256, "tails", 0),  # TAIL_COUNTS rows per expert
     (1091, 8, 1, 512, 512, "tails", 0),  # the same, GEMM2's scales by TMA sets too (K / 128 = 4)
+    (3, 8, 2, 512, 512, None, 0),        # scale sets over 6 rows: fewer than a scale box's 128
 ]
 # Tiles of at most 64 rows are split by columns between the warpgroups: exactly 64 (TMA
 # stores), 1, 63; after full tiles; and 65 and 129 (both halves).
