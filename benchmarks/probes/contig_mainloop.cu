@@ -25,9 +25,8 @@
 #include <algorithm>
 #include <cuda.h>
 #include "cute/arch/mma_sm90_gmma.hpp"
+#include "cute/arch/mma_sm90_gmma_ext.hpp"  // m64n144 (v3)
 #include "probe_common.cuh"
-
-#include "cute/arch/mma_sm90_gmma_ext.hpp"
 
 using Mma = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
 using TailMma = cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_SS_TN<>;
