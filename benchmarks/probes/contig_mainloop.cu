@@ -15,6 +15,11 @@
 //       weight block as two 64-row A operands, each 4 wgmma m64nNk32 into a partial sum, wait,
 //       promote with a scale per column (row of the tile): does a tile of 128 + 16 rows cost
 //       less that way than v1?
+//   w3 (mainloop3): three consumer warpgroups on a 192-row x 128-column tile (one weight
+//       block; 160 registers each), each 64 rows: per K block one batch of 4 wgmma m64n128k32,
+//       wait, promote. An expert of up to 192 rows would stream its weights once, with no tail;
+//       the price is 16 KB of weights per 24 KB of A from L2 (today 32 per 16). Its tensor peak
+//       is 768 cycles per K block; the weights' DRAM rate is the figure to compare.
 // With an argument: L5 and L1 alternately, 1000 launches each, eight times (the clocks settle).
 // Not part of the library. Build and run on the GPU machine (CUTLASS headers from the wheel):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I$CUTLASS/include \
@@ -214,18 +219,93 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
   if (t == 0) cycles[blockIdx.x * 2 + half] = end - start;
 }
 
-template <int V, int L>
-void run(const char* what, int sms, long long* d_cycles, float* sink, Src src, int reps = 5) {
-  const int smem = kStages * (kA + kB) + kStages * kScaleStride * 4 + 32 + 16 * kStages;
-  CK(cudaFuncSetAttribute(mainloop<V, L>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  std::vector<long long> c(sms * 2);
+// w3: 3 consumer warpgroups, 192 x 128 tiles (one 128-row weight block), 5 stages of 40 KB.
+constexpr int kStages3 = 5, kA3 = 192 * 128, kB3 = 128 * 128, kEpilogue3 = 5000;  // half the outputs
+template <int L>
+__global__ void __launch_bounds__(512, 1) mainloop3(long long* cycles, float* sink, const __grid_constant__ Src src) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  float* scales = reinterpret_cast<float*>(smem + kStages3 * (kA3 + kB3));  // [stage][kScaleStride]
+  uint64_t* full = reinterpret_cast<uint64_t*>(scales + kStages3 * kScaleStride + 8);
+  uint64_t* empty = full + kStages3;
+  for (int i = threadIdx.x; i < kStages3 * (kA3 + kB3) / 4; i += blockDim.x)
+    reinterpret_cast<uint32_t*>(smem)[i] = 0x38383838u ^ (i * 0x01010101u & 0x07070707u);
+  for (int i = threadIdx.x; i < kStages3 * kScaleStride; i += blockDim.x) scales[i] = 1.0f + 1e-3f * (i % 7);
+  if (threadIdx.x < kStages3) {
+    mbar_init(&full[threadIdx.x], 1);
+    mbar_init(&empty[threadIdx.x], 12);
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncthreads();
+  const int wg = threadIdx.x / 128, slice = wg - 1, t = threadIdx.x % 128;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 32;");  // 128 * 32 + 384 * 160 = 512 * 128
+    if (L == 0 || threadIdx.x != 0) return;
+    const uint8_t* b_src = L == 1 ? src.b : src.b + size_t(blockIdx.x) * kKBlocks * kB3;
+    for (int kb = 0; kb < kKBlocks; ++kb) {
+      const int s = kb % kStages3;
+      mbar_wait(&empty[s], ((kb / kStages3) & 1) ^ 1);
+      mbar_expect(&full[s], kA3 + kB3);
+      uint8_t* stage = smem + s * (kA3 + kB3);
+      bulk(stage, src.a + size_t(kb % 64) * kA3, kA3, &full[s]);
+      if constexpr (L >= 4) {  // a CTA's tiles: (expert, 128-row N block), 56 K blocks each
+        const int tile = blockIdx.x + (kb / kTileKBlocks) * gridDim.x, x = (kb % kTileKBlocks) * 128;
+        const int row = (tile / 32) * 4096 + (tile % 32) * 128;
+        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                     ::"r"(smem_u32(stage + kA3)), "l"(&src.w), "r"(x), "r"(row), "r"(smem_u32(&full[s])) : "memory");
+      } else {
+        bulk(stage + kA3, b_src + (L == 1 ? size_t(kb % 64) : size_t(kb)) * kB3, kB3, &full[s]);
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 160;");
+  const uint32_t base = smem_u32(smem);
+  const int my_row = (t / 32) * 16 + (t % 32) / 4;
+  float acc[64], part[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = part[i] = 0.f;
+  const long long start = clock64();
+  for (int kb = 0; kb < kKBlocks; ++kb) {
+    const int s = kb % kStages3;
+    if (L > 0) mbar_wait(&full[s], (kb / kStages3) & 1);
+    const uint32_t a = base + s * (kA3 + kB3) + slice * 8192, b = base + s * (kA3 + kB3) + kA3;
+    const float* sc = scales + s * kScaleStride;
+    const float r0 = sc[slice * 64 + my_row] * sc[128], r1 = sc[slice * 64 + my_row + 8] * sc[128];
+    batch(a, b, part, true);
+    cute::warpgroup_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] += part[i] * ((i & 2) ? r1 : r0);
+    __syncwarp();
+    if (L > 0 && t % 32 == 0) mbar_arrive(&empty[s]);
+    if (L == 5 && kb % kTileKBlocks == kTileKBlocks - 1) {
+      const long long e0 = clock64();
+      while (clock64() - e0 < kEpilogue3) {}
+    }
+  }
+  const long long end = clock64();
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) sum += acc[i];
+  sink[blockIdx.x * 384 + threadIdx.x - 128] = sum;
+  if (t == 0) cycles[blockIdx.x * 3 + slice] = end - start;
+}
+
+// Launches kernel `reps` times, one CTA per SM; prints the median CTA's cycles per K block (of
+// `warpgroups` consumer warpgroups' clocks) against `peak` tensor cycles, and the DRAM rate of
+// `b_bytes` per K block when `dram`.
+template <class Kernel>
+void time_loop(const char* tag, const char* what, Kernel kernel, int threads, int smem, int warpgroups,
+               double peak, double b_bytes, bool dram, int sms, long long* d_cycles, float* sink, Src src,
+               int reps) {
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  std::vector<long long> c(sms * warpgroups);
   std::vector<double> per, us;
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   for (int rep = 0; rep < reps; ++rep) {
     CK(cudaEventRecord(e0));
-    mainloop<V, L><<<sms, 384, smem>>>(d_cycles, sink, src);
+    kernel<<<sms, threads, smem>>>(d_cycles, sink, src);
     CK(cudaEventRecord(e1));
     CK(cudaDeviceSynchronize());
     float ms;
@@ -241,9 +321,24 @@ void run(const char* what, int sms, long long* d_cycles, float* sink, Src src, i
   }
   std::sort(per.begin(), per.end());
   std::sort(us.begin(), us.end());
-  const double mhz = per[2] * kKBlocks / us[2], tbs = L >= 2 ? double(sms) * kKBlocks * kB / us[2] / 1e6 : 0;
+  const double mhz = per[2] * kKBlocks / us[2], tbs = dram ? double(sms) * kKBlocks * b_bytes / us[2] / 1e6 : 0;
   printf("%5.0f us, %4.0f MHz, B from DRAM %.2f TB/s  ", us[2], mhz, tbs);
-  printf("v%d L%d %-58s %7.0f cycles per K block, tensor pipe %4.1f%%\n", V, L, what, per[2], 100.0 * 1024 / per[2]);
+  printf("%s %-58s %7.0f cycles per K block, tensor pipe %4.1f%%\n", tag, what, per[2], 100.0 * peak / per[2]);
+}
+
+template <int V, int L>
+void run(const char* what, int sms, long long* d_cycles, float* sink, Src src, int reps = 5) {
+  char tag[16];
+  snprintf(tag, sizeof tag, "v%d L%d", V, L);
+  time_loop(tag, what, mainloop<V, L>, 384, kStages * (kA + kB) + kStages * kScaleStride * 4 + 32 + 16 * kStages, 2,
+            1024, kB, L >= 2, sms, d_cycles, sink, src, reps);
+}
+template <int L>
+void run3(const char* what, int sms, long long* d_cycles, float* sink, Src src) {
+  char tag[16];
+  snprintf(tag, sizeof tag, "w3 L%d", L);
+  time_loop(tag, what, mainloop3<L>, 512, kStages3 * (kA3 + kB3) + kStages3 * kScaleStride * 4 + 32 + 16 * kStages3, 3,
+            768, kB3, L >= 2, sms, d_cycles, sink, src, 5);
 }
 
 int main(int argc, char** argv) {
@@ -251,8 +346,8 @@ int main(int argc, char** argv) {
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   long long* d_cycles;
   float* sink;
-  CK(cudaMalloc(&d_cycles, sms * 2 * 8));
-  CK(cudaMalloc(&sink, sms * 256 * 4));
+  CK(cudaMalloc(&d_cycles, sms * 3 * 8));
+  CK(cudaMalloc(&sink, sms * 384 * 4));
   Src src;
   uint8_t *a, *b;
   float* sc;
@@ -294,5 +389,10 @@ int main(int argc, char** argv) {
   run<0, 4>("v0 L3, B by TMA boxes from row-major weights", sms, d_cycles, sink, src);
   run<0, 5>("v0 L4, a 9500-cycle epilogue pause per tile", sms, d_cycles, sink, src);
   run<4, 5>("v4 L4, a 9500-cycle epilogue pause per tile", sms, d_cycles, sink, src);
+  run3<0>("3 warpgroups, 192 x 128 tile, operands resident", sms, d_cycles, sink, src);
+  run3<1>("w3, stages filled from L2", sms, d_cycles, sink, src);
+  run3<2>("w3, B from DRAM (16 KB per K block per SM)", sms, d_cycles, sink, src);
+  run3<4>("w3, B by TMA boxes from row-major weights", sms, d_cycles, sink, src);
+  run3<5>("w3 L4, a 5000-cycle epilogue pause per tile", sms, d_cycles, sink, src);
   return 0;
 }
