@@ -77,21 +77,40 @@ constexpr int kL2Bytes = 64 * kB;
 // kernel reads DeepSeek-V3's w13: a CTA's 8 tiles are (expert, N tile) pairs, gate block n and
 // up block n, 56 K blocks each; 5: 4 with both consumer warpgroups pausing kEpilogue cycles
 // after each tile (the fused epilogue's time per tile, measured in the kernel).
-template <int V, int L>
-__global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sink, const __grid_constant__ Src src) {
-  extern __shared__ __align__(1024) uint8_t smem[];
-  float* scales = reinterpret_cast<float*>(smem + kStages * (kA + kB));  // [stage][kScaleStride]
-  uint64_t* full = reinterpret_cast<uint64_t*>(scales + kStages * kScaleStride + 8);
-  uint64_t* empty = full + kStages;
-  for (int i = threadIdx.x; i < kStages * (kA + kB) / 4; i += blockDim.x)
+// Both kernels' shared memory: `stages` stages of stage_bytes (operands, a fixed pattern), then
+// the scales ([stage][kScaleStride]), then the full and empty barriers.
+struct Stages {
+  float* scales;
+  uint64_t* full;
+  uint64_t* empty;
+};
+constexpr int smem_bytes(int stages, int stage_bytes) {
+  return stages * stage_bytes + stages * kScaleStride * 4 + 32 + 16 * stages;
+}
+__device__ __forceinline__ Stages setup_stages(uint8_t* smem, int stages, int stage_bytes, int full_count,
+                                               int empty_count) {
+  Stages st;
+  st.scales = reinterpret_cast<float*>(smem + stages * stage_bytes);
+  st.full = reinterpret_cast<uint64_t*>(st.scales + stages * kScaleStride + 8);
+  st.empty = st.full + stages;
+  for (int i = threadIdx.x; i < stages * stage_bytes / 4; i += blockDim.x)
     reinterpret_cast<uint32_t*>(smem)[i] = 0x38383838u ^ (i * 0x01010101u & 0x07070707u);
-  for (int i = threadIdx.x; i < kStages * kScaleStride; i += blockDim.x) scales[i] = 1.0f + 1e-3f * (i % 7);
-  if (threadIdx.x < kStages) {
-    mbar_init(&full[threadIdx.x], L >= 3 ? 33 : 1);
-    mbar_init(&empty[threadIdx.x], 8);
+  for (int i = threadIdx.x; i < stages * kScaleStride; i += blockDim.x) st.scales[i] = 1.0f + 1e-3f * (i % 7);
+  if (threadIdx.x < stages) {
+    mbar_init(&st.full[threadIdx.x], full_count);
+    mbar_init(&st.empty[threadIdx.x], empty_count);
   }
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   __syncthreads();
+  return st;
+}
+
+template <int V, int L>
+__global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sink, const __grid_constant__ Src src) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const Stages st = setup_stages(smem, kStages, kA + kB, L >= 3 ? 33 : 1, 8);
+  float* scales = st.scales;
+  uint64_t *full = st.full, *empty = st.empty;
   const int wg = threadIdx.x / 128, half = wg - 1, t = threadIdx.x % 128;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
@@ -224,18 +243,9 @@ constexpr int kStages3 = 5, kA3 = 192 * 128, kB3 = 128 * 128, kEpilogue3 = 5000;
 template <int L>
 __global__ void __launch_bounds__(512, 1) mainloop3(long long* cycles, float* sink, const __grid_constant__ Src src) {
   extern __shared__ __align__(1024) uint8_t smem[];
-  float* scales = reinterpret_cast<float*>(smem + kStages3 * (kA3 + kB3));  // [stage][kScaleStride]
-  uint64_t* full = reinterpret_cast<uint64_t*>(scales + kStages3 * kScaleStride + 8);
-  uint64_t* empty = full + kStages3;
-  for (int i = threadIdx.x; i < kStages3 * (kA3 + kB3) / 4; i += blockDim.x)
-    reinterpret_cast<uint32_t*>(smem)[i] = 0x38383838u ^ (i * 0x01010101u & 0x07070707u);
-  for (int i = threadIdx.x; i < kStages3 * kScaleStride; i += blockDim.x) scales[i] = 1.0f + 1e-3f * (i % 7);
-  if (threadIdx.x < kStages3) {
-    mbar_init(&full[threadIdx.x], 1);
-    mbar_init(&empty[threadIdx.x], 12);
-  }
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  __syncthreads();
+  const Stages st = setup_stages(smem, kStages3, kA3 + kB3, 1, 12);
+  float* scales = st.scales;
+  uint64_t *full = st.full, *empty = st.empty;
   const int wg = threadIdx.x / 128, slice = wg - 1, t = threadIdx.x % 128;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 32;");  // 128 * 32 + 384 * 160 = 512 * 128
@@ -330,14 +340,14 @@ template <int V, int L>
 void run(const char* what, int sms, long long* d_cycles, float* sink, Src src, int reps = 5) {
   char tag[16];
   snprintf(tag, sizeof tag, "v%d L%d", V, L);
-  time_loop(tag, what, mainloop<V, L>, 384, kStages * (kA + kB) + kStages * kScaleStride * 4 + 32 + 16 * kStages, 2,
+  time_loop(tag, what, mainloop<V, L>, 384, smem_bytes(kStages, kA + kB), 2,
             1024, kB, L >= 2, sms, d_cycles, sink, src, reps);
 }
 template <int L>
 void run3(const char* what, int sms, long long* d_cycles, float* sink, Src src) {
   char tag[16];
   snprintf(tag, sizeof tag, "w3 L%d", L);
-  time_loop(tag, what, mainloop3<L>, 512, kStages3 * (kA3 + kB3) + kStages3 * kScaleStride * 4 + 32 + 16 * kStages3, 3,
+  time_loop(tag, what, mainloop3<L>, 512, smem_bytes(kStages3, kA3 + kB3), 3,
             768, kB3, L >= 2, sms, d_cycles, sink, src, 5);
 }
 
