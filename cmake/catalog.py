@@ -103,9 +103,9 @@ class GemmConfig:
             assert self.mainloop != "fastaccum", f"{self.name}: decode accumulates in fp32 (mma.sync)"
             return
         if self.schedule == "contig":
-            assert (self.tile_k, self.cluster_m, self.cluster_n) == (128, 1, 1) and \
-                (self.tile_m, self.tile_n) in ((128, 256), (192, 128)) and self.mainloop == "blockwise", \
-                f"{self.name}: contig is fp8_block, 128 rows by 256 columns or 192 by 128"
+            assert (self.tile_m, self.tile_k, self.cluster_m, self.cluster_n) == (128, 128, 1, 1) and \
+                self.tile_n == 256 and self.mainloop == "blockwise", \
+                f"{self.name}: contig is fp8_block, 128 rows by 256 columns"
             return
         # Block scales cover 128 output columns; a tile must not split one.
         assert self.mainloop != "blockwise" or self.tile_n % 128 == 0, f"{self.name}: blockwise tile_n"
@@ -188,9 +188,6 @@ _SM90_FP8_BLOCK_FULL = [
     # multiple of 256 (tactic.py; in GEMM1 it also applies a gated activation). A 128-wide form
     # tied or trailed CUTLASS's 128x128 cooperative tile on H200 and was dropped.
     (128, 256, 128, 1, 1, "contig", "blockwise"),
-    # The same kernel with three consumer warpgroups on 192 x 128 tiles, without the fused
-    # activation: an expert of up to 192 rows streams each weight tile once, with no tail.
-    (192, 128, 128, 1, 1, "contig", "blockwise"),
 ]
 _SM90_FP8_BLOCK_MINIMAL = _SM90_FP8_BLOCK_FULL[:2] + _SM90_FP8_BLOCK_FULL[3:]
 # fp8_block swap-AB: tile_m tokens per tile as the wgmma's N, tile_n = 128 weight rows (one

@@ -487,7 +487,6 @@ CONTIG_CASES = [  # T, E, k, H, I, ids, expert_offset
     (1091, 8, 1, 512, 256, "tails", 0),  # TAIL_COUNTS rows per expert
     (1091, 8, 1, 512, 512, "tails", 0),  # the same, GEMM2's scales by TMA sets too (K / 128 = 4)
     (3, 8, 2, 512, 512, None, 0),        # scale sets over 6 rows: fewer than a scale box's 128
-    (1094, 8, 1, 512, 256, "thirds", 0),  # THIRDS_COUNTS rows per expert
 ]
 # Tiles of at most 64 rows are split by columns between the warpgroups: exactly 64 (TMA
 # stores), 1, 63; after full tiles; and 65 and 129 (both halves).
@@ -495,10 +494,6 @@ SPLIT_COUNTS = [64, 192, 1, 65, 0, 128, 63, 129]
 # Up to 16 rows past a full tile ride along with it as swap-AB wgmmas: 8, 9, 16 (the most) and
 # 17 past (a split tile of its own), 5 past two full tiles, 12 past.
 TAIL_COUNTS = [136, 137, 144, 145, 261, 128, 0, 140]
-# The 192 x 128 tile (three warpgroups of 64 rows; one whose rows are all past the expert's
-# skips its wgmmas): a full tile, one row past it, 1 and 65 rows (one and two warpgroups
-# busy), 129 and 130 (the third with one or two rows), two full tiles.
-THIRDS_COUNTS = [192, 193, 65, 129, 0, 384, 1, 130]
 
 
 def counts_ids(counts):
@@ -519,8 +514,8 @@ def test_fp8_block_contiguous_kernel(T, E, k, H, I, ids, offset, error_log):
         ids = torch.tensor([[3, 5], [5, 3], [3, 60]] * (T // 3), dtype=torch.int32)
     elif ids == "ep":
         ids = torch.rand(T, 2 * E).argsort(dim=1)[:, :k].to(torch.int32)
-    elif ids in ("counts", "tails", "thirds"):
-        ids = counts_ids({"counts": SPLIT_COUNTS, "tails": TAIL_COUNTS, "thirds": THIRDS_COUNTS}[ids])
+    elif ids in ("counts", "tails"):
+        ids = counts_ids(SPLIT_COUNTS if ids == "counts" else TAIL_COUNTS)
     p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype="fp8_block", ids=ids)
     ref = reference_out(p, expert_offset=offset)
     kw = dict(ep_rank=1, ep_size=2, num_experts=2 * E) if offset else {}

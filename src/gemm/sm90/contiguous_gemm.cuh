@@ -61,86 +61,64 @@
 namespace moe_kernels::sm90 {
 namespace contig {
 
-constexpr int kTileK = 128;                // K: one 128-byte swizzle row, one scale block
+constexpr int kTileM = 128, kTileK = 128;  // K: one 128-byte swizzle row, one scale block
 constexpr int kBlockN = 128;               // columns per weight-scale block and per wgmma
 constexpr int kHalfM = 64;                 // rows per consumer warpgroup
+constexpr int kThreads = 384;              // producer + 2 consumer warpgroups
+constexpr int kConsumerWarps = 8;
 constexpr int kSchedSlots = 2;             // tiles taken ahead by the loader
 constexpr int kBoxBytes = kHalfM * 128;    // one TMA store box: 64 rows x 128 bytes
 constexpr int kTail = 16;                  // rows past a full tile that ride along (tail_rows)
+constexpr int kSfaRows = 128 + kTail;      // row scales per K block: the tile's and its tail's
 constexpr int kSetBlocks = 4;              // K blocks per scale set (scale_at)
 constexpr int kSfbPitch = 32;              // floats per weight block's set: TMA writes 128-byte aligned
+// Registers per thread after setmaxnreg: the consumers take what the producer warpgroup gives
+// back, within the CTA's allocation (128 * 40 + 256 * 232 = 128 * 24 + 256 * 240 = 384 * 168);
+// asking for more than the CTA holds blocks forever, so run() checks the kernel was built with
+// 168. The fused kernel's consumers take 240 (with 232 they spilled four accumulators in every
+// K block; GEMM1 at DeepSeek-V3 4096/16384 tokens 3-4% faster, the loader spilling instead), the
+// unfused one's 232 (with 240 its GEMM2 was 3-4% slower).
+constexpr int kRegsPerThread = 168;
 
-// The two tile shapes. 128 x 256 (two weight blocks): two consumer warpgroups of 64 rows, tail
-// rows, split tiles, the fused activation. 192 x 128 (one weight block; GEMM2 only): three
-// consumer warpgroups of 64 rows at 160 registers, so an expert of up to 192 rows streams each
-// weight tile once with no tail (at DeepSeek-V3 4096 tokens, ~128 +- 11 rows per expert, half
-// the 128-row tiles had a tail and 7% a split tile of their own); a warpgroup whose 64 rows
-// are past the expert's skips its wgmmas. The consumer loop alone (operands resident, probe
-// contig_mainloop.cu w3) kept the tensor pipe 99.8% busy against 93% for the 128 x 256 loop.
-template <int kTileN>
-struct Geometry {
-  static constexpr int kConsumers = kTileN == 128 ? 3 : 2;
-  static constexpr int kTileM = kConsumers * kHalfM;
-  static constexpr int kThreads = 128 * (1 + kConsumers);  // + the producer warpgroup
-  static constexpr int kConsumerWarps = 4 * kConsumers;
-  static constexpr bool kTails = kConsumers == 2;
-  static constexpr int kSfaRows = kTileM + (kTails ? kTail : 0);  // row scales per K block
-  // Registers per thread the CTA is built with (__launch_bounds__(kThreads, 1)).
-  static constexpr int kRegsPerThread = 65536 / kThreads / 8 * 8;
-};
 using namespace cute;
 using Element = cutlass::float_e4m3_t;
 using TiledMma = decltype(make_tiled_mma(SM90_64x128x32_F32E4M3E4M3_SS_TN<>{}));
 using TailMma = decltype(make_tiled_mma(SM90_64x16x32_F32E4M3E4M3_SS_TN<>{}));  // weights x tail rows
 
 // kFused: GEMM1 with the activation in its epilogue (E4M3 out: one box per warpgroup, 4
-// stages); otherwise the bf16 tile's buffer (64 KB at 128 x 256) takes a stage's room.
+// stages); otherwise the bf16 tile's 64 KB buffer takes a stage's room.
 template <int kTileN, bool kFused>
-struct Config : Geometry<kTileN> {
-  using G = Geometry<kTileN>;
-  static_assert(!kFused || G::kConsumers == 2, "the fused activation needs gate and up in one tile");
+struct Config {
   static constexpr int kBlocksN = kTileN / kBlockN;
-  static constexpr int kStageBytesA = G::kTileM * kTileK, kStageBytesB = kTileN * kTileK;
-  // 128 x 256: x 48 KB; GEMM2 with 3 stages measured within 3% of 4 (DeepSeek-V3, 4096/16384
-  // tokens). 192 x 128: 4 of 40 KB.
-  static constexpr int kStages = kFused || G::kConsumers == 3 ? 4 : 3;
+  static constexpr int kStageBytesA = kTileM * kTileK, kStageBytesB = kTileN * kTileK;
+  // x 48 KB; GEMM2 with 3 stages measured within 3% of 4 (DeepSeek-V3, 4096/16384 tokens).
+  static constexpr int kStages = kFused ? 4 : 3;
   static constexpr int kBoxesPerHalf = kFused ? 1 : 2 * kTileN / 128;  // E4M3 or bf16 rows
-  static constexpr int kOutBytes = G::kConsumers * kBoxesPerHalf * kBoxBytes;
-  // Registers per thread after setmaxnreg: the consumers take what the producer warpgroup gives
-  // back, within the CTA's allocation (128 * 40 + 256 * 232 = 128 * 24 + 256 * 240 = 384 * 168);
-  // asking for more than the CTA holds blocks forever, so run() checks the kernel was built
-  // with kRegsPerThread. At 128 x 256 the fused kernel's consumers take 240 (with 232 they
-  // spilled four accumulators in every K block; GEMM1 at DeepSeek-V3 4096/16384 tokens 3-4%
-  // faster, the loader spilling instead), the unfused one's 232 (with 240 its GEMM2 was 3-4%
-  // slower). At 192 x 128 (128 * 32 + 384 * 160 = 512 * 128) an accumulator is 64 values.
-  static constexpr uint32_t kConsumerRegs = G::kConsumers == 3 ? 160 : kFused ? 240 : 232;
-  // With scale sets (no per-lane scale copies) both 128 x 256 kernels' consumers take 240: at
-  // 232 the unfused one spilled an accumulator in every K block (ptxas); its loader spills
-  // instead. GEMM2 at 232 measured 0.6-3.5% slower (DeepSeek-V3 4096/16384 tokens, A/B on one H200).
-  static constexpr uint32_t kConsumerRegsSets = G::kConsumers == 3 ? 160 : 240;
-  static constexpr uint32_t producer_regs(uint32_t consumer) {
-    return (G::kThreads * G::kRegsPerThread - 128 * G::kConsumers * consumer) / 128;
-  }
-  static constexpr uint32_t kProducerRegs = producer_regs(kConsumerRegs);
-  static constexpr uint32_t kProducerRegsSets = producer_regs(kConsumerRegsSets);
-  // A stage of A is kConsumers blocks of 64 rows x 128 bytes with the 128-byte swizzle, back
-  // to back: A is indexed as (64, 128, kConsumers * kStages), block h of stage s at
-  // kConsumers * s + h; B as (128, 128, kBlocksN * kStages), block b of stage s at kBlocksN * s + b.
+  static constexpr int kOutBytes = 2 * kBoxesPerHalf * kBoxBytes;
+  static constexpr uint32_t kConsumerRegs = kFused ? 240 : 232;  // see kRegsPerThread
+  static constexpr uint32_t kProducerRegs = (kThreads * kRegsPerThread - 256 * kConsumerRegs) / 128;
+  // With scale sets (no per-lane scale copies) both kernels' consumers take 240: at 232 the
+  // unfused one spilled an accumulator in every K block (ptxas); its loader spills instead.
+  // GEMM2 at 232 measured 0.6-3.5% slower (DeepSeek-V3 4096/16384 tokens, A/B on one H200).
+  static constexpr uint32_t kConsumerRegsSets = 240;
+  static constexpr uint32_t kProducerRegsSets = (kThreads * kRegsPerThread - 256 * kConsumerRegsSets) / 128;
+  // A stage of A (or B) is 128 rows x 128 bytes with the 128-byte swizzle, i.e. blocks of 64
+  // (128) rows back to back: A is indexed as (64, 128, 2 * kStages), half h of stage s at
+  // 2s + h; B as (128, 128, kBlocksN * kStages), block b of stage s at kBlocksN * s + b.
   using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
-                                             Shape<Int<kHalfM>, Int<kTileK>, Int<G::kConsumers * kStages>>{}));
+                                             Shape<Int<kHalfM>, Int<kTileK>, Int<2 * kStages>>{}));
   using SmemLayoutB = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
                                              Shape<Int<kBlockN>, Int<kTileK>, Int<kBlocksN * kStages>>{}));
   using SmemLayoutTail = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
                                                 Shape<Int<kTail>, Int<kTileK>, Int<kStages>>{}));
-  static constexpr int kTailStages = G::kTails ? kStages : 0;  // no tail rows: no room for them
   struct alignas(1024) SharedStorage {
     alignas(1024) Element a[kStages * kStageBytesA];
     alignas(1024) Element b[kStages * kStageBytesB];
-    alignas(1024) Element a_tail[std::max(kTailStages * kTail * kTileK, 16)];  // the tail rows, if the tile has them
+    alignas(1024) Element a_tail[kStages * kTail * kTileK];  // the tail rows, if the tile has them
     alignas(1024) uint8_t out[kOutBytes];  // per warpgroup: kBoxesPerHalf TMA boxes
     // The scales, as scale_at finds them: two sets of [row][kSetBlocks] (loaded by TMA), or
     // [stage][row] (copied by the loader's lanes).
-    alignas(128) float sfa[std::max(2 * kSetBlocks, kStages) * G::kSfaRows];
+    alignas(128) float sfa[std::max(2 * kSetBlocks, kStages) * kSfaRows];
     alignas(128) float sfb[std::max(2 * kSfbPitch, kStages) * kBlocksN];
     float tail_amax[4][kTail];  // fused: warpgroup 0's warps' amax per tail row
     uint64_t full[kStages];   // TMA bytes landed (and, without sets, the 32 loader lanes' scale copies)
@@ -192,14 +170,11 @@ struct Tile {
 // its own for them: its last full tile also multiplies them, as the N of a swap-AB wgmma
 // (weights x rows, 64 x kTail x 32) on the weight block already in shared memory, instead of a
 // tile of 64 rows that streams the weight tile again for a few (at DeepSeek-V3 4096 tokens,
-// ~128 rows per expert, half the experts have such a tile). Only the 128 x 256 tile has tails
-// (max_tail is 0 for the other).
-template <int kTileM>
+// ~128 rows per expert, half the experts have such a tile).
 __device__ __forceinline__ int m_tiles_of(int rows, int max_tail) {
   return rows <= kTileM ? (rows > 0) : (rows - max_tail + kTileM - 1) / kTileM;
 }
-template <int kTileM>
-__device__ __forceinline__ int tail_rows(const Tile& tile, int max_tail) {  // 0, or rows past the tile's
+__device__ __forceinline__ int tail_rows(const Tile& tile, int max_tail) {  // 0, or rows past the tile's 128
   return tile.rows > kTileM && tile.rows <= kTileM + max_tail ? tile.rows - kTileM : 0;
 }
 
@@ -215,7 +190,7 @@ __device__ __forceinline__ int tail_rows(const Tile& tile, int max_tail) {  // 0
 struct ScaleAt {
   int a, b, stride, b_stride;
 };
-template <int kStages, int kBlocksN, int kSfaRows, bool kSets>
+template <int kStages, int kBlocksN, bool kSets>
 __device__ __forceinline__ ScaleAt scale_at(int stage, int kseq) {
   // The reload at K block s0 + 2 * kSetBlocks waits for the consumers to be done with K block
   // s0 + 2 * kSetBlocks - kStages, which must be past the set's last one, s0 + kSetBlocks - 1.
@@ -228,7 +203,6 @@ __device__ __forceinline__ ScaleAt scale_at(int stage, int kseq) {
 }
 
 // Tile t in expert-major, then N, then M order.
-template <int kTileM>
 __device__ __forceinline__ Tile tile_at(int t, const int32_t* tile_start, const int32_t* offsets,
                                         int num_experts, int n_tiles) {
   const int e = upper_bound(tile_start, num_experts + 1, t / n_tiles) - 1;  // non-empty expert
@@ -315,7 +289,7 @@ __device__ __forceinline__ void store_bf16(const Params& p, const Acc& acc, uint
   const int m = lane / 8, row = my_row - lane / 4 + 8 * (m & 1) + (lane & 7);
   const uint32_t base = cast_smem_ptr_to_uint(out);
 #pragma unroll
-  for (int b = 0; b < decltype(size<2>(acc))::value; ++b) {
+  for (int b = 0; b < 2; ++b) {
     if (b >= blocks) break;
 #pragma unroll
     for (int j = 0; j < 16; j += 2) {  // pieces j, j + 1 of 8 columns, rows my_row and + 8
@@ -464,7 +438,7 @@ __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc
     scale[r] = fp8_scale(fmaxf(fmaxf(smem.tail_amax[0][j], smem.tail_amax[1][j]),
                                fmaxf(smem.tail_amax[2][j], smem.tail_amax[3][j])));
   }
-  const int64_t row0 = tile.row0 + Geometry<256>::kTileM;
+  const int64_t row0 = tile.row0 + kTileM;
   uint8_t* out = p.act_out + row0 * p.inter + int64_t(tile.n) * kBlockN;
 #pragma unroll
   for (int i = 0; i < kN; ++i) {
@@ -480,10 +454,9 @@ __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc
 }
 
 template <int kTileN, bool kFused, bool kSets>
-__global__ void __launch_bounds__(Geometry<kTileN>::kThreads, 1) gemm_kernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant__ Params p) {
   using C = Config<kTileN, kFused>;
-  constexpr int kStages = C::kStages, kBlocksN = C::kBlocksN, kTileM = C::kTileM, kSfaRows = C::kSfaRows;
-  constexpr int kConsumers = C::kConsumers, kThreads = C::kThreads, kConsumerWarps = C::kConsumerWarps;
+  constexpr int kStages = C::kStages, kBlocksN = C::kBlocksN;
   using SharedStorage = typename C::SharedStorage;
   extern __shared__ __align__(1024) char smem_raw[];
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_raw);
@@ -522,7 +495,7 @@ __global__ void __launch_bounds__(Geometry<kTileN>::kThreads, 1) gemm_kernel(con
     if (lane == 0) tile_start[0] = 0;
     for (int base = 0; base < E; base += 32) {
       const int e = base + lane;
-      int v = e < E ? m_tiles_of<kTileM>(offsets[e + 1] - offsets[e], p.max_tail) : 0;
+      int v = e < E ? m_tiles_of(offsets[e + 1] - offsets[e], p.max_tail) : 0;
 #pragma unroll
       for (int d = 1; d < 32; d *= 2) {
         const int u = __shfl_up_sync(0xffffffffu, v, d);
@@ -552,27 +525,26 @@ __global__ void __launch_bounds__(Geometry<kTileN>::kThreads, 1) gemm_kernel(con
       }
       if (++slot == kSchedSlots) { slot = 0; slot_phase ^= 1; }
       if (t >= num_tiles) break;
-      const Tile tile = tile_at<kTileM>(t, tile_start, offsets, E, n_tiles);
+      const Tile tile = tile_at(t, tile_start, offsets, E, n_tiles);
       const int b_row = tile.expert * p.n;
       // Lanes < kBlocksN copy the weight-block scales, every lane 4 of the 128 row scales.
       const float* sfb = p.sfb + (int64_t(tile.expert) * (p.n / kBlockN) +
                                   block_row<kTileN>(p, tile.n, min(lane, kBlocksN - 1)) / kBlockN) * k_blocks;
       const float* sfa = p.sfa + int64_t(tile.row0) * k_blocks;
-      // 64-row blocks of A with rows of the tile's expert in them
-      const int halves = min(kConsumers, (tile.rows + kHalfM - 1) / kHalfM);
-      const bool tail = C::kTails && tail_rows<kTileM>(tile, p.max_tail) > 0;
+      const int halves = tile.rows > kHalfM ? 2 : 1;  // 64-row halves of A with rows in them
+      const bool tail = tail_rows(tile, p.max_tail) > 0;
       for (int kb = 0; kb < k_blocks; ++kb, ++kseq) {
         cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase ^ 1);
         const bool new_set = kSets && kb % kSetBlocks == 0;
         if (lane == 0) {
           constexpr int kSetBytes = kSetBlocks * sizeof(float);  // per row
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
-              &smem.full[stage], halves * (kHalfM * kTileK) + C::kStageBytesB + (tail ? kTail * kTileK : 0) +
+              &smem.full[stage], halves * (C::kStageBytesA / 2) + C::kStageBytesB + (tail ? kTail * kTileK : 0) +
                                      (new_set ? (kTileM + (tail ? kTail : 0) + kBlocksN) * kSetBytes : 0));
           const auto hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
           for (int h = 0; h < halves; ++h)
             SM90_TMA_LOAD_2D::copy(&p.tma_a, &smem.full[stage], hint,
-                                   smem.a + stage * C::kStageBytesA + h * (kHalfM * kTileK),
+                                   smem.a + stage * C::kStageBytesA + h * (C::kStageBytesA / 2),
                                    kb * kTileK, tile.row0 + h * kHalfM);
           if (tail)
             SM90_TMA_LOAD_2D::copy(&p.tma_tail, &smem.full[stage], hint, smem.a_tail + stage * kTail * kTileK,
@@ -583,7 +555,7 @@ __global__ void __launch_bounds__(Geometry<kTileN>::kThreads, 1) gemm_kernel(con
                                    smem.b + stage * C::kStageBytesB + b * (kBlockN * kTileK),
                                    kb * kTileK, b_row + block_row<kTileN>(p, tile.n, b));
           if (new_set) {  // rows past the buffer read as zeros
-            const ScaleAt at = scale_at<kStages, kBlocksN, kSfaRows, true>(stage, kseq);
+            const ScaleAt at = scale_at<kStages, kBlocksN, true>(stage, kseq);
             SM90_TMA_LOAD_2D::copy(&p.tma_sfa, &smem.full[stage], hint, smem.sfa + at.a, kb, tile.row0);
             if (tail)
               SM90_TMA_LOAD_2D::copy(&p.tma_sfa_tail, &smem.full[stage], hint, smem.sfa + at.a + kTileM * kSetBlocks,
@@ -618,7 +590,7 @@ __global__ void __launch_bounds__(Geometry<kTileN>::kThreads, 1) gemm_kernel(con
   auto thr = mma.get_thread_slice(threadIdx.x % 128);
   Tensor sA = make_tensor(make_smem_ptr(smem.a), typename C::SmemLayoutA{});
   Tensor sB = make_tensor(make_smem_ptr(smem.b), typename C::SmemLayoutB{});
-  Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA, 1, 4, kConsumers * kStages) descriptors
+  Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA, 1, 4, 2 * kStages) descriptors
   Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));  // (MMA, 1, 4, kBlocksN * kStages)
   // acc(i, 0, b): block b of 128 columns; values i = (2 columns, 2 rows 8 apart, 16 pieces of 8).
   Tensor acc = partition_fragment_C(mma, Shape<Int<kHalfM>, Int<kTileN>>{});
@@ -626,8 +598,7 @@ __global__ void __launch_bounds__(Geometry<kTileN>::kThreads, 1) gemm_kernel(con
   Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<kHalfM>, Int<kBlockN>>{}));
   const int my_row = get<0>(coord(0));  // within this half; the thread's other row is + 8
   static_assert(decltype(size(part))::value == 64, "64x128 fp32 accumulator: 64 values per thread");
-  // The tail rows: weight block `half` (two 64-row A operands) x kTail rows of A (the N). Dead
-  // code without tails (tail is 0 below), and so are its registers.
+  // The tail rows: weight block `half` (two 64-row A operands) x kTail rows of A (the N).
   TailMma tmma;
   auto tthr = tmma.get_thread_slice(threadIdx.x % 128);
   Tensor tTrA = tthr.make_fragment_A(tthr.partition_A(sB));  // (MMA, 2, 4, kBlocksN * kStages)
@@ -646,24 +617,17 @@ __global__ void __launch_bounds__(Geometry<kTileN>::kThreads, 1) gemm_kernel(con
     if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.tile_empty[slot]);
     if (++slot == kSchedSlots) { slot = 0; slot_phase ^= 1; }
     if (t >= num_tiles) break;
-    const Tile tile = tile_at<kTileM>(t, tile_start, offsets, E, n_tiles);
+    const Tile tile = tile_at(t, tile_start, offsets, E, n_tiles);
     const int tile_rows = min(tile.rows, kTileM);
-    const bool split = C::kTails && tile_rows <= kHalfM;  // by columns: weight block `half` of A's first half
+    const bool split = tile_rows <= kHalfM;  // by columns: weight block `half` of A's first half
     const int a_half = split ? 0 : half, b_first = split ? half : 0, blocks = split ? 1 : kBlocksN;
-    const int tail = C::kTails ? tail_rows<kTileM>(tile, p.max_tail) : 0;
-    // 192 x 128: a warpgroup whose rows are all past the expert's only keeps the stages' pace.
-    const bool active = split || half * kHalfM < tile_rows;
+    const int tail = tail_rows(tile, p.max_tail);
     clear(acc);
     clear(acc_t);
     for (int kb = 0; kb < k_blocks; ++kb, ++kseq) {
       const int stage = kseq % kStages;
       cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], (kseq / kStages) & 1);
-      const ScaleAt at = scale_at<kStages, kBlocksN, kSfaRows, kSets>(stage, kseq);
-      if (!active) {
-        __syncwarp();
-        if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
-        continue;
-      }
+      const ScaleAt at = scale_at<kStages, kBlocksN, kSets>(stage, kseq);
       const float a0 = smem.sfa[at.a + (a_half * kHalfM + my_row) * at.stride];
       const float a1 = smem.sfa[at.a + (a_half * kHalfM + my_row + 8) * at.stride];
 #pragma unroll
@@ -674,7 +638,7 @@ __global__ void __launch_bounds__(Geometry<kTileN>::kThreads, 1) gemm_kernel(con
         mma.accumulate_ = GMMA::ScaleOut::Zero;
 #pragma unroll
         for (int k = 0; k < size<2>(tCrA); ++k) {
-          cute::gemm(mma, tCrA(_, _, k, kConsumers * stage + a_half), tCrB(_, _, k, kBlocksN * stage + b_first + b),
+          cute::gemm(mma, tCrA(_, _, k, 2 * stage + a_half), tCrB(_, _, k, kBlocksN * stage + b_first + b),
                      part);
           mma.accumulate_ = GMMA::ScaleOut::One;
         }
@@ -713,7 +677,6 @@ __global__ void __launch_bounds__(Geometry<kTileN>::kThreads, 1) gemm_kernel(con
         if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
       }
     }
-    if (!active) continue;
     const int rows = split ? tile_rows : tile_rows - half * kHalfM;  // rows this warpgroup stores
     const int64_t row0 = tile.row0 + (split ? 0 : half * kHalfM);
     uint8_t* out = smem.out + half * C::kBoxesPerHalf * kBoxBytes;
@@ -735,14 +698,12 @@ __global__ void __launch_bounds__(Geometry<kTileN>::kThreads, 1) gemm_kernel(con
         default: store_activation<MOEK_ACT_SWIGLU_OAI>(p, acc, tile, out, row0, rows, my_row, lane); break;
       }
     } else {
-      if constexpr (C::kTails) {
-        if (tail) {  // a few scattered rows: straight from the registers
-          __nv_bfloat16* d = p.d + (tile.row0 + kTileM) * int64_t(p.n) + tile.n * kTileN + half * kBlockN;
+      if (tail) {  // a few scattered rows: straight from the registers
+        __nv_bfloat16* d = p.d + (tile.row0 + kTileM) * int64_t(p.n) + tile.n * kTileN + half * kBlockN;
 #pragma unroll
-          for (int i = 0; i < size(acc_t); ++i)
-            if (get<1>(coord_t(i)) < tail)
-              d[get<1>(coord_t(i)) * int64_t(p.n) + get<0>(coord_t(i))] = __float2bfloat16_rn(acc_t(i));
-        }
+        for (int i = 0; i < size(acc_t); ++i)
+          if (get<1>(coord_t(i)) < tail)
+            d[get<1>(coord_t(i)) * int64_t(p.n) + get<0>(coord_t(i))] = __float2bfloat16_rn(acc_t(i));
       }
       store_bf16(p, acc, out, row0, tile.n * kTileN + b_first * kBlockN, rows, my_row, lane, blocks);
     }
@@ -798,23 +759,16 @@ inline bool encode_scales(CUtensorMap* map, const float* base, int64_t rows, int
 
 }  // namespace contig
 
-// kTileN 256: the 128 x 256 tile (either GEMM; in GEMM1 with a gated activation fused);
-// 128: the 192 x 128 tile (unfused).
 template <int kTileN>
 struct ContiguousBlockwise {
-  static_assert(kTileN == 256 || kTileN == 128, "contiguous fp8_block GEMM: 128 x 256 or 192 x 128 tiles");
-  using G = contig::Geometry<kTileN>;
-  static constexpr bool kFuses = G::kConsumers == 2;
+  static_assert(kTileN == 256, "contiguous fp8_block GEMM: 256 columns (two weight-scale blocks)");
   template <bool kFused>
   using Storage = typename contig::Config<kTileN, kFused>::SharedStorage;
-  static constexpr size_t storage(bool fused) {
-    if constexpr (kFuses) return fused ? sizeof(Storage<true>) : sizeof(Storage<false>);
-    return sizeof(Storage<false>);
-  }
-  static constexpr int kMaxStorage = int(std::max(storage(true), storage(false)));
+  static constexpr int kMaxStorage = int(std::max(sizeof(Storage<true>), sizeof(Storage<false>)));
 
   static size_t smem_bytes(int num_experts, bool fused) {
-    return storage(fused) + sizeof(int32_t) * 2 * (size_t(num_experts) + 1);
+    return (fused ? sizeof(Storage<true>) : sizeof(Storage<false>)) +
+           sizeof(int32_t) * 2 * (size_t(num_experts) + 1);
   }
 
   template <bool kFused, bool kSets>
@@ -841,7 +795,7 @@ struct ContiguousBlockwise {
     }
     const bool fused = a.act_out != nullptr;
     // (N = 2I with I % 128 == 0: the N check below covers the fused tile too.)
-    if (fused && !(kFuses && a.act_scale && (a.activation == MOEK_ACT_SWIGLU || a.activation == MOEK_ACT_GEGLU ||
+    if (fused && !(a.act_scale && (a.activation == MOEK_ACT_SWIGLU || a.activation == MOEK_ACT_GEGLU ||
                                    a.activation == MOEK_ACT_SWIGLU_OAI))) {
       snprintf(err, errlen, "contiguous fp8_block GEMM: cannot fuse activation %d with %d columns, "
                "N=%lld", a.activation, kTileN, (long long)a.n);
@@ -860,12 +814,11 @@ struct ContiguousBlockwise {
                "memory, the device allows %d", a.num_groups, smem, optin);
       return MOEK_UNSUPPORTED;
     }
-    int regs = std::min(registers<false, true>(), registers<false, false>());
-    if constexpr (kFuses)
-      if (fused) regs = std::min(registers<true, true>(), registers<true, false>());
-    if (regs < G::kRegsPerThread) {
+    const int regs = std::min(fused ? registers<true, true>() : registers<false, true>(),
+                              fused ? registers<true, false>() : registers<false, false>());
+    if (regs < kRegsPerThread) {
       snprintf(err, errlen, "contiguous fp8_block GEMM: built with %d registers per thread, "
-               "its warpgroups need %d", regs, G::kRegsPerThread);
+               "its warpgroups need %d", regs, kRegsPerThread);
       return MOEK_UNSUPPORTED;
     }
     return MOEK_OK;
@@ -887,7 +840,7 @@ struct ContiguousBlockwise {
     p.sfa = a.sfa_base;
     p.sfb = a.sfb_base;
     const int64_t k_blocks = a.k / kTileK;
-    const bool sets = encode_scales(&p.tma_sfa, a.sfa_base, a.rows, k_blocks, G::kTileM) &&
+    const bool sets = encode_scales(&p.tma_sfa, a.sfa_base, a.rows, k_blocks, kTileM) &&
                    encode_scales(&p.tma_sfa_tail, a.sfa_base, a.rows, k_blocks, kTail) &&
                    encode_scales(&p.tma_sfb, a.sfb_base, int64_t(a.num_groups) * (a.n / kBlockN), k_blocks, 1);
     p.d = static_cast<__nv_bfloat16*>(a.d_base);
@@ -904,14 +857,13 @@ struct ContiguousBlockwise {
       const char* v = getenv("MOE_KERNELS_CONTIG_TAIL");
       return v ? atoi(v) : kTail;
     }();
-    p.max_tail = G::kTails ? std::max(0, std::min(max_tail, kTail)) : 0;
+    p.max_tail = std::max(0, std::min(max_tail, kTail));
     p.num_experts = a.num_groups;
     p.n = static_cast<int>(a.n);
     p.k = static_cast<int>(a.k);
     const bool fused = p.act_out != nullptr;
-    auto kernel = sets ? gemm_kernel<kTileN, false, true> : gemm_kernel<kTileN, false, false>;
-    if constexpr (kFuses)
-      if (fused) kernel = sets ? gemm_kernel<kTileN, true, true> : gemm_kernel<kTileN, true, false>;
+    auto kernel = fused ? (sets ? gemm_kernel<kTileN, true, true> : gemm_kernel<kTileN, true, false>)
+                        : (sets ? gemm_kernel<kTileN, false, true> : gemm_kernel<kTileN, false, false>);
     const size_t smem = smem_bytes(a.num_groups, fused);
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(smem));
@@ -919,10 +871,10 @@ struct ContiguousBlockwise {
       snprintf(err, errlen, "contiguous fp8_block GEMM: %s", cudaGetErrorString(e));
       return MOEK_CUDA_ERROR;
     }
-    // Never more CTAs than tiles can exist: each expert has at most rows / kTileM + 1 M tiles.
-    const int64_t max_tiles = (a.rows / G::kTileM + a.max_active_groups) * (a.n / kTileN);
+    // Never more CTAs than tiles can exist: each expert has at most rows / 128 + 1 M tiles.
+    const int64_t max_tiles = (a.rows / kTileM + a.max_active_groups) * (a.n / kTileN);
     const int grid = static_cast<int>(std::min<int64_t>(a.sm_count, max_tiles));
-    if (cudaError_t e = launch(kernel, dim3(grid), dim3(G::kThreads), smem, a.stream, p);
+    if (cudaError_t e = launch(kernel, dim3(grid), dim3(kThreads), smem, a.stream, p);
         e != cudaSuccess) {
       snprintf(err, errlen, "contiguous fp8_block GEMM launch: %s", cudaGetErrorString(e));
       return MOEK_CUDA_ERROR;
@@ -932,7 +884,7 @@ struct ContiguousBlockwise {
 
   static size_t workspace_size(int, int) { return 0; }
 
-  static constexpr GemmKernelOps kOps{&run, &check, &workspace_size, kMaxStorage, kFuses};
+  static constexpr GemmKernelOps kOps{&run, &check, &workspace_size, kMaxStorage, true};
 };
 
 }  // namespace moe_kernels::sm90
