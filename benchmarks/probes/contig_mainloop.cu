@@ -63,6 +63,7 @@ __device__ __forceinline__ void batch(uint32_t a, uint32_t b, float* d, bool zer
 constexpr int kRowBytes = 7168, kTileKBlocks = kRowBytes / 128, kEpilogue = 9500;
 struct Src {
   CUtensorMap w;         // L >= 4: the weights, row-major [experts * 4096, 7168]
+  CUtensorMap act;       // L = 6: A, row-major [8192, 7168] (58 MB), boxes of 64 rows x 128 B
   const uint8_t* a;      // kL2Bytes, read by every CTA (stays in L2)
   const uint8_t* b;      // kL2Bytes (L = 1) or this CTA's kKBlocks * kB bytes, from DRAM (L >= 2)
   const float* scales;   // L >= 3: [rows][56], K-major row scales as the kernel reads them
@@ -84,7 +85,7 @@ struct Stages {
   uint64_t* full;
   uint64_t* empty;
 };
-constexpr int smem_bytes(int stages, int stage_bytes) {
+__host__ __device__ constexpr int smem_bytes(int stages, int stage_bytes) {
   return stages * stage_bytes + stages * kScaleStride * 4 + 32 + 16 * stages;
 }
 __device__ __forceinline__ Stages setup_stages(uint8_t* smem, int stages, int stage_bytes, int full_count,
@@ -105,10 +106,16 @@ __device__ __forceinline__ Stages setup_stages(uint8_t* smem, int stages, int st
   return st;
 }
 
+__device__ __forceinline__ void fence(float* r, int n) {  // wgmma results: not read before the wait
+#pragma unroll
+  for (int i = 0; i < n; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
 template <int V, int L>
 __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sink, const __grid_constant__ Src src) {
   extern __shared__ __align__(1024) uint8_t smem[];
   const Stages st = setup_stages(smem, kStages, kA + kB, L >= 3 ? 33 : 1, 8);
+  float* tail_sum = reinterpret_cast<float*>(smem + smem_bytes(kStages, kA + kB));  // v6, v7: 2 x 8 KB
   float* scales = st.scales;
   uint64_t *full = st.full, *empty = st.empty;
   const int wg = threadIdx.x / 128, half = wg - 1, t = threadIdx.x % 128;
@@ -122,7 +129,16 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
       if (threadIdx.x == 0) {
         mbar_expect(&full[s], kA + kB);
         const size_t off_a = size_t(kb % 64) * kA, off_b = L == 1 ? size_t(kb % 64) * kB : size_t(kb) * kB;
-        bulk(smem + s * (kA + kB), src.a + off_a, kA, &full[s]);
+        if constexpr (L == 6) {  // A as the kernel reads it: the tile's expert's 128 rows (16 CTAs share them)
+          const int tile = blockIdx.x + (kb / kTileKBlocks) * gridDim.x, x = (kb % kTileKBlocks) * 128;
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                         ::"r"(smem_u32(smem + s * (kA + kB) + h * kA / 2)), "l"(&src.act), "r"(x),
+                         "r"((tile / 16) * 128 % 8192 + 64 * h), "r"(smem_u32(&full[s])) : "memory");
+        } else {
+          bulk(smem + s * (kA + kB), src.a + off_a, kA, &full[s]);
+        }
         if constexpr (L >= 4) {
           const int tile = blockIdx.x + (kb / kTileKBlocks) * gridDim.x, x = (kb % kTileKBlocks) * 128;
           const int row = (tile / 16) * 4096 + (tile % 16) * 128;
@@ -153,7 +169,7 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
   const int my_row = (t / 32) * 16 + (t % 32) / 4;
   constexpr int kSwapN = V == 3 ? 144 : 128;  // v3, v5
   constexpr int kAccN = V == 3 || V == 5 ? kSwapN / 2 : 64;
-  float acc[2][kAccN], part[2][kAccN], acc_t[16], part_t[16];
+  float acc[2][kAccN], part[2][kAccN], acc_t[16], part_t[16], part_t2[2][16];
 #pragma unroll
   for (int i = 0; i < kAccN; ++i) acc[0][i] = acc[1][i] = part[0][i] = part[1][i] = 0.f;
 #pragma unroll
@@ -189,6 +205,102 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
 #pragma unroll
         for (int i = 0; i < 16; ++i) acc_t[i] += part_t[i] * t4[(i & 1) + 2 * ((i >> 2) & 1)];
       }
+    } else if constexpr (V == 8) {  // v0, and every second K block the tail of both in one batch
+#pragma unroll
+      for (int blk = 0; blk < 2; ++blk) {
+        batch(a, b0 + blk * 16384, part[0], true);
+        cute::warpgroup_wait<0>();
+        fence(part[0], 64);
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[blk][i] += part[0][i] * ((i & 2) ? r1 : r0);
+      }
+      if (kb & 1) {
+        cute::warpgroup_arrive();
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {  // K blocks kb - 1 (stage s - 1) and kb
+          const int sj = j ? s : (s + kStages - 1) % kStages;
+          const uint32_t w = base + sj * (kA + kB) + kA + half * 16384, tail = base + sj * (kA + kB);
+#pragma unroll
+          for (int m = 0; m < 2; ++m)
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+              wgmma<TailMma>(desc(w + m * 8192) + 2 * k, desc(tail) + 2 * k, part_t2[j] + 8 * m,
+                             k == 0 ? ScaleOut::Zero : ScaleOut::One, std::make_index_sequence<8>{});
+        }
+        cute::warpgroup_commit_batch();
+        const float* ts = sc + 2 * (t % 4);
+        const float t4[4] = {ts[0] * sc[128], ts[1] * sc[128], ts[8] * sc[128], ts[9] * sc[128]};
+        const float* tp = scales + ((s + kStages - 1) % kStages) * kScaleStride;  // K block kb - 1's
+        const float* tsp = tp + 2 * (t % 4);
+        const float u4[4] = {tsp[0] * tp[128], tsp[1] * tp[128], tsp[8] * tp[128], tsp[9] * tp[128]};
+        cute::warpgroup_wait<0>();
+        fence(part_t2[0], 16);
+        fence(part_t2[1], 16);
+        float4* sum = reinterpret_cast<float4*>(tail_sum) + half * 512 + t;  // the tail's sum in smem
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float4 v = sum[128 * j];
+          const int c = 2 * (j & 1);
+          v.x += part_t2[0][4 * j] * u4[c] + part_t2[1][4 * j] * t4[c];
+          v.y += part_t2[0][4 * j + 1] * u4[c + 1] + part_t2[1][4 * j + 1] * t4[c + 1];
+          v.z += part_t2[0][4 * j + 2] * u4[c] + part_t2[1][4 * j + 2] * t4[c];
+          v.w += part_t2[0][4 * j + 3] * u4[c + 1] + part_t2[1][4 * j + 3] * t4[c + 1];
+          sum[128 * j] = v;
+        }
+      }
+    } else if constexpr (V == 6 || V == 7) {  // v1's tail, its running sum in shared memory
+      const uint32_t w = b0 + half * 16384, tail = base + s * (kA + kB);
+      float4* sum = reinterpret_cast<float4*>(tail_sum) + half * 512 + t;  // 4 float4 per thread, 128 apart
+      auto tail_batch = [&] {
+        cute::warpgroup_arrive();
+#pragma unroll
+        for (int m = 0; m < 2; ++m)
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            wgmma<TailMma>(desc(w + m * 8192) + 2 * k, desc(tail) + 2 * k, part_t + 8 * m,
+                           k == 0 ? ScaleOut::Zero : ScaleOut::One, std::make_index_sequence<8>{});
+        cute::warpgroup_commit_batch();
+      };
+      auto tail_promote = [&] {
+        fence(part_t, 16);
+        const float* ts = sc + 2 * (t % 4);
+        const float t4[4] = {ts[0] * sc[128], ts[1] * sc[128], ts[8] * sc[128], ts[9] * sc[128]};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float4 v = sum[128 * j];
+          v.x += part_t[4 * j] * t4[2 * (j & 1)];
+          v.y += part_t[4 * j + 1] * t4[2 * (j & 1) + 1];
+          v.z += part_t[4 * j + 2] * t4[2 * (j & 1)];
+          v.w += part_t[4 * j + 3] * t4[2 * (j & 1) + 1];
+          sum[128 * j] = v;
+        }
+      };
+      auto promote = [&](float* into) {
+        fence(part[0], 64);
+#pragma unroll
+        for (int i = 0; i < 64; ++i) into[i] += part[0][i] * ((i & 2) ? r1 : r0);
+      };
+      if constexpr (V == 6) {  // tail first, promoted while block 0 computes
+        tail_batch();
+        batch(a, b0, part[0], true);
+        cute::warpgroup_wait<1>();
+        tail_promote();
+        cute::warpgroup_wait<0>();
+        promote(acc[0]);
+        batch(a, b0 + 16384, part[0], true);
+        cute::warpgroup_wait<0>();
+        promote(acc[1]);
+      } else {  // block 0, the tail; block 0 promoted while the tail computes, the tail while block 1 does
+        batch(a, b0, part[0], true);
+        tail_batch();
+        cute::warpgroup_wait<1>();
+        promote(acc[0]);
+        batch(a, b0 + 16384, part[0], true);
+        cute::warpgroup_wait<1>();
+        tail_promote();
+        cute::warpgroup_wait<0>();
+        promote(acc[1]);
+      }
     } else if constexpr (V == 3 || V == 5) {  // swap-AB: weights (A) x the tile's kSwapN rows (B)
       const uint32_t w = b0 + half * 16384, rows = base + s * (kA + kB);
 #pragma unroll
@@ -222,7 +334,7 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
     }
     __syncwarp();
     if (L > 0 && t % 32 == 0) mbar_arrive(&empty[s]);
-    if (L == 5 && kb % kTileKBlocks == kTileKBlocks - 1) {
+    if (L >= 5 && kb % kTileKBlocks == kTileKBlocks - 1) {
       const long long e0 = clock64();
       while (clock64() - e0 < kEpilogue) {}
     }
@@ -233,7 +345,7 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
 #pragma unroll
   for (int i = 0; i < kAccN; ++i) s += acc[0][i] + acc[1][i] + part[0][i] + part[1][i];
 #pragma unroll
-  for (int i = 0; i < 16; ++i) s += acc_t[i];
+  for (int i = 0; i < 16; ++i) s += acc_t[i] + tail_sum[half * 2048 + 128 * i + t];
   sink[blockIdx.x * 256 + threadIdx.x - 128] = s;
   if (t == 0) cycles[blockIdx.x * 2 + half] = end - start;
 }
@@ -340,7 +452,7 @@ template <int V, int L>
 void run(const char* what, int sms, long long* d_cycles, float* sink, Src src, int reps = 5) {
   char tag[16];
   snprintf(tag, sizeof tag, "v%d L%d", V, L);
-  time_loop(tag, what, mainloop<V, L>, 384, smem_bytes(kStages, kA + kB), 2,
+  time_loop(tag, what, mainloop<V, L>, 384, smem_bytes(kStages, kA + kB) + 16384, 2,
             1024, kB, L >= 2, sms, d_cycles, sink, src, reps);
 }
 template <int L>
@@ -378,6 +490,17 @@ int main(int argc, char** argv) {
                                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) { printf("cuTensorMapEncodeTiled: %d\n", int(r)); return 1; }
   }
+  {  // L = 6: A [8192, 7168]
+    uint8_t* act;
+    CK(cudaMalloc(&act, size_t(8192) * kRowBytes));
+    CK(cudaMemset(act, 0x38, size_t(8192) * kRowBytes));
+    cuuint64_t dims[2] = {kRowBytes, 8192}, strides[1] = {kRowBytes};
+    cuuint32_t box[2] = {128, 64}, es[2] = {1, 1};
+    CUresult r = cuTensorMapEncodeTiled(&src.act, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, act, dims, strides, box, es,
+                                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) { printf("cuTensorMapEncodeTiled: %d\n", int(r)); return 1; }
+  }
   if (argc > 1) {  // sustained: launches back to back for a few seconds, as a benchmark's replays
     for (int round = 0; round < 8; ++round) {
       run<0, 5>("v0 L5, sustained (1000 launches, the last 5)", sms, d_cycles, sink, src, 1000);
@@ -387,6 +510,9 @@ int main(int argc, char** argv) {
   }
   run<0, 0>("the kernel's loop (wait, promote, per block)", sms, d_cycles, sink, src);
   run<1, 0>("v0 plus a 16-row tail (the kernel's tail tile)", sms, d_cycles, sink, src);
+  run<6, 0>("v1, tail sum in smem, tail first (wait<1>)", sms, d_cycles, sink, src);
+  run<7, 0>("v1, tail sum in smem, tail between blocks 0 and 1", sms, d_cycles, sink, src);
+  run<8, 0>("v1, the tail every second K block, both in one batch", sms, d_cycles, sink, src);
   run<5, 0>("swap-AB, 128 rows as N", sms, d_cycles, sink, src);
   run<3, 0>("swap-AB, 144 rows as N (128 + a 16-row tail)", sms, d_cycles, sink, src);
   run<2, 0>("two partial sums in flight", sms, d_cycles, sink, src);
@@ -398,6 +524,10 @@ int main(int argc, char** argv) {
   run<0, 3>("v0, B from DRAM, row scales by cp.async", sms, d_cycles, sink, src);
   run<0, 4>("v0 L3, B by TMA boxes from row-major weights", sms, d_cycles, sink, src);
   run<0, 5>("v0 L4, a 9500-cycle epilogue pause per tile", sms, d_cycles, sink, src);
+  run<1, 5>("v1 L4, a 9500-cycle epilogue pause per tile", sms, d_cycles, sink, src);
+  run<8, 5>("v8 L4, a 9500-cycle epilogue pause per tile", sms, d_cycles, sink, src);
+  run<0, 6>("v0 L5, A by TMA boxes from row-major [8192, 7168]", sms, d_cycles, sink, src);
+  run<1, 6>("v1 L5, A by TMA boxes from row-major [8192, 7168]", sms, d_cycles, sink, src);
   run<4, 5>("v4 L4, a 9500-cycle epilogue pause per tile", sms, d_cycles, sink, src);
   run3<0>("3 warpgroups, 192 x 128 tile, operands resident", sms, d_cycles, sink, src);
   run3<1>("w3, stages filled from L2", sms, d_cycles, sink, src);
