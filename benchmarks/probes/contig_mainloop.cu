@@ -15,6 +15,10 @@
 //       weight block as two 64-row A operands, each 4 wgmma m64nNk32 into a partial sum, wait,
 //       promote with a scale per column (row of the tile): does a tile of 128 + 16 rows cost
 //       less that way than v1?
+//   v6 / v7: v1 with the tail's running sum in shared memory (16 registers freed), its batch
+//       issued first and promoted while block 0 computes (v6), or issued between blocks 0 and
+//       1 so that each promotion runs under the next batch (v7)
+//   v8: v0, and every second K block the tails of both K blocks in one batch of 16 wgmmas
 //   w3 (mainloop3): three consumer warpgroups on a 192-row x 128-column tile (one weight
 //       block; 160 registers each), each 64 rows: per K block one batch of 4 wgmma m64n128k32,
 //       wait, promote. An expert of up to 192 rows would stream its weights once, with no tail;
@@ -77,8 +81,10 @@ constexpr int kL2Bytes = 64 * kB;
 // 4: 3 with B by TMA boxes (128 rows x 128 B, 128-byte swizzle) from row-major weights, as the
 // kernel reads DeepSeek-V3's w13: a CTA's 8 tiles are (expert, N tile) pairs, gate block n and
 // up block n, 56 K blocks each; 5: 4 with both consumer warpgroups pausing kEpilogue cycles
-// after each tile (the fused epilogue's time per tile, measured in the kernel).
-// Both kernels' shared memory: `stages` stages of stage_bytes (operands, a fixed pattern), then
+// after each tile (the fused epilogue's time per tile, measured in the kernel); 6: 5 with A by
+// TMA boxes (64 rows x 128 B) from a row-major [8192, 7168] tensor, an expert's 128 rows shared
+// by the 16 CTAs of its N tiles, as the kernel reads A (5 copies A from a contiguous 16 KB).
+// Both kernels' shared memory (v6-v8: then 16 KB for the tails' running sums): `stages` stages of stage_bytes (operands, a fixed pattern), then
 // the scales ([stage][kScaleStride]), then the full and empty barriers.
 struct Stages {
   float* scales;
