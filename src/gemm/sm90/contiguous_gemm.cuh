@@ -151,8 +151,6 @@ struct Params {
   int activation, inter;
   float act_alpha, act_limit;
   int max_tail;  // kTail, or fewer by MOE_KERNELS_CONTIG_TAIL (0: none; for A/B runs)
-  int probe;     // PROBE (timing only, wrong results): 1 no A loads, 2 no scale loads, 4 no epilogue, 8 no B loads, 16 no tail wgmmas,
-                 // 32 no activation math (fused), 64 no fused store (no fence, barrier or TMA store)
 };
 
 __device__ __forceinline__ int upper_bound(const int32_t* v, int n, int x) {
@@ -319,7 +317,7 @@ __device__ __forceinline__ void store_activation(const Params& p, const Acc& acc
   const int q = lane & 3, half = threadIdx.x / 128 - 1;
   const int64_t col0 = int64_t(tile.n) * kBlockN;  // the tile's first intermediate column
   const __nv_bfloat16* bias = p.act_bias ? p.act_bias + int64_t(tile.expert) * p.n + col0 : nullptr;
-  if (!(p.probe & 64)) out_acquire(half);
+  out_acquire(half);
 #pragma unroll
   for (int rs = 0; rs < 2; ++rs) {
     const int r = my_row + 8 * rs;
@@ -335,7 +333,7 @@ __device__ __forceinline__ void store_activation(const Params& p, const Acc& acc
         g += __bfloat162float(bias[col]);
         u += __bfloat162float(bias[p.inter + col]);
       }
-      v[j] = p.probe & 32 ? acc(i, 0, 0) : activate<kAct>(g, u, p.act_alpha, p.act_limit);
+      v[j] = activate<kAct>(g, u, p.act_alpha, p.act_limit);
       amax = fmaxf(amax, fabsf(v[j]));
     }
     // The row's 128 columns are spread over the 4 lanes of the quad.
@@ -348,7 +346,6 @@ __device__ __forceinline__ void store_activation(const Params& p, const Acc& acc
           static_cast<uint16_t>(to_fp8x2(v[2 * piece], v[2 * piece + 1], inv));
     if (q == 0 && r < rows) p.act_scale[(row0 + r) * int64_t(p.inter / kBlockN) + tile.n] = scale;
   }
-  if (p.probe & 64) return;
   out_release(&p.tma_act, out, p.act_out + row0 * p.inter + col0, p.inter, int(col0), row0, rows,
               half, 1);
 }
@@ -542,21 +539,22 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         if (lane == 0) {
           constexpr int kSetBytes = kSetBlocks * sizeof(float);  // per row
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
-              &smem.full[stage], (p.probe & 1 ? 0 : halves * (C::kStageBytesA / 2)) + (p.probe & 8 ? 0 : C::kStageBytesB) + (tail ? kTail * kTileK : 0) +
-                                     (new_set && !(p.probe & 2) ? (kTileM + (tail ? kTail : 0) + kBlocksN) * kSetBytes : 0));
+              &smem.full[stage], halves * (C::kStageBytesA / 2) + C::kStageBytesB + (tail ? kTail * kTileK : 0) +
+                                     (new_set ? (kTileM + (tail ? kTail : 0) + kBlocksN) * kSetBytes : 0));
           const auto hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
-          for (int h = 0; h < (p.probe & 1 ? 0 : halves); ++h)
+          for (int h = 0; h < halves; ++h)
             SM90_TMA_LOAD_2D::copy(&p.tma_a, &smem.full[stage], hint,
                                    smem.a + stage * C::kStageBytesA + h * (C::kStageBytesA / 2),
                                    kb * kTileK, tile.row0 + h * kHalfM);
           if (tail)
             SM90_TMA_LOAD_2D::copy(&p.tma_tail, &smem.full[stage], hint, smem.a_tail + stage * kTail * kTileK,
                                    kb * kTileK, tile.row0 + kTileM);
-          for (int b = 0; b < (p.probe & 8 ? 0 : kBlocksN); ++b)
+#pragma unroll
+          for (int b = 0; b < kBlocksN; ++b)
             SM90_TMA_LOAD_2D::copy(&p.tma_b, &smem.full[stage], hint,
                                    smem.b + stage * C::kStageBytesB + b * (kBlockN * kTileK),
                                    kb * kTileK, b_row + block_row<kTileN>(p, tile.n, b));
-          if (new_set && !(p.probe & 2)) {  // rows past the buffer read as zeros
+          if (new_set) {  // rows past the buffer read as zeros
             const ScaleAt at = scale_at<kStages, kBlocksN, true>(stage, kseq);
             SM90_TMA_LOAD_2D::copy(&p.tma_sfa, &smem.full[stage], hint, smem.sfa + at.a, kb, tile.row0);
             if (tail)
@@ -623,7 +621,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     const int tile_rows = min(tile.rows, kTileM);
     const bool split = tile_rows <= kHalfM;  // by columns: weight block `half` of A's first half
     const int a_half = split ? 0 : half, b_first = split ? half : 0, blocks = split ? 1 : kBlocksN;
-    const int tail = p.probe & 16 ? 0 : tail_rows(tile, p.max_tail);
+    const int tail = tail_rows(tile, p.max_tail);
     clear(acc);
     clear(acc_t);
     for (int kb = 0; kb < k_blocks; ++kb, ++kseq) {
@@ -679,7 +677,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
       }
     }
-    if (p.probe & 4) continue;
     const int rows = split ? tile_rows : tile_rows - half * kHalfM;  // rows this warpgroup stores
     const int64_t row0 = tile.row0 + (split ? 0 : half * kHalfM);
     uint8_t* out = smem.out + half * C::kBoxesPerHalf * kBoxBytes;
@@ -861,7 +858,6 @@ struct ContiguousBlockwise {
       return v ? atoi(v) : kTail;
     }();
     p.max_tail = std::max(0, std::min(max_tail, kTail));
-    p.probe = getenv("MOEK_PROBE") ? atoi(getenv("MOEK_PROBE")) : 0;
     p.num_experts = a.num_groups;
     p.n = static_cast<int>(a.n);
     p.k = static_cast<int>(a.k);
