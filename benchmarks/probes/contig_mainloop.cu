@@ -64,6 +64,22 @@ __device__ __forceinline__ void batch(uint32_t a, uint32_t b, float* d, bool zer
   cute::warpgroup_commit_batch();
 }
 
+// The kernel's tail: weight block w (two 64-row A operands) x 16 tail rows at `tail`, 8 wgmmas
+// into d (16 values; no arrive or commit).
+__device__ __forceinline__ void tail_wgmmas(uint32_t w, uint32_t tail, float* d) {
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      wgmma<TailMma>(desc(w + m * 8192) + 2 * k, desc(tail) + 2 * k, d + 8 * m,
+                     k == 0 ? ScaleOut::Zero : ScaleOut::One, std::make_index_sequence<8>{});
+}
+// This thread's four tail rows' scales times the weight block's, from a stage's scales sc.
+__device__ __forceinline__ void tail_scales(const float* sc, int t, float* out) {
+  const float* ts = sc + 2 * (t % 4);
+  out[0] = ts[0] * sc[128], out[1] = ts[1] * sc[128], out[2] = ts[8] * sc[128], out[3] = ts[9] * sc[128];
+}
+
 constexpr int kRowBytes = 7168, kTileKBlocks = kRowBytes / 128, kEpilogue = 9500;
 struct Src {
   CUtensorMap w;         // L >= 4: the weights, row-major [experts * 4096, 7168]
@@ -198,15 +214,10 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
       if constexpr (V == 1) {  // the tail: 16 rows (the stage's first: contents do not matter)
         const uint32_t w = b0 + half * 16384, tail = base + s * (kA + kB);
         cute::warpgroup_arrive();
-#pragma unroll
-        for (int m = 0; m < 2; ++m)
-#pragma unroll
-          for (int k = 0; k < 4; ++k)
-            wgmma<TailMma>(desc(w + m * 8192) + 2 * k, desc(tail) + 2 * k, part_t + 8 * m,
-                           k == 0 ? ScaleOut::Zero : ScaleOut::One, std::make_index_sequence<8>{});
+        tail_wgmmas(w, tail, part_t);
         cute::warpgroup_commit_batch();
-        const float* ts = sc + 2 * (t % 4);
-        const float t4[4] = {ts[0] * sc[128], ts[1] * sc[128], ts[8] * sc[128], ts[9] * sc[128]};
+        float t4[4];
+        tail_scales(sc, t, t4);
         cute::warpgroup_wait<0>();
 #pragma unroll
         for (int i = 0; i < 16; ++i) acc_t[i] += part_t[i] * t4[(i & 1) + 2 * ((i >> 2) & 1)];
@@ -225,20 +236,12 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
 #pragma unroll
         for (int j = 0; j < 2; ++j) {  // K blocks kb - 1 (stage s - 1) and kb
           const int sj = j ? s : (s + kStages - 1) % kStages;
-          const uint32_t w = base + sj * (kA + kB) + kA + half * 16384, tail = base + sj * (kA + kB);
-#pragma unroll
-          for (int m = 0; m < 2; ++m)
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-              wgmma<TailMma>(desc(w + m * 8192) + 2 * k, desc(tail) + 2 * k, part_t2[j] + 8 * m,
-                             k == 0 ? ScaleOut::Zero : ScaleOut::One, std::make_index_sequence<8>{});
+          tail_wgmmas(base + sj * (kA + kB) + kA + half * 16384, base + sj * (kA + kB), part_t2[j]);
         }
         cute::warpgroup_commit_batch();
-        const float* ts = sc + 2 * (t % 4);
-        const float t4[4] = {ts[0] * sc[128], ts[1] * sc[128], ts[8] * sc[128], ts[9] * sc[128]};
-        const float* tp = scales + ((s + kStages - 1) % kStages) * kScaleStride;  // K block kb - 1's
-        const float* tsp = tp + 2 * (t % 4);
-        const float u4[4] = {tsp[0] * tp[128], tsp[1] * tp[128], tsp[8] * tp[128], tsp[9] * tp[128]};
+        float t4[4], u4[4];  // K blocks kb's and kb - 1's
+        tail_scales(sc, t, t4);
+        tail_scales(scales + ((s + kStages - 1) % kStages) * kScaleStride, t, u4);
         cute::warpgroup_wait<0>();
         fence(part_t2[0], 16);
         fence(part_t2[1], 16);
@@ -259,18 +262,13 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
       float4* sum = reinterpret_cast<float4*>(tail_sum) + half * 512 + t;  // 4 float4 per thread, 128 apart
       auto tail_batch = [&] {
         cute::warpgroup_arrive();
-#pragma unroll
-        for (int m = 0; m < 2; ++m)
-#pragma unroll
-          for (int k = 0; k < 4; ++k)
-            wgmma<TailMma>(desc(w + m * 8192) + 2 * k, desc(tail) + 2 * k, part_t + 8 * m,
-                           k == 0 ? ScaleOut::Zero : ScaleOut::One, std::make_index_sequence<8>{});
+        tail_wgmmas(w, tail, part_t);
         cute::warpgroup_commit_batch();
       };
       auto tail_promote = [&] {
         fence(part_t, 16);
-        const float* ts = sc + 2 * (t % 4);
-        const float t4[4] = {ts[0] * sc[128], ts[1] * sc[128], ts[8] * sc[128], ts[9] * sc[128]};
+        float t4[4];
+        tail_scales(sc, t, t4);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           float4 v = sum[128 * j];
