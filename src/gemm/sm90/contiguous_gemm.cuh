@@ -21,9 +21,9 @@
 // blocks, of their scales; scale_at), warpgroups 1 and 2 each
 // compute 64 rows of the 128-row tile with wgmma (64x128x32 per 128 columns, fp32), promoting
 // each 128-deep K block's partial sums with scale(row) * scale(weight block) into their
-// accumulators. Both epilogues leave the tile in shared memory as bf16 and go back to their
-// wgmmas: GEMM2's leaves by TMA stores (at DeepSeek-V3 16384 tokens 11% faster than 16-byte
-// stores from registers after quad shuffles), GEMM1's to the activation warps (warps 1-3).
+// accumulators. Both epilogues go through shared memory and leave by TMA stores, so the
+// warpgroups are back at their wgmmas while the tile is written out (GEMM2 at DeepSeek-V3 16384
+// tokens: 11% faster than 16-byte stores from registers after quad shuffles).
 // A is loaded in 64-row halves, only those with rows of the tile's expert in them; a half may
 // still reach into the next expert's rows (or past the buffer: zeros): those rows are computed
 // and never stored, and their scales are the expert's last row's. A tile of at most 64 rows
@@ -34,10 +34,10 @@
 // get no tile of their own: that tile multiplies them too (tail_rows), so they cost no second
 // stream of the weight tile (DeepSeek-V3 4096 tokens, uniform routing: 4470 us against 5023).
 // GEMM1 with a gated activation: the two 128-row weight blocks of a tile are
-// gate block n and up block n (I rows further), so the tile holds both halves of 128
-// intermediate columns, and the activation warps write what the activation kernel would:
-// act(gate, up) of the bf16-rounded outputs plus bias, quantized to E4M3 per row per 128
-// columns. That saves GEMM1's 16-bit output (4I bytes per row), its reread and a launch.
+// gate block n and up block n (I rows further), so the epilogue holds both halves of 128
+// intermediate columns and writes what the activation kernel would: act(gate, up) of the
+// bf16-rounded outputs plus bias, quantized to E4M3 per row per 128 columns. That saves
+// GEMM1's 16-bit output (4I bytes per row), its reread and a launch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -66,7 +66,6 @@ constexpr int kBlockN = 128;               // columns per weight-scale block and
 constexpr int kHalfM = 64;                 // rows per consumer warpgroup
 constexpr int kThreads = 384;              // producer + 2 consumer warpgroups
 constexpr int kConsumerWarps = 8;
-constexpr int kActWarps = 3;               // fused: the loader warpgroup's other warps (activation_warps)
 constexpr int kSchedSlots = 2;             // tiles taken ahead by the loader
 constexpr int kBoxBytes = kHalfM * 128;    // one TMA store box: 64 rows x 128 bytes
 constexpr int kTail = 16;                  // rows past a full tile that ride along (tail_rows)
@@ -86,17 +85,16 @@ using Element = cutlass::float_e4m3_t;
 using TiledMma = decltype(make_tiled_mma(SM90_64x128x32_F32E4M3E4M3_SS_TN<>{}));
 using TailMma = decltype(make_tiled_mma(SM90_64x16x32_F32E4M3E4M3_SS_TN<>{}));  // weights x tail rows
 
-// Both kernels hand the tile on as bf16 through a 64 KB buffer, which takes a stage's room:
-// GEMM2 to its TMA stores, GEMM1 (kFused) to the activation warps.
+// kFused: GEMM1 with the activation in its epilogue (E4M3 out: one box per warpgroup, 4
+// stages); otherwise the bf16 tile's 64 KB buffer takes a stage's room.
 template <int kTileN, bool kFused>
 struct Config {
   static constexpr int kBlocksN = kTileN / kBlockN;
   static constexpr int kStageBytesA = kTileM * kTileK, kStageBytesB = kTileN * kTileK;
   // x 48 KB; GEMM2 with 3 stages measured within 3% of 4 (DeepSeek-V3, 4096/16384 tokens).
-  static constexpr int kStages = 3;
-  static constexpr int kBoxesPerHalf = 2 * kTileN / 128;  // boxes of 64 bf16 columns
-  static constexpr int kHalfBytes = kBoxesPerHalf * kBoxBytes;  // one warpgroup's 64 rows
-  static constexpr int kOutBytes = 2 * kHalfBytes;
+  static constexpr int kStages = kFused ? 4 : 3;
+  static constexpr int kBoxesPerHalf = kFused ? 1 : 2 * kTileN / 128;  // E4M3 or bf16 rows
+  static constexpr int kOutBytes = 2 * kBoxesPerHalf * kBoxBytes;
   static constexpr uint32_t kConsumerRegs = kFused ? 240 : 232;  // see kRegsPerThread
   static constexpr uint32_t kProducerRegs = (kThreads * kRegsPerThread - 256 * kConsumerRegs) / 128;
   // With scale sets (no per-lane scale copies) both kernels' consumers take 240: at 232 the
@@ -117,7 +115,7 @@ struct Config {
     alignas(1024) Element a[kStages * kStageBytesA];
     alignas(1024) Element b[kStages * kStageBytesB];
     alignas(1024) Element a_tail[kStages * kTail * kTileK];  // the tail rows, if the tile has them
-    alignas(1024) uint8_t out[kOutBytes];  // per warpgroup: kBoxesPerHalf boxes (swizzled)
+    alignas(1024) uint8_t out[kOutBytes];  // per warpgroup: kBoxesPerHalf TMA boxes
     // The scales, as scale_at finds them: two sets of [row][kSetBlocks] (loaded by TMA), or
     // [stage][row] (copied by the loader's lanes).
     alignas(128) float sfa[std::max(2 * kSetBlocks, kStages) * kSfaRows];
@@ -128,9 +126,6 @@ struct Config {
     int32_t tile[kSchedSlots];           // tiles taken by the loader, for the consumers
     uint64_t tile_full[kSchedSlots];     // the loader wrote tile[i]
     uint64_t tile_empty[kSchedSlots];    // every consumer warp read it
-    uint64_t act_full;   // fused: the consumer warps wrote a tile into out, and act_tile
-    uint64_t act_empty;  // fused: the activation warps are done with it
-    int32_t act_tile[4];  // its first row, rows (-1: no more tiles), N tile, expert
     // then, dynamically sized: int32 tile_start[E + 1] (prefix sums of M tiles per expert) and
     // int32 offsets[E + 1] (the experts' row offsets)
   };
@@ -141,6 +136,7 @@ struct Params {
   CUtensorMap tma_tail;  // the same, box kTail x 128
   CUtensorMap tma_b;  // B [E * N, K] e4m3, box 128 x 128
   CUtensorMap tma_d;    // D [rows, N] bf16 as bytes, box 64 x 128 bytes (unfused)
+  CUtensorMap tma_act;  // act_out [rows, inter] E4M3, box 64 x 128 (fused)
   const float* sfa;   // [rows, K / 128]
   const float* sfb;   // [E, N / 128, K / 128]
   CUtensorMap tma_sfa, tma_sfa_tail, tma_sfb;  // the same, boxes of kSetBlocks x 128, kTail, 1 rows (kSets)
@@ -242,15 +238,14 @@ __device__ __forceinline__ void warpgroup_sync(int half) {
   asm volatile("bar.sync %0, 128;" ::"r"(1 + half) : "memory");
 }
 
-// Both epilogues write this warpgroup's 64 rows of the tile, as bf16, into its half of the out
-// buffer in shared memory, laid out as TMA's 128-byte swizzle wants it: boxes of 64 rows x 128
-// bytes (64 columns), 16-byte piece c of a row at c ^ row % 8 (which also puts the 8 rows a warp
-// writes at once in different banks). GEMM2 then stores the boxes with TMA from one thread (a
-// half with fewer rows, an expert's last tile whose rows past its end are the next expert's, is
-// copied row by row instead); GEMM1 (fused) hands them to the activation warps. Either way the
-// warpgroup goes back to its wgmmas while the tile leaves.
+// Both epilogues write this warpgroup's 64 rows of the tile into its out buffer in shared
+// memory, laid out as TMA's 128-byte swizzle wants it: boxes of 64 rows x 128 bytes, 16-byte
+// piece c of a row at c ^ row % 8 (which also puts the 8 rows a warp writes at once in
+// different banks). Then one thread stores the boxes with TMA while the warpgroup goes back to
+// its wgmmas. A half with fewer rows (an expert's last tile: the rows past its end are the next
+// expert's) is copied row by row from the buffer instead.
 
-__device__ __forceinline__ uint32_t swizzled(int box, int row, int byte) {  // offset in a half
+__device__ __forceinline__ uint32_t swizzled(int box, int row, int byte) {  // offset in out
   return box * kBoxBytes + row * 128 + (((byte / 16) ^ (row % 8)) * 16) + byte % 16;
 }
 
@@ -284,11 +279,13 @@ __device__ __forceinline__ void out_release(const CUtensorMap* map, const uint8_
   }
 }
 
-// The accumulator's first `blocks` blocks of 128 columns as bf16 into a half of the buffer, block
-// b at columns 128 * (first + b): each thread's pairs are already the fragments stmatrix takes.
+// The bf16 epilogue for the accumulator's first `blocks` blocks of 128 columns: each thread's
+// pairs are already the fragments stmatrix takes (2 boxes of 64 columns per block).
 template <class Acc>
-__device__ __forceinline__ void stmatrix_bf16(const Acc& acc, uint8_t* out, int my_row, int lane, int blocks,
-                                              int first) {
+__device__ __forceinline__ void store_bf16(const Params& p, const Acc& acc, uint8_t* out, int64_t row0,
+                                           int col0, int rows, int my_row, int lane, int blocks) {
+  const int half = threadIdx.x / 128 - 1;
+  out_acquire(half);
   const int m = lane / 8, row = my_row - lane / 4 + 8 * (m & 1) + (lane & 7);
   const uint32_t base = cast_smem_ptr_to_uint(out);
 #pragma unroll
@@ -300,75 +297,91 @@ __device__ __forceinline__ void stmatrix_bf16(const Acc& acc, uint8_t* out, int 
       const uint32_t r1 = pack_bf16(acc(4 * j + 2, 0, b), acc(4 * j + 3, 0, b));
       const uint32_t r2 = pack_bf16(acc(4 * j + 4, 0, b), acc(4 * j + 5, 0, b));
       const uint32_t r3 = pack_bf16(acc(4 * j + 6, 0, b), acc(4 * j + 7, 0, b));
-      const int piece = 16 * (first + b) + j + m / 2;  // of 32 in the row
+      const int piece = 16 * b + j + m / 2;  // of 32 in the row
       const uint32_t addr = base + swizzled(piece / 8, row, 16 * (piece % 8));
       asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
                    "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
     }
   }
-}
-
-// GEMM2's epilogue: the tile's bf16 columns out by TMA.
-template <class Acc>
-__device__ __forceinline__ void store_bf16(const Params& p, const Acc& acc, uint8_t* out, int64_t row0,
-                                           int col0, int rows, int my_row, int lane, int blocks) {
-  const int half = threadIdx.x / 128 - 1;
-  out_acquire(half);
-  stmatrix_bf16(acc, out, my_row, lane, blocks, 0);
   out_release(&p.tma_d, out, reinterpret_cast<uint8_t*>(p.d + row0 * p.n + col0), 2 * int64_t(p.n),
-              2 * col0, row0, rows, half, 2 * blocks);
+                 2 * col0, row0, rows, half, 2 * blocks);
 }
 
-// GEMM1's activation, off the consumers' path: warps 1-3 of the loader's warpgroup take each tile
-// the consumers leave in the buffer (gate columns in boxes 0-1 of a half, up in boxes 2-3, as GEMM1's
-// unfused output would hold them in bf16) and write what the activation kernel would: act(gate,
-// up) plus bias, quantized to E4M3 per row per 128 columns, with the row's scale. A warp takes a
-// row at a time, each lane 4 columns. With the consumers doing it themselves, both consumer
-// warpgroups' tensor work stopped for ~9.5 K cycles a tile (session 28's clock stamps), mostly
-// the 16-per-clock conversions and exponentials.
-template <int kAct, int kHalfBytes, class Smem>
-__device__ __forceinline__ void activation_warps(const Params& p, Smem& smem, int warp, int lane) {
-  // (24 registers a thread here: the tile's numbers are read from shared memory at each row.)
-  const int piece = lane / 2, byte = 16 * (piece % 8) + 8 * (lane & 1);  // columns 4 * lane + [0, 4)
-  for (int phase = 0;; phase ^= 1) {
-    cutlass::arch::ClusterBarrier::wait(&smem.act_full, phase);
-    const int rows = smem.act_tile[1];
-    if (rows < 0) return;
-    for (int r = warp - 1; r < rows; r += kActWarps) {
-      const uint8_t* half = smem.out + (r / kHalfM) * kHalfBytes;
-      const uint2 g2 = *reinterpret_cast<const uint2*>(half + swizzled(piece / 8, r % kHalfM, byte));
-      const uint2 u2 = *reinterpret_cast<const uint2*>(half + swizzled(2 + piece / 8, r % kHalfM, byte));
-      const int64_t col = int64_t(smem.act_tile[2]) * kBlockN + 4 * lane;  // intermediate column
-      float v[4], amax = 0.f;
+// The fused activation's epilogue for this warpgroup's rows row0 + [0, rows): acc(i, 0, 0)
+// holds gate columns, acc(i, 0, 1) the up columns of the same intermediate columns. Its
+// output, 128 E4M3 bytes per row, is one box; each thread writes its byte pairs.
+template <int kAct, class Acc>
+__device__ __forceinline__ void store_activation(const Params& p, const Acc& acc, const Tile& tile,
+                                                 uint8_t* out, int64_t row0, int rows, int my_row,
+                                                 int lane) {
+  const int q = lane & 3, half = threadIdx.x / 128 - 1;
+  const int64_t col0 = int64_t(tile.n) * kBlockN;  // the tile's first intermediate column
+  const __nv_bfloat16* bias = p.act_bias ? p.act_bias + int64_t(tile.expert) * p.n + col0 : nullptr;
+  out_acquire(half);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t gb = k < 2 ? g2.x : g2.y, ub = k < 2 ? u2.x : u2.y;
-        float g = __uint_as_float(k % 2 ? gb & 0xffff0000u : gb << 16);
-        float u = __uint_as_float(k % 2 ? ub & 0xffff0000u : ub << 16);
-        if (p.act_bias) {
-          const __nv_bfloat16* bias = p.act_bias + int64_t(smem.act_tile[3]) * p.n + col + k;
-          g += __bfloat162float(bias[0]);
-          u += __bfloat162float(bias[p.inter]);
-        }
-        v[k] = activate<kAct>(g, u, p.act_alpha, p.act_limit);
-        amax = fmaxf(amax, fabsf(v[k]));
+  for (int rs = 0; rs < 2; ++rs) {
+    const int r = my_row + 8 * rs;
+    float v[32];  // columns 8 * (j / 2) + 2q + j % 2
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const int i = 4 * (j / 2) + 2 * rs + j % 2, col = 8 * (j / 2) + 2 * q + j % 2;
+      // GEMM1's output is bf16: round as the unfused path stores it.
+      float g = __bfloat162float(__float2bfloat16_rn(acc(i, 0, 0)));
+      float u = __bfloat162float(__float2bfloat16_rn(acc(i, 0, 1)));
+      if (bias) {
+        g += __bfloat162float(bias[col]);
+        u += __bfloat162float(bias[p.inter + col]);
       }
-#pragma unroll
-      for (int d = 16; d > 0; d /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
-      const float scale = fp8_scale(amax), inv = __frcp_rn(scale);
-      const int64_t row = smem.act_tile[0] + r;
-      *reinterpret_cast<uint32_t*>(p.act_out + row * p.inter + col) =
-          uint32_t(to_fp8x2(v[0], v[1], inv)) | uint32_t(to_fp8x2(v[2], v[3], inv)) << 16;
-      if (lane == 0) p.act_scale[row * (p.inter / kBlockN) + smem.act_tile[2]] = scale;
+      v[j] = activate<kAct>(g, u, p.act_alpha, p.act_limit);
+      amax = fmaxf(amax, fabsf(v[j]));
     }
-    cutlass::arch::ClusterBarrier::arrive(&smem.act_empty);
+    // The row's 128 columns are spread over the 4 lanes of the quad.
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float scale = fp8_scale(amax), inv = __frcp_rn(scale);
+#pragma unroll
+    for (int piece = 0; piece < 16; ++piece)  // 8 columns each; this lane's 2 bytes of it
+      *reinterpret_cast<uint16_t*>(out + swizzled(0, r, 8 * piece + 2 * q)) =
+          static_cast<uint16_t>(to_fp8x2(v[2 * piece], v[2 * piece + 1], inv));
+    if (q == 0 && r < rows) p.act_scale[(row0 + r) * int64_t(p.inter / kBlockN) + tile.n] = scale;
+  }
+  out_release(&p.tma_act, out, p.act_out + row0 * p.inter + col0, p.inter, int(col0), row0, rows,
+              half, 1);
+}
+
+// A split tile with the activation fused: warpgroup 1's block (the up columns) goes to
+// warpgroup 0's acc(i, 0, 1), bf16-rounded as store_activation rounds it anyway, through
+// warpgroup 1's box of the out buffer, in two rounds of 8 KB.
+template <class Acc>
+__device__ __forceinline__ void hand_over_up(Acc& acc, uint8_t* box, int half) {
+  uint32_t* x = reinterpret_cast<uint32_t*>(box);
+  const int t = threadIdx.x % 128;
+  if (half == 1) out_acquire(1);  // its last TMA stores have read warpgroup 1's box
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (half == 1) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        x[j * 128 + t] = pack_bf16(acc(32 * r + 2 * j, 0, 0), acc(32 * r + 2 * j + 1, 0, 0));
+    }
+    asm volatile("bar.sync 3, 256;" ::: "memory");  // both consumer warpgroups
+    if (half == 0) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const uint32_t v = x[j * 128 + t];
+        acc(32 * r + 2 * j, 0, 1) = __uint_as_float(v << 16);
+        acc(32 * r + 2 * j + 1, 0, 1) = __uint_as_float(v & 0xffff0000u);
+      }
+    }
+    asm volatile("bar.sync 3, 256;" ::: "memory");  // read before warpgroup 1 writes there again
   }
 }
 
 // The fused activation for a tile's tail rows (tail_rows): warpgroup 0 holds their gate
 // columns, warpgroup 1 the up columns, as (weight row, tail row) values. Warpgroup 1 hands its
-// values over through the out buffer; warpgroup 0 applies the activation as the activation
-// warps do, takes each row's amax over its 128 columns (across its four warps
+// values over through its box of the out buffer; warpgroup 0 applies the activation as
+// store_activation does, takes each row's amax over its 128 columns (across its four warps
 // through smem.tail_amax), and writes the E4M3 bytes and scales straight from the registers.
 template <int kAct, class Acc, class Coord, class Smem>
 __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc& acc, const Coord& coord,
@@ -377,7 +390,8 @@ __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc
   float* x = reinterpret_cast<float*>(smem.out + kBoxBytes);
   const int t = threadIdx.x % 128, half = threadIdx.x / 128 - 1, lane = t % 32;
   static_assert(kN * 128 * sizeof(float) <= kBoxBytes, "the tail's up values fit warpgroup 1's box");
-  if (half == 1) {  // (the activation warps are done with the buffer)
+  if (half == 1) {
+    out_acquire(1);  // its last TMA stores have read warpgroup 1's box
 #pragma unroll
     for (int i = 0; i < kN; ++i) x[i * 128 + t] = acc(i);
   }
@@ -417,13 +431,12 @@ __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc
     if (lane < 4) smem.tail_amax[t / 32][row(r)] = m[r];
   }
   warpgroup_sync(0);
-  float scale[4], inv[4];
+  float scale[4];
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const int j = row(r);
     scale[r] = fp8_scale(fmaxf(fmaxf(smem.tail_amax[0][j], smem.tail_amax[1][j]),
                                fmaxf(smem.tail_amax[2][j], smem.tail_amax[3][j])));
-    inv[r] = __frcp_rn(scale[r]);
   }
   const int64_t row0 = tile.row0 + kTileM;
   uint8_t* out = p.act_out + row0 * p.inter + int64_t(tile.n) * kBlockN;
@@ -431,7 +444,7 @@ __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc
   for (int i = 0; i < kN; ++i) {
     if (row(slot(i)) < tail)
       out[row(slot(i)) * int64_t(p.inter) + get<0>(coord(i))] =
-          static_cast<uint8_t>(to_fp8x2(v[i], 0.f, inv[slot(i)]) & 0xff);
+          static_cast<uint8_t>(to_fp8x2(v[i], 0.f, __frcp_rn(scale[slot(i)])) & 0xff);
   }
   if (t < 4) {  // warp 0's first quad: the scales of its four rows
 #pragma unroll
@@ -461,8 +474,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       cutlass::arch::ClusterBarrier::init(&smem.tile_full[s], 1);
       cutlass::arch::ClusterBarrier::init(&smem.tile_empty[s], kConsumerWarps);
     }
-    cutlass::arch::ClusterBarrier::init(&smem.act_full, 32 * kConsumerWarps);  // every thread: writes
-    cutlass::arch::ClusterBarrier::init(&smem.act_empty, 32 * kActWarps);      // before reads
     cutlass::arch::fence_barrier_init();
     cute::prefetch_tma_descriptor(&p.tma_a);
     cute::prefetch_tma_descriptor(&p.tma_tail);
@@ -471,7 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       cute::prefetch_tma_descriptor(&p.tma_sfa);
       cute::prefetch_tma_descriptor(&p.tma_sfb);
     }
-    if constexpr (!kFused) cute::prefetch_tma_descriptor(&p.tma_d);
+    cute::prefetch_tma_descriptor(kFused ? &p.tma_act : &p.tma_d);
   }
   pdl_begin();  // the offsets, A and its scales come from the previous kernels
 
@@ -500,16 +511,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
 
   if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kSets ? C::kProducerRegsSets : C::kProducerRegs>();
-    if (warp != 0) {
-      if constexpr (kFused) {
-        switch (p.activation) {
-          case MOEK_ACT_SWIGLU: activation_warps<MOEK_ACT_SWIGLU, C::kHalfBytes>(p, smem, warp, lane); break;
-          case MOEK_ACT_GEGLU: activation_warps<MOEK_ACT_GEGLU, C::kHalfBytes>(p, smem, warp, lane); break;
-          default: activation_warps<MOEK_ACT_SWIGLU_OAI, C::kHalfBytes>(p, smem, warp, lane); break;
-        }
-      }
-      return;
-    }
+    if (warp != 0) return;
     int stage = 0, phase = 0, slot = 0, slot_phase = 0, kseq = 0;
     for (;;) {
       // Take the next tile and pass it on; a number past the last tells the consumers to stop.
@@ -608,7 +610,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   Tensor coord_t = tthr.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kTail>>{}));
 
   int slot = 0, slot_phase = 0, kseq = 0;  // kseq: the K blocks taken so far (stage, phase, scales)
-  int act_phase = 0;                       // fused: tiles handed to the activation warps, mod 2
   for (;;) {
     cutlass::arch::ClusterBarrier::wait(&smem.tile_full[slot], slot_phase);
     const int t = smem.tile[slot];
@@ -676,9 +677,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
       }
     }
+    const int rows = split ? tile_rows : tile_rows - half * kHalfM;  // rows this warpgroup stores
+    const int64_t row0 = tile.row0 + (split ? 0 : half * kHalfM);
+    uint8_t* out = smem.out + half * C::kBoxesPerHalf * kBoxBytes;
     if constexpr (kFused) {
-      // The activation warps are done with the buffer (the last tile).
-      cutlass::arch::ClusterBarrier::wait(&smem.act_empty, act_phase ^ 1);
       if (tail) {
         switch (p.activation) {
           case MOEK_ACT_SWIGLU: store_tail_activation<MOEK_ACT_SWIGLU>(p, acc_t, coord_t, tile, tail, smem); break;
@@ -686,20 +688,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
           default: store_tail_activation<MOEK_ACT_SWIGLU_OAI>(p, acc_t, coord_t, tile, tail, smem); break;
         }
       }
-      // Gate and up columns of the rows of A's half (a split tile: warpgroup 1's up block goes
-      // beside warpgroup 0's gate block in the first half).
-      stmatrix_bf16(acc, smem.out + (split ? 0 : half) * C::kHalfBytes, my_row, lane, blocks, b_first);
-      if (threadIdx.x == 128) {
-        smem.act_tile[0] = tile.row0;
-        smem.act_tile[1] = tile_rows;
-        smem.act_tile[2] = tile.n;
-        smem.act_tile[3] = tile.expert;
+      if (split) {
+        hand_over_up(acc, smem.out + kBoxBytes, half);
+        if (half == 1) continue;
       }
-      cutlass::arch::ClusterBarrier::arrive(&smem.act_full);
-      act_phase ^= 1;
+      switch (p.activation) {
+        case MOEK_ACT_SWIGLU: store_activation<MOEK_ACT_SWIGLU>(p, acc, tile, out, row0, rows, my_row, lane); break;
+        case MOEK_ACT_GEGLU: store_activation<MOEK_ACT_GEGLU>(p, acc, tile, out, row0, rows, my_row, lane); break;
+        default: store_activation<MOEK_ACT_SWIGLU_OAI>(p, acc, tile, out, row0, rows, my_row, lane); break;
+      }
     } else {
-      const int rows = split ? tile_rows : tile_rows - half * kHalfM;  // rows this warpgroup stores
-      const int64_t row0 = tile.row0 + (split ? 0 : half * kHalfM);
       if (tail) {  // a few scattered rows: straight from the registers
         __nv_bfloat16* d = p.d + (tile.row0 + kTileM) * int64_t(p.n) + tile.n * kTileN + half * kBlockN;
 #pragma unroll
@@ -707,14 +705,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
           if (get<1>(coord_t(i)) < tail)
             d[get<1>(coord_t(i)) * int64_t(p.n) + get<0>(coord_t(i))] = __float2bfloat16_rn(acc_t(i));
       }
-      store_bf16(p, acc, smem.out + half * C::kHalfBytes, row0, tile.n * kTileN + b_first * kBlockN, rows,
-                 my_row, lane, blocks);
+      store_bf16(p, acc, out, row0, tile.n * kTileN + b_first * kBlockN, rows, my_row, lane, blocks);
     }
-  }
-  if constexpr (kFused) {  // no more tiles: tell the activation warps
-    cutlass::arch::ClusterBarrier::wait(&smem.act_empty, act_phase ^ 1);
-    if (threadIdx.x == 128) smem.act_tile[1] = -1;
-    cutlass::arch::ClusterBarrier::arrive(&smem.act_full);
   }
   // The last stores must be done before the CTA (and its shared memory) goes.
   if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -840,7 +832,8 @@ struct ContiguousBlockwise {
     if (!encode(&p.tma_a, a.a_base, a.rows, a.k, kHalfM) ||
         !encode(&p.tma_tail, a.a_base, a.rows, a.k, kTail) ||
         !encode(&p.tma_b, a.b_base, int64_t(a.num_groups) * a.n, a.k, kBlockN) ||
-        (!a.act_out && !encode(&p.tma_d, a.d_base, a.rows, 2 * a.n, kHalfM))) {
+        (a.act_out ? !encode(&p.tma_act, a.act_out, a.rows, a.n / 2, kHalfM)
+                   : !encode(&p.tma_d, a.d_base, a.rows, 2 * a.n, kHalfM))) {
       snprintf(err, errlen, "contiguous fp8_block GEMM: cuTensorMapEncodeTiled failed");
       return MOEK_CUDA_ERROR;
     }
