@@ -19,16 +19,21 @@
 //       issued first and promoted while block 0 computes (v6), or issued between blocks 0 and
 //       1 so that each promotion runs under the next batch (v7)
 //   v8: v0, and every second K block the tails of both K blocks in one batch of 16 wgmmas
+//   v9: v0 with A from registers (wgmma RS): each warpgroup's 64 rows of A read from shared
+//       memory once per K block (4 ldmatrix.x4) instead of once per 128-column block, i.e. 80
+//       KB of operand reads per K block instead of 96: does shared-memory traffic bound the loop?
 //   w3 (mainloop3): three consumer warpgroups on a 192-row x 128-column tile (one weight
 //       block; 160 registers each), each 64 rows: per K block one batch of 4 wgmma m64n128k32,
 //       wait, promote. An expert of up to 192 rows would stream its weights once, with no tail;
 //       the price is 16 KB of weights per 24 KB of A from L2 (today 32 per 16). Its tensor peak
 //       is 768 cycles per K block; the weights' DRAM rate is the figure to compare.
-// With an argument: L5 and L1 alternately, 1000 launches each, eight times (the clocks settle).
+// With the argument "rs": v9 against v0 (and v4) for L0, L1, L2 and L6; with any other: L5 and L1
+// alternately, 1000 launches each, eight times (the clocks settle).
 // Not part of the library. Build and run on the GPU machine (CUTLASS headers from the wheel):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I$CUTLASS/include \
 //     -o /tmp/mainloop benchmarks/probes/contig_mainloop.cu -lcuda && /tmp/mainloop
 #include <cstdio>
+#include <string>
 #include <utility>
 #include <vector>
 #include <algorithm>
@@ -38,6 +43,7 @@
 #include "probe_common.cuh"
 
 using Mma = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
+using MmaRS = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_RS_TN<>;
 using TailMma = cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_SS_TN<>;
 template <int N> struct SwapMma;
 template <> struct SwapMma<144> { using T = cute::SM90::GMMA::MMA_64x144x32_F32E4M3E4M3_SS_TN<>; };
@@ -64,6 +70,29 @@ __device__ __forceinline__ void batch(uint32_t a, uint32_t b, float* d, bool zer
   cute::warpgroup_commit_batch();
 }
 
+// v9: the same batch with A from registers (af: this thread's fragments of the 4 k steps).
+template <size_t... I>
+__device__ __forceinline__ void wgmma_rs(const uint32_t* a, uint64_t b, float* d, ScaleOut s, std::index_sequence<I...>) {
+  MmaRS::fma(a[0], a[1], a[2], a[3], b, d[I]..., s);
+}
+__device__ __forceinline__ void batch_rs(const uint32_t (&af)[4][4], uint32_t b, float* d) {
+  cute::warpgroup_arrive();
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    wgmma_rs(af[k], desc(b) + 2 * k, d, k == 0 ? ScaleOut::Zero : ScaleOut::One, std::make_index_sequence<64>{});
+  cute::warpgroup_commit_batch();
+}
+// A's fragments for the 4 k steps: warp w's 16 rows, 32 bytes of K each (128-byte swizzle).
+__device__ __forceinline__ void load_a(uint32_t a, int t, uint32_t (&af)[4][4]) {
+  const int row = 16 * (t / 32) + t % 16;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t addr = a + row * 128 + (((2 * k + (t % 32) / 16) ^ (row % 8)) * 16);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(af[k][0]), "=r"(af[k][1]), "=r"(af[k][2]), "=r"(af[k][3]) : "r"(addr));
+  }
+}
+
 // The kernel's tail: weight block w (two 64-row A operands) x 16 tail rows at `tail`, 8 wgmmas
 // into d (16 values; no arrive or commit).
 __device__ __forceinline__ void tail_wgmmas(uint32_t w, uint32_t tail, float* d) {
@@ -81,6 +110,7 @@ __device__ __forceinline__ void tail_scales(const float* sc, int t, float* out) 
 }
 
 constexpr int kRowBytes = 7168, kTileKBlocks = kRowBytes / 128, kEpilogue = 9500;
+__device__ long long g_waited[1024];  // mainloop: each consumer warpgroup's cycles at the full barriers
 struct Src {
   CUtensorMap w;         // L >= 4: the weights, row-major [experts * 4096, 7168]
   CUtensorMap act;       // L = 6: A, row-major [8192, 7168] (58 MB), boxes of 64 rows x 128 B
@@ -197,13 +227,29 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc_t[i] = part_t[i] = 0.f;
   const long long start = clock64();
+  long long waited = 0;
   for (int kb = 0; kb < kKBlocks; ++kb) {
     const int s = kb % kStages;
-    if (L > 0) mbar_wait(&full[s], (kb / kStages) & 1);
+    if (L > 0) {
+      const long long w0 = clock64();
+      mbar_wait(&full[s], (kb / kStages) & 1);
+      waited += clock64() - w0;
+    }
     const uint32_t a = base + s * (kA + kB) + half * 8192, b0 = base + s * (kA + kB) + kA;
     const float* sc = scales + s * kScaleStride;
     const float r0 = sc[half * 64 + my_row] * sc[128], r1 = sc[half * 64 + my_row + 8] * sc[128];
-    if constexpr (V == 0 || V == 1) {
+    if constexpr (V == 9) {
+      uint32_t af[4][4];
+      load_a(a, t, af);
+#pragma unroll
+      for (int blk = 0; blk < 2; ++blk) {
+        batch_rs(af, b0 + blk * 16384, part[0]);
+        cute::warpgroup_wait<0>();
+        fence(part[0], 64);
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[blk][i] += part[0][i] * ((i & 2) ? r1 : r0);
+      }
+    } else if constexpr (V == 0 || V == 1) {
 #pragma unroll
       for (int blk = 0; blk < 2; ++blk) {
         batch(a, b0 + blk * 16384, part[0], true);
@@ -352,6 +398,7 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
   for (int i = 0; i < 16; ++i) s += acc_t[i] + tail_sum[half * 2048 + 128 * i + t];
   sink[blockIdx.x * 256 + threadIdx.x - 128] = s;
   if (t == 0) cycles[blockIdx.x * 2 + half] = end - start;
+  if (t == 0) g_waited[blockIdx.x * 2 + half] = waited;
 }
 
 // w3: 3 consumer warpgroups, 192 x 128 tiles (one 128-row weight block), 5 stages of 40 KB.
@@ -429,7 +476,12 @@ void time_loop(const char* tag, const char* what, Kernel kernel, int threads, in
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
+  long long* d_waited;
+  CK(cudaGetSymbolAddress(reinterpret_cast<void**>(&d_waited), g_waited));
+  std::vector<long long> w(sms * warpgroups);
+  std::vector<double> wait_share;
   for (int rep = 0; rep < reps; ++rep) {
+    CK(cudaMemset(d_waited, 0, w.size() * 8));
     CK(cudaEventRecord(e0));
     kernel<<<sms, threads, smem>>>(d_cycles, sink, src);
     CK(cudaEventRecord(e1));
@@ -438,6 +490,10 @@ void time_loop(const char* tag, const char* what, Kernel kernel, int threads, in
     CK(cudaEventElapsedTime(&ms, e0, e1));
     us.push_back(ms * 1e3);
     CK(cudaMemcpy(c.data(), d_cycles, c.size() * 8, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(w.data(), d_waited, w.size() * 8, cudaMemcpyDeviceToHost));
+    double wsum = 0, csum = 0;
+    for (size_t i = 0; i < c.size(); ++i) wsum += w[i], csum += c[i];
+    wait_share.push_back(100.0 * wsum / csum);
     std::sort(c.begin(), c.end());
     per.push_back(double(c[c.size() / 2]) / kKBlocks);
   }
@@ -449,7 +505,9 @@ void time_loop(const char* tag, const char* what, Kernel kernel, int threads, in
   std::sort(us.begin(), us.end());
   const double mhz = per[2] * kKBlocks / us[2], tbs = dram ? double(sms) * kKBlocks * b_bytes / us[2] / 1e6 : 0;
   printf("%5.0f us, %4.0f MHz, B from DRAM %.2f TB/s  ", us[2], mhz, tbs);
-  printf("%s %-58s %7.0f cycles per K block, tensor pipe %4.1f%%\n", tag, what, per[2], 100.0 * peak / per[2]);
+  printf("%s %-58s %7.0f cycles per K block, tensor pipe %4.1f%%", tag, what, per[2], 100.0 * peak / per[2]);
+  if (warpgroups == 2) printf(", at the full barriers %4.1f%%", wait_share.back());  // (mainloop only)
+  printf("\n");
 }
 
 template <int V, int L>
@@ -504,6 +562,19 @@ int main(int argc, char** argv) {
                                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) { printf("cuTensorMapEncodeTiled: %d\n", int(r)); return 1; }
+  }
+  if (argc > 1 && std::string(argv[1]) == "rs") {  // v9 against v0, each way of filling the stages
+    run<0, 0>("the kernel's loop (wait, promote, per block)", sms, d_cycles, sink, src);
+    run<9, 0>("v0 with A from registers (wgmma RS)", sms, d_cycles, sink, src);
+    run<0, 1>("v0, stages filled from L2", sms, d_cycles, sink, src);
+    run<9, 1>("v9, stages filled from L2", sms, d_cycles, sink, src);
+    run<0, 2>("v0, B from DRAM (32 KB per K block per SM)", sms, d_cycles, sink, src);
+    run<9, 2>("v9, B from DRAM", sms, d_cycles, sink, src);
+    run<4, 2>("v4, B from DRAM", sms, d_cycles, sink, src);
+    run<0, 6>("v0 L5, A by TMA boxes from row-major [8192, 7168]", sms, d_cycles, sink, src);
+    run<9, 6>("v9 L5, A by TMA boxes from row-major [8192, 7168]", sms, d_cycles, sink, src);
+    run<4, 6>("v4 L5, A by TMA boxes from row-major [8192, 7168]", sms, d_cycles, sink, src);
+    return 0;
   }
   if (argc > 1) {  // sustained: launches back to back for a few seconds, as a benchmark's replays
     for (int round = 0; round < 8; ++round) {
