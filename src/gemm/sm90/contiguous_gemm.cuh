@@ -431,12 +431,13 @@ __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc
     if (lane < 4) smem.tail_amax[t / 32][row(r)] = m[r];
   }
   warpgroup_sync(0);
-  float scale[4];
+  float scale[4], inv[4];  // (one reciprocal per row, not per value)
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const int j = row(r);
     scale[r] = fp8_scale(fmaxf(fmaxf(smem.tail_amax[0][j], smem.tail_amax[1][j]),
                                fmaxf(smem.tail_amax[2][j], smem.tail_amax[3][j])));
+    inv[r] = __frcp_rn(scale[r]);
   }
   const int64_t row0 = tile.row0 + kTileM;
   uint8_t* out = p.act_out + row0 * p.inter + int64_t(tile.n) * kBlockN;
@@ -444,7 +445,7 @@ __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc
   for (int i = 0; i < kN; ++i) {
     if (row(slot(i)) < tail)
       out[row(slot(i)) * int64_t(p.inter) + get<0>(coord(i))] =
-          static_cast<uint8_t>(to_fp8x2(v[i], 0.f, __frcp_rn(scale[slot(i)])) & 0xff);
+          static_cast<uint8_t>(to_fp8x2(v[i], 0.f, inv[slot(i)]) & 0xff);
   }
   if (t < 4) {  // warp 0's first quad: the scales of its four rows
 #pragma unroll
