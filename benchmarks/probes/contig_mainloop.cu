@@ -82,7 +82,8 @@ __device__ __forceinline__ void batch_rs(const uint32_t (&af)[4][4], uint32_t b,
     wgmma_rs(af[k], desc(b) + 2 * k, d, k == 0 ? ScaleOut::Zero : ScaleOut::One, std::make_index_sequence<64>{});
   cute::warpgroup_commit_batch();
 }
-// A's fragments for the 4 k steps: warp w's 16 rows, 32 bytes of K each (128-byte swizzle).
+// A's fragments for the 4 k steps: warp w's 16 rows, 32 bytes of K each (128-byte swizzle). For
+// timing only: which bytes land in which register is not checked against wgmma's fragment layout.
 __device__ __forceinline__ void load_a(uint32_t a, int t, uint32_t (&af)[4][4]) {
   const int row = 16 * (t / 32) + t % 16;
 #pragma unroll
@@ -506,7 +507,7 @@ void time_loop(const char* tag, const char* what, Kernel kernel, int threads, in
   const double mhz = per[2] * kKBlocks / us[2], tbs = dram ? double(sms) * kKBlocks * b_bytes / us[2] / 1e6 : 0;
   printf("%5.0f us, %4.0f MHz, B from DRAM %.2f TB/s  ", us[2], mhz, tbs);
   printf("%s %-58s %7.0f cycles per K block, tensor pipe %4.1f%%", tag, what, per[2], 100.0 * peak / per[2]);
-  if (warpgroups == 2) printf(", at the full barriers %4.1f%%", wait_share.back());  // (mainloop only)
+  if (warpgroups == 2) printf(", at the full barriers %4.1f%%", wait_share.back());  // (mainloop only; last launch)
   printf("\n");
 }
 
