@@ -22,12 +22,21 @@
 //   v9: v0 with A from registers (wgmma RS): each warpgroup's 64 rows of A read from shared
 //       memory once per K block (4 ldmatrix.x4) instead of once per 128-column block, i.e. 80
 //       KB of operand reads per K block instead of 96: does shared-memory traffic bound the loop?
+//   v10 / v11 / v12: v1 with the tail's weights from registers (wgmma RS: each warpgroup's
+//       weight block loaded by 8 ldmatrix.x4 per K block, the tail's wgmmas then read no A from
+//       shared memory), the same with m64n8k32 (a tail of at most 8 rows), and v1 with
+//       m64n8k32 from shared memory: is a tail's price its weights' shared-memory reads (2 KB
+//       per wgmma), or the wgmma count?
+//   v13 / v14: v1 with the tail's partial sum in the main partial sum's registers (dead between
+//       block 1's promotion and the next K block), as m64n32k32 (a tail of up to 32 rows, a
+//       32-value running sum) or m64n16k32: could a tail of 17-32 rows replace a split tile?
 //   w3 (mainloop3): three consumer warpgroups on a 192-row x 128-column tile (one weight
 //       block; 160 registers each), each 64 rows: per K block one batch of 4 wgmma m64n128k32,
 //       wait, promote. An expert of up to 192 rows would stream its weights once, with no tail;
 //       the price is 16 KB of weights per 24 KB of A from L2 (today 32 per 16). Its tensor peak
 //       is 768 cycles per K block; the weights' DRAM rate is the figure to compare.
-// With the argument "rs": v9 against v0 (and v4) for L0, L1, L2 and L6; with any other: L5 and L1
+// With the argument "rs": v9 against v0 (and v4) for L0, L1, L2 and L6; "tail": v1 against
+// v10-v12 for L0, L1 and L6; with any other: L5 and L1
 // alternately, 1000 launches each, eight times (the clocks settle).
 // Not part of the library. Build and run on the GPU machine (CUTLASS headers from the wheel):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I$CUTLASS/include \
@@ -45,6 +54,12 @@
 using Mma = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
 using MmaRS = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_RS_TN<>;
 using TailMma = cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_SS_TN<>;
+template <int N, bool kRS> struct TailOp;
+template <> struct TailOp<16, false> { using T = TailMma; };
+template <> struct TailOp<8, false> { using T = cute::SM90::GMMA::MMA_64x8x32_F32E4M3E4M3_SS_TN<>; };
+template <> struct TailOp<16, true> { using T = cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_RS_TN<>; };
+template <> struct TailOp<32, false> { using T = cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_SS_TN<>; };
+template <> struct TailOp<8, true> { using T = cute::SM90::GMMA::MMA_64x8x32_F32E4M3E4M3_RS_TN<>; };
 template <int N> struct SwapMma;
 template <> struct SwapMma<144> { using T = cute::SM90::GMMA::MMA_64x144x32_F32E4M3E4M3_SS_TN<>; };
 template <> struct SwapMma<128> { using T = Mma; };
@@ -104,6 +119,51 @@ __device__ __forceinline__ void tail_wgmmas(uint32_t w, uint32_t tail, float* d)
       wgmma<TailMma>(desc(w + m * 8192) + 2 * k, desc(tail) + 2 * k, d + 8 * m,
                      k == 0 ? ScaleOut::Zero : ScaleOut::One, std::make_index_sequence<8>{});
 }
+// v10-v12: the tail as N-wide wgmmas (N / 2 values per 64-row operand: d and d + N / 2), its
+// weights from registers (kRS: fragments loaded here, timing only) or from shared memory.
+template <class M, size_t... I>
+__device__ __forceinline__ void wgmma_tail_rs(const uint32_t* a, uint64_t b, float* d, ScaleOut s, std::index_sequence<I...>) {
+  M::fma(a[0], a[1], a[2], a[3], b, d[I]..., s);
+}
+// A's fragments as load_a loads them, into 16 float registers (free ones: the main batches'
+// partial sum, dead between its promotion and the next K block's first batch).
+__device__ __forceinline__ void load_a_f(uint32_t a, int t, float* f) {
+  const int row = 16 * (t / 32) + t % 16;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t addr = a + row * 128 + (((2 * k + (t % 32) / 16) ^ (row % 8)) * 16);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(f[4 * k]), "=f"(f[4 * k + 1]), "=f"(f[4 * k + 2]), "=f"(f[4 * k + 3]) : "r"(addr));
+  }
+}
+template <int N, bool kRS>
+__device__ __forceinline__ void tail_wgmmas_n(uint32_t w, uint32_t tail, float* d, int t, float* frag) {
+  using M = typename TailOp<N, kRS>::T;
+  if constexpr (kRS) {
+    load_a_f(w, t, frag);
+    load_a_f(w + 8192, t, frag + 16);
+    cute::warpgroup_arrive();  // the fragments written before the wgmmas read them
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float* f = frag + 16 * m + 4 * k;
+        const uint32_t af[4] = {__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]),
+                                __float_as_uint(f[3])};
+        wgmma_tail_rs<M>(af, desc(tail) + 2 * k, d + (N / 2) * m, k == 0 ? ScaleOut::Zero : ScaleOut::One,
+                         std::make_index_sequence<N / 2>{});
+      }
+  } else {
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        wgmma<M>(desc(w + m * 8192) + 2 * k, desc(tail) + 2 * k, d + (N / 2) * m,
+                 k == 0 ? ScaleOut::Zero : ScaleOut::One, std::make_index_sequence<N / 2>{});
+  }
+}
+
 // This thread's four tail rows' scales times the weight block's, from a stage's scales sc.
 __device__ __forceinline__ void tail_scales(const float* sc, int t, float* out) {
   const float* ts = sc + 2 * (t % 4);
@@ -222,11 +282,13 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
   const int my_row = (t / 32) * 16 + (t % 32) / 4;
   constexpr int kSwapN = V == 3 ? 144 : 128;  // v3, v5
   constexpr int kAccN = V == 3 || V == 5 ? kSwapN / 2 : 64;
-  float acc[2][kAccN], part[2][kAccN], acc_t[16], part_t[16], part_t2[2][16];
+  float acc[2][kAccN], part[2][kAccN], acc_t[16], part_t[16], part_t2[2][16], acc_t32[32];
 #pragma unroll
   for (int i = 0; i < kAccN; ++i) acc[0][i] = acc[1][i] = part[0][i] = part[1][i] = 0.f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc_t[i] = part_t[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) acc_t32[i] = 0.f;
   const long long start = clock64();
   long long waited = 0;
   for (int kb = 0; kb < kKBlocks; ++kb) {
@@ -269,6 +331,41 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
 #pragma unroll
         for (int i = 0; i < 16; ++i) acc_t[i] += part_t[i] * t4[(i & 1) + 2 * ((i >> 2) & 1)];
       }
+    } else if constexpr (V == 13 || V == 14) {  // the tail into part's registers, n32 or n16
+      constexpr int kN = V == 13 ? 32 : 16;
+#pragma unroll
+      for (int blk = 0; blk < 2; ++blk) {
+        batch(a, b0 + blk * 16384, part[0], true);
+        cute::warpgroup_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[blk][i] += part[0][i] * ((i & 2) ? r1 : r0);
+      }
+      const uint32_t w = b0 + half * 16384, tail = base + s * (kA + kB);
+      tail_wgmmas_n<kN, false>(w, tail, part[0], t, nullptr);
+      cute::warpgroup_commit_batch();
+      float t8[8];  // this thread's tail rows' scales: 2q + j % 2 + 8 * (j / 2) (timing only for n32)
+#pragma unroll
+      for (int j = 0; j < kN / 4; ++j) t8[j] = sc[2 * (t % 4) + j % 2 + 8 * (j / 2)] * sc[128];
+      cute::warpgroup_wait<0>();
+#pragma unroll
+      for (int i = 0; i < kN; ++i) acc_t32[i] += part[0][i] * t8[(i & 1) + 2 * ((i % (kN / 2)) >> 2)];
+    } else if constexpr (V >= 10 && V <= 12) {  // v1 with the tail RS (n16, n8) or SS n8
+      constexpr int kN = V == 10 ? 16 : 8;
+#pragma unroll
+      for (int blk = 0; blk < 2; ++blk) {
+        batch(a, b0 + blk * 16384, part[0], true);
+        cute::warpgroup_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[blk][i] += part[0][i] * ((i & 2) ? r1 : r0);
+      }
+      const uint32_t w = b0 + half * 16384, tail = base + s * (kA + kB);
+      tail_wgmmas_n<kN, V != 12>(w, tail, part_t, t, part[0]);  // fragments in part's registers
+      cute::warpgroup_commit_batch();
+      float t4[4];
+      tail_scales(sc, t, t4);
+      cute::warpgroup_wait<0>();
+#pragma unroll
+      for (int i = 0; i < kN; ++i) acc_t[i] += part_t[i] * t4[(i & 1) + 2 * ((i >> 2) & 1)];
     } else if constexpr (V == 8) {  // v0, and every second K block the tail of both in one batch
 #pragma unroll
       for (int blk = 0; blk < 2; ++blk) {
@@ -397,6 +494,8 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
   for (int i = 0; i < kAccN; ++i) s += acc[0][i] + acc[1][i] + part[0][i] + part[1][i];
 #pragma unroll
   for (int i = 0; i < 16; ++i) s += acc_t[i] + tail_sum[half * 2048 + 128 * i + t];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) s += acc_t32[i];
   sink[blockIdx.x * 256 + threadIdx.x - 128] = s;
   if (t == 0) cycles[blockIdx.x * 2 + half] = end - start;
   if (t == 0) g_waited[blockIdx.x * 2 + half] = waited;
@@ -575,6 +674,43 @@ int main(int argc, char** argv) {
     run<0, 6>("v0 L5, A by TMA boxes from row-major [8192, 7168]", sms, d_cycles, sink, src);
     run<9, 6>("v9 L5, A by TMA boxes from row-major [8192, 7168]", sms, d_cycles, sink, src);
     run<4, 6>("v4 L5, A by TMA boxes from row-major [8192, 7168]", sms, d_cycles, sink, src);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "tail32") {  // a 32-row tail in part's registers
+    for (int r = 0; r < 2; ++r) {
+      run<0, 0>("the kernel's loop (wait, promote, per block)", sms, d_cycles, sink, src);
+      run<1, 0>("v0 plus a 16-row tail (the kernel's)", sms, d_cycles, sink, src);
+      run<14, 0>("v1, its partial sum in part's registers", sms, d_cycles, sink, src);
+      run<13, 0>("v14 as m64n32k32: a 32-row tail", sms, d_cycles, sink, src);
+      run<0, 1>("v0, stages filled from L2", sms, d_cycles, sink, src);
+      run<1, 1>("v1, stages filled from L2", sms, d_cycles, sink, src);
+      run<14, 1>("v14, stages filled from L2", sms, d_cycles, sink, src);
+      run<13, 1>("v13, stages filled from L2", sms, d_cycles, sink, src);
+      run<0, 6>("v0 L5, A by TMA boxes from row-major [8192, 7168]", sms, d_cycles, sink, src);
+      run<1, 6>("v1 L5", sms, d_cycles, sink, src);
+      run<14, 6>("v14 L5", sms, d_cycles, sink, src);
+      run<13, 6>("v13 L5", sms, d_cycles, sink, src);
+    }
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "tail") {  // the tail's wgmmas: SS n16 (v1), RS n16, RS n8, SS n8
+    run<0, 0>("the kernel's loop (wait, promote, per block)", sms, d_cycles, sink, src);
+    run<1, 0>("v0 plus a 16-row tail (the kernel's, SS m64n16k32)", sms, d_cycles, sink, src);
+    run<10, 0>("v1, the tail's weights from registers (RS m64n16k32)", sms, d_cycles, sink, src);
+    run<11, 0>("v1, RS m64n8k32 (a tail of 8 rows)", sms, d_cycles, sink, src);
+    run<12, 0>("v1, SS m64n8k32", sms, d_cycles, sink, src);
+    run<0, 1>("v0, stages filled from L2", sms, d_cycles, sink, src);
+    run<1, 1>("v1, stages filled from L2", sms, d_cycles, sink, src);
+    run<10, 1>("v10, stages filled from L2", sms, d_cycles, sink, src);
+    run<11, 1>("v11, stages filled from L2", sms, d_cycles, sink, src);
+    run<0, 6>("v0 L5, A by TMA boxes from row-major [8192, 7168]", sms, d_cycles, sink, src);
+    run<1, 6>("v1 L5", sms, d_cycles, sink, src);
+    run<10, 6>("v10 L5", sms, d_cycles, sink, src);
+    run<11, 6>("v11 L5", sms, d_cycles, sink, src);
+    run<12, 6>("v12 L5", sms, d_cycles, sink, src);
+    run<0, 6>("v0 L5 (again)", sms, d_cycles, sink, src);
+    run<1, 6>("v1 L5 (again)", sms, d_cycles, sink, src);
+    run<10, 6>("v10 L5 (again)", sms, d_cycles, sink, src);
     return 0;
   }
   if (argc > 1) {  // sustained: launches back to back for a few seconds, as a benchmark's replays
