@@ -11,6 +11,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kSlotBatch = 8;  // slot rows loaded together, so their latencies overlap
+constexpr int kSlotBatchFp8 = 4;  // with their 8 scales each
 
 // Block (t, c): token t, columns [c * kThreads * 8, ...), 8 per thread. The token's slot
 // rows, weights and scales are read once into shared memory; each thread then loads its
@@ -41,28 +42,36 @@ finalize_kernel(const T* y, const T* bias, const float* weights, const IdT* ids,
   const int64_t j = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * 8;
   if (j >= hidden) return;
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  for (int s0 = 0; s0 < top_k; s0 += kSlotBatch) {
+  // FP8: each slot's dequantization scales (row scale x its expert's weight scales) are loaded
+  // with its row, not after it: loaded after, they made a chain of L2 round trips, one per slot
+  // (per-channel scales: 32 bytes per slot for 16 of the row). Fewer slots per batch then, for
+  // the registers.
+  constexpr int kBatch = kFp8 ? kSlotBatchFp8 : kSlotBatch;
+  for (int s0 = 0; s0 < top_k; s0 += kBatch) {
     // Loads first, unconditionally (a slot that is absent or off this rank reads row 0 and
-    // is skipped below), so that all kSlotBatch are in flight together.
-    uint4 raw[kSlotBatch];
+    // is skipped below), so that all kBatch are in flight together.
+    uint4 raw[kBatch];
+    float sc[kFp8 ? kBatch : 1][8];
 #pragma unroll
-    for (int b = 0; b < kSlotBatch; ++b) {
+    for (int b = 0; b < kBatch; ++b) {
       const int32_t row = s0 + b < top_k ? s_row[s0 + b] : -1;
       raw[b] = *reinterpret_cast<const uint4*>(y + int64_t(row > 0 ? row : 0) * hidden + j);
+      if constexpr (kFp8) {
+        const int64_t e = s0 + b < top_k ? s_expert[s0 + b] : 0;
+        load_scales8(q.per_channel ? q.weight + e * hidden : q.weight + e, j, q.per_channel,
+                     s0 + b < top_k ? s_rscale[s0 + b] : 0.f, sc[b]);
+      }
     }
 #pragma unroll
-    for (int b = 0; b < kSlotBatch; ++b) {
+    for (int b = 0; b < kBatch; ++b) {
       const int s = s0 + b;
       if (s >= top_k || s_row[s] < 0) continue;
       Vec8<T> v;
       v.unpack(raw[b]);
       const int64_t e = s_expert[s];
       if constexpr (kFp8) {  // raw GEMM2 accumulators: dequantize
-        float sc[8];
-        load_scales8(q.per_channel ? q.weight + e * hidden : q.weight + e, j, q.per_channel,
-                     s_rscale[s], sc);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v.v[i] *= sc[i];
+        for (int i = 0; i < 8; ++i) v.v[i] *= sc[b][i];
       }
       if (bias) {
         Vec8<T> bv;

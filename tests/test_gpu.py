@@ -392,18 +392,36 @@ def test_fp8_block_rejects_static_activation_scales():
         run(q)
 
 
+# T = 1100 at top-4: 4400 rows, past the 4096 from which FP8 with per-channel scales or a bias
+# takes the activation kernel's column form (a thread per 8 columns over a run of rows).
+@pytest.mark.parametrize("T", [300, 1100])
 @pytest.mark.parametrize("granularity", ["tensor", "channel"])
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
 @pytest.mark.parametrize("act", ["swiglu", "relu2"])
-def test_fp8_scales(granularity, static, act, error_log):
+def test_fp8_scales(granularity, static, act, T, error_log):
     gated = Activation(act).gated
-    p = make_problem(T=300, E=16, k=4, H=272, I=208, dtype="fp8", granularity=granularity,
+    p = make_problem(T=T, E=16, k=4, H=272, I=208, dtype="fp8", granularity=granularity,
                      gated=gated, bias=True)
     if static:
         p["a13_scale"] = (p["hidden_states"].float().abs().max() / 448).reshape(1)
         p["a2_scale"] = torch.full((1,), 0.02, device="cuda")
-    check(p, error_log, f"fp8/{granularity}/{'static' if static else 'dynamic'}/{act}", "fp8",
+    check(p, error_log, f"fp8/{granularity}/{'static' if static else 'dynamic'}/{act}/T{T}", "fp8",
           activation=act, ref_kw=dict(activation=act))
+
+
+def test_fp8_column_activation_expert_parallel(error_log):
+    # The column form with fewer rows than allocated (this rank's experts) and int64 ids: the
+    # two ranks' outputs add up to the whole layer's.
+    E, ep = 16, 2
+    p = make_problem(T=1100, E=E, k=4, H=256, I=208, dtype="fp8", ids_dtype=torch.int64, bias=True)
+    full = check(p, error_log, "fp8/column_activation/int64", "fp8").float()
+    total = torch.zeros_like(full)
+    for r in range(ep):
+        q = dict(p)
+        for name in ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias"):
+            q[name] = p[name][r * E // ep:(r + 1) * E // ep].contiguous()
+        total += run(q, ep_rank=r, ep_size=ep).float()
+    assert rel_error(total, full) < TOLERANCE["fp8"]
 
 
 @pytest.mark.parametrize("T", [3, 512, 1024])
