@@ -301,6 +301,15 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
     const uint32_t a = base + s * (kA + kB) + half * 8192, b0 = base + s * (kA + kB) + kA;
     const float* sc = scales + s * kScaleStride;
     const float r0 = sc[half * 64 + my_row] * sc[128], r1 = sc[half * 64 + my_row + 8] * sc[128];
+    auto main_blocks = [&] {  // the kernel's loop: per 128-column block, batch, wait, promote
+#pragma unroll
+      for (int blk = 0; blk < 2; ++blk) {
+        batch(a, b0 + blk * 16384, part[0], true);
+        cute::warpgroup_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[blk][i] += part[0][i] * ((i & 2) ? r1 : r0);
+      }
+    };
     if constexpr (V == 9) {
       uint32_t af[4][4];
       load_a(a, t, af);
@@ -313,13 +322,7 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
         for (int i = 0; i < 64; ++i) acc[blk][i] += part[0][i] * ((i & 2) ? r1 : r0);
       }
     } else if constexpr (V == 0 || V == 1) {
-#pragma unroll
-      for (int blk = 0; blk < 2; ++blk) {
-        batch(a, b0 + blk * 16384, part[0], true);
-        cute::warpgroup_wait<0>();
-#pragma unroll
-        for (int i = 0; i < 64; ++i) acc[blk][i] += part[0][i] * ((i & 2) ? r1 : r0);
-      }
+      main_blocks();
       if constexpr (V == 1) {  // the tail: 16 rows (the stage's first: contents do not matter)
         const uint32_t w = b0 + half * 16384, tail = base + s * (kA + kB);
         cute::warpgroup_arrive();
@@ -333,13 +336,7 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
       }
     } else if constexpr (V == 13 || V == 14) {  // the tail into part's registers, n32 or n16
       constexpr int kN = V == 13 ? 32 : 16;
-#pragma unroll
-      for (int blk = 0; blk < 2; ++blk) {
-        batch(a, b0 + blk * 16384, part[0], true);
-        cute::warpgroup_wait<0>();
-#pragma unroll
-        for (int i = 0; i < 64; ++i) acc[blk][i] += part[0][i] * ((i & 2) ? r1 : r0);
-      }
+      main_blocks();
       const uint32_t w = b0 + half * 16384, tail = base + s * (kA + kB);
       tail_wgmmas_n<kN, false>(w, tail, part[0], t, nullptr);
       cute::warpgroup_commit_batch();
@@ -351,13 +348,7 @@ __global__ void __launch_bounds__(384, 1) mainloop(long long* cycles, float* sin
       for (int i = 0; i < kN; ++i) acc_t32[i] += part[0][i] * t8[(i & 1) + 2 * ((i % (kN / 2)) >> 2)];
     } else if constexpr (V >= 10 && V <= 12) {  // v1 with the tail RS (n16, n8) or SS n8
       constexpr int kN = V == 10 ? 16 : 8;
-#pragma unroll
-      for (int blk = 0; blk < 2; ++blk) {
-        batch(a, b0 + blk * 16384, part[0], true);
-        cute::warpgroup_wait<0>();
-#pragma unroll
-        for (int i = 0; i < 64; ++i) acc[blk][i] += part[0][i] * ((i & 2) ? r1 : r0);
-      }
+      main_blocks();
       const uint32_t w = b0 + half * 16384, tail = base + s * (kA + kB);
       tail_wgmmas_n<kN, V != 12>(w, tail, part_t, t, part[0]);  // fragments in part's registers
       cute::warpgroup_commit_batch();
