@@ -21,6 +21,12 @@ int why_not(char* why, size_t n, const char* fmt, ...) {
   return 1;
 }
 
+template <typename T, int kAct>
+const void* kernel_of(bool block) {
+  return block ? reinterpret_cast<const void*>(one_token::forward_kernel<T, kAct, true>)
+               : reinterpret_cast<const void*>(one_token::forward_kernel<T, kAct, false>);
+}
+
 // The kernel's static shared memory (the epilogues' scales and terms, barriers), the most of its
 // instantiations', as built: dynamic plus static must fit the device's opt-in limit.
 size_t static_smem() {
@@ -33,12 +39,14 @@ size_t static_smem() {
       else
         cudaGetLastError();  // no image for this device: its launch reports that
     };
-    take(reinterpret_cast<const void*>(one_token::forward_kernel<__half, MOEK_ACT_SWIGLU>));
-    take(reinterpret_cast<const void*>(one_token::forward_kernel<__half, MOEK_ACT_GEGLU>));
-    take(reinterpret_cast<const void*>(one_token::forward_kernel<__half, MOEK_ACT_SWIGLU_OAI>));
-    take(reinterpret_cast<const void*>(one_token::forward_kernel<__nv_bfloat16, MOEK_ACT_SWIGLU>));
-    take(reinterpret_cast<const void*>(one_token::forward_kernel<__nv_bfloat16, MOEK_ACT_GEGLU>));
-    take(reinterpret_cast<const void*>(one_token::forward_kernel<__nv_bfloat16, MOEK_ACT_SWIGLU_OAI>));
+    for (bool block : {false, true}) {
+      take(kernel_of<__half, MOEK_ACT_SWIGLU>(block));
+      take(kernel_of<__half, MOEK_ACT_GEGLU>(block));
+      take(kernel_of<__half, MOEK_ACT_SWIGLU_OAI>(block));
+      take(kernel_of<__nv_bfloat16, MOEK_ACT_SWIGLU>(block));
+      take(kernel_of<__nv_bfloat16, MOEK_ACT_GEGLU>(block));
+      take(kernel_of<__nv_bfloat16, MOEK_ACT_SWIGLU_OAI>(block));
+    }
     return most;
   }();
   return bytes;
@@ -50,34 +58,40 @@ int one_token_problem(const moek_shape& s, int sm_count, int smem_optin, char* w
   using namespace one_token;
   const long long H = s.hidden_size, I = s.inter_size, k = s.top_k;
   if (s.num_tokens != 1) return why_not(why, n, "one_token runs 1 token, not %lld", (long long)s.num_tokens);
-  if (s.quant != MOEK_QUANT_FP8) return why_not(why, n, "one_token is for quant fp8 only");
+  const bool block = s.quant == MOEK_QUANT_FP8_BLOCK;
+  if (s.quant != MOEK_QUANT_FP8 && !block) return why_not(why, n, "one_token is for quant fp8 and fp8_block only");
   if (!is_gated(s.activation)) return why_not(why, n, "one_token needs a gated activation (swiglu, geglu, swiglu_oai)");
   if (k > kMaxSlots) return why_not(why, n, "one_token takes top_k <= %d, not %lld", kMaxSlots, k);
   if (H % 64 || I % 64)
     return why_not(why, n, "one_token needs hidden_size (%lld) and intermediate_size (%lld) multiples of 64", H, I);
   if (H / 8 > kThreads) return why_not(why, n, "one_token: hidden_size %lld is over %d", H, 8 * kThreads);
+  // fp8_block: a w13 tile's row of block scales comes by bulk copy (16-byte multiples).
+  if (block && H % 512)
+    return why_not(why, n, "one_token with fp8_block needs hidden_size (%lld) a multiple of 512", H);
+  if (block && I / 128 > kMaxKBlocks2)
+    return why_not(why, n, "one_token with fp8_block takes intermediate_size <= %d, not %lld", 128 * kMaxKBlocks2, I);
   const long long units1 = (k * I / kCols + sm_count - 1) / sm_count, units2 = (H / kCols + sm_count - 1) / sm_count;
   if (units1 > kMaxUnits1)
     return why_not(why, n, "one_token: top_k x intermediate_size = %lld is more than %d SMs hold", k * I, sm_count);
   if (units2 > kMaxUnits2 || units2 * k > kWarps)
     return why_not(why, n, "one_token: hidden_size %lld with top_k %lld is more than %d SMs hold", H, k, sm_count);
-  if (!one_token_ring(int(H), int(I), int(units2), smem_optin))
+  if (!one_token_ring(int(H), int(I), int(units2), block, smem_optin))
     return why_not(why, n, "one_token needs %zu bytes of shared memory, the device allows %d",
-                   smem_bytes(int(H), int(I), int(units2), 2) + static_smem(), smem_optin);
+                   smem_bytes(int(H), int(I), int(units2), 2, block) + static_smem(), smem_optin);
   return 0;
 }
 
-int one_token_ring(int hidden, int inter, int units2, int smem_optin) {
+int one_token_ring(int hidden, int inter, int units2, bool block, int smem_optin) {
   for (int ring = one_token::kMaxRing; ring >= 2; --ring)
-    if (one_token::smem_bytes(hidden, inter, units2, ring) + static_smem() <= size_t(smem_optin)) return ring;
+    if (one_token::smem_bytes(hidden, inter, units2, ring, block) + static_smem() <= size_t(smem_optin)) return ring;
   return 0;
 }
 
 namespace {
 
-template <typename T, int kAct>
+template <typename T, int kAct, bool kBlock>
 cudaError_t launch_typed(const one_token::Params& p, int sm_count, size_t smem, cudaStream_t stream) {
-  auto kernel = one_token::forward_kernel<T, kAct>;
+  auto kernel = one_token::forward_kernel<T, kAct, kBlock>;
   // The largest shared memory asked of this instantiation so far (set again only to grow).
   static std::atomic<size_t> allowed{0};
   if (smem > allowed.load()) {
@@ -131,14 +145,18 @@ cudaError_t launch_one_token(const moek_args& a, float* y, int sm_count, int sme
   p.limit = s.act_limit;
   p.units1 = int((s.top_k * s.inter_size / one_token::kCols + sm_count - 1) / sm_count);
   p.units2 = int((s.hidden_size / one_token::kCols + sm_count - 1) / sm_count);
-  p.ring = one_token_ring(p.hidden_size, p.inter, p.units2, smem_optin);
+  const bool block = s.quant == MOEK_QUANT_FP8_BLOCK;
+  p.ring = one_token_ring(p.hidden_size, p.inter, p.units2, block, smem_optin);
   p.w2_after = 1 << 30;  // with the last w13 tile (earlier was slower in the probe)
-  const size_t smem = one_token::smem_bytes(p.hidden_size, p.inter, p.units2, p.ring);
+  const size_t smem = one_token::smem_bytes(p.hidden_size, p.inter, p.units2, p.ring, block);
   const bool fp16 = s.dtype == MOEK_DTYPE_FP16;
-#define MOEK_ONE_TOKEN_ACT(A)                                                       \
-  case A:                                                                           \
-    return fp16 ? launch_typed<__half, A>(p, sm_count, smem, stream)                \
-                : launch_typed<__nv_bfloat16, A>(p, sm_count, smem, stream);
+#define MOEK_ONE_TOKEN_ACT(A)                                                                  \
+  case A:                                                                                      \
+    if (block)                                                                                 \
+      return fp16 ? launch_typed<__half, A, true>(p, sm_count, smem, stream)                   \
+                  : launch_typed<__nv_bfloat16, A, true>(p, sm_count, smem, stream);           \
+    return fp16 ? launch_typed<__half, A, false>(p, sm_count, smem, stream)                    \
+                : launch_typed<__nv_bfloat16, A, false>(p, sm_count, smem, stream);
   switch (s.activation) {
     MOEK_ONE_TOKEN_ACT(MOEK_ACT_SWIGLU)
     MOEK_ONE_TOKEN_ACT(MOEK_ACT_GEGLU)

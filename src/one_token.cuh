@@ -2,14 +2,15 @@
 // times it and prints a timeline of its phases; docs/fp8-performance.md, "One kernel for one
 // token").
 //
-// The whole forward of one token in one kernel (quant fp8, gated activations), for models
+// The whole forward of one token in one kernel (quant fp8 or fp8_block, gated activations), for models
 // whose one-token expert weights fit on chip across the SMs (Qwen3-30B-A3B: 8 experts,
 // 25.2 MB of w13 and 12.6 MB of w2 over 132 SMs). At one token the forward is a stream of
 // weights, and the grouped path's six launches (routing, expand, GEMM1, activation, GEMM2,
 // finalize) cost more than the stream itself.
 //
 // One CTA per SM, all resident (a cooperative launch: grid barrier between the GEMMs, since
-// GEMM2's per-token activation scale needs every GEMM1 column). After reading the token's
+// GEMM2's per-token (fp8) or per-128-column (fp8_block) activation scales need GEMM1 columns
+// from other CTAs). After reading the token's
 // expert ids, each CTA streams its GEMM1 units (16 intermediate columns of one slot's expert:
 // 16 gate + 16 up rows of w13) through a ring of bulk copies (3 tiles in flight where shared
 // memory holds them), multiplying each tile as it lands, and once its last w13 tile is
@@ -28,6 +29,12 @@
 // weight row. Numerics follow the grouped path: the token quantized as expand does, GEMM1's
 // accumulators dequantized with the token's and the weights' scales, the activation's output
 // quantized as the activation kernel does, GEMM2's output dequantized and summed in slot order.
+//
+// fp8_block (kBlock): the token and GEMM2's inputs are quantized per 128 columns, and each 64
+// bytes of K are multiplied into their own partial sums, which take their K block's scales
+// (token x weight block) before they are added, as the grouped path promotes per K block. A w13
+// tile's 16 rows lie in one 128-row weight block: its row of block scales comes with the tile,
+// by a second bulk copy on the tile's mbarrier (hence hidden_size % 512 == 0: 16-byte rows).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -50,6 +57,8 @@ constexpr int kMaxUnits1 = 6;  // GEMM1 units (16 gate + 16 up rows of one slot'
 constexpr int kMaxUnits2 = 2;  // GEMM2 units (16 rows of every slot's w2) per CTA
 constexpr int kMaxRing = 3;    // w13 tiles in flight per CTA: 3 where shared memory holds them, else 2
 constexpr int kStamps = 32;    // trace entries per CTA
+constexpr int kMaxKBlocks1 = 32;  // fp8_block: hidden_size / 128 (hidden_size <= 4096: % 512, and H / 8 <= kThreads)
+constexpr int kMaxKBlocks2 = 16;  // fp8_block: intermediate_size / 128 (the launcher checks)
 
 struct Params {
   const void* hidden;         // [1, H] 16-bit
@@ -59,8 +68,8 @@ struct Params {
   const uint8_t* w2;          // [E, H, I] E4M3
   const void* w13_bias;       // [E, 2I] 16-bit, or null
   const void* w2_bias;        // [E, H] 16-bit, or null
-  const float* w13_scale;     // [E, 2I] or [E]
-  const float* w2_scale;      // [E, H] or [E]
+  const float* w13_scale;     // [E, 2I] or [E]; fp8_block: [E, 2I / 128, H / 128]
+  const float* w2_scale;      // [E, H] or [E]; fp8_block: [E, H / 128, I / 128]
   const float* a13_scale;     // static input scales, or null (per token)
   const float* a2_scale;
   void* out;                  // [1, H] 16-bit
@@ -76,10 +85,11 @@ struct Params {
 };
 
 // Shared memory: the w13 ring, the w2 share, the token and GEMM2's inputs as f16 MMA fragments
-// (two bytes per value), partial sums.
-inline size_t smem_bytes(int hidden, int inter, int units2, int ring) {
+// (two bytes per value), partial sums; fp8_block: each ring slot's row of weight-block scales.
+inline size_t smem_bytes(int hidden, int inter, int units2, int ring, bool block) {
   return size_t(ring) * kCols * hidden + size_t(units2) * kMaxSlots * kCols * inter + 2 * size_t(hidden) +
-         2 * size_t(kMaxSlots) * inter + ((ring + 2) * kWarps * kCols + kWarps * kCols) * sizeof(float);
+         2 * size_t(kMaxSlots) * inter +
+         ((ring + 2) * kWarps * kCols + kWarps * kCols + (block ? ring * hidden / 128 : 0)) * sizeof(float);
 }
 
 __device__ __forceinline__ uint32_t f16x2(uint16_t e4m3x2) {
@@ -160,7 +170,7 @@ struct FragRow {  // quantize_row's sink: E4M3 values as f16 B fragments (load_f
     *reinterpret_cast<uint4*>(frag + (4 * (j / 64) + (j % 64) / 16) * 8 + ((j % 16) / 4) * 2) =
         make_uint4(f16x2(e.x & 0xffff), f16x2(e.x >> 16), f16x2(e.y & 0xffff), f16x2(e.y >> 16));
   }
-  __device__ __forceinline__ void scale(int64_t, float s) const { *scale_out = s; }
+  __device__ __forceinline__ void scale(int64_t group, float s) const { scale_out[group] = s; }  // group 0 per token
 };
 
 // The threads of a warp pair (warps 2s, 2s + 1) as one quantize_row team: GEMM2's input rows,
@@ -178,8 +188,18 @@ struct PairTeam {
   }
 };
 
-template <typename T, int kAct>
+// c += (the dot64 of r0, r1 with b01, b23) x scale: one K block's partial sums, promoted.
+__device__ __forceinline__ void dot64_scaled(float (&c)[4], const uint4& r0, const uint4& r1, const uint4& b01,
+                                             const uint4& b23, float scale) {
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+  dot64(d, r0, r1, b01, b23);
+  c[0] = fmaf(d[0], scale, c[0]);  // column 0 (the token): values 0 and 2
+  c[2] = fmaf(d[2], scale, c[2]);
+}
+
+template <typename T, int kAct, bool kBlock>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ Params p) {
+  constexpr int kQuant = kBlock ? MOEK_QUANT_FP8_BLOCK : MOEK_QUANT_FP8;
   extern __shared__ __align__(128) uint8_t smem[];
   const int H = p.hidden_size, I = p.inter, ring_n = p.ring, red_n = ring_n + 2;
   const uint32_t tile_bytes = kCols * H;
@@ -189,10 +209,15 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   uint32_t* x2 = xq + H / 2;                                   // [kMaxSlots][I / 2]
   float* red = reinterpret_cast<float*>(x2 + kMaxSlots * I / 2);  // [ring + 2][kWarps][16]
   float* part = red + red_n * kWarps * kCols;                  // [kWarps][16]
+  float* ring_sc = part + kWarps * kCols;                      // fp8_block: [ring][H / 128]
   __shared__ int s_expert[kMaxSlots];
-  __shared__ float s_weight[kMaxSlots], s_scale2[kMaxSlots], s_xscale, s_amax[kWarps];
+  // The token's and GEMM2's inputs' scales: one per row, or (fp8_block) one per 128 columns.
+  __shared__ float s_weight[kMaxSlots], s_scale2[kMaxSlots][kBlock ? kMaxKBlocks2 : 1],
+      s_xscale[kBlock ? kMaxKBlocks1 : 1], s_amax[kWarps];
   __shared__ float s_scale1[kMaxUnits1][2 * kCols], s_bias1[kMaxUnits1][2 * kCols];
+  // GEMM2's weight scales: per (slot, column); fp8_block: per (pair, K block), in the same room.
   __shared__ float s_wscale2[kMaxSlots][kMaxUnits2 * kCols], s_bias2[kMaxSlots][kMaxUnits2 * kCols];
+  static_assert(kMaxKBlocks2 == kCols, "fp8_block's GEMM2 scales take s_wscale2's room and the producer's sc2");
   __shared__ float s_term[kMaxUnits2 * kMaxSlots][kCols];
   __shared__ int s_slots;
   // full: a w13 tile landed; empty: every compute warp has read it and written its partial sums
@@ -252,8 +277,11 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     if (j < tiles) {
       const int u = unit_at(j / 2);
       const int64_t row = int64_t(s_expert[u / col_blocks]) * 2 * I + (j % 2) * I + (u % col_blocks) * kCols;
-      expect_bytes(&full[j % ring_n], tile_bytes);
+      const uint32_t sc_bytes = kBlock ? H / 128 * sizeof(float) : 0;  // the rows' block scales
+      expect_bytes(&full[j % ring_n], tile_bytes + sc_bytes);
       bulk_copy(ring + (j % ring_n) * size_t(tile_bytes), p.w13 + row * H, tile_bytes, &full[j % ring_n]);
+      if constexpr (kBlock)  // row / 128: the tile's 16 rows are in one 128-row block (I % 128 == 0)
+        bulk_copy(ring_sc + (j % ring_n) * (H / 128), p.w13_scale + row / 128 * (H / 128), sc_bytes, &full[j % ring_n]);
     }
     if (j == w2_at && pairs > 0) {
       expect_bytes(&w2_full, pairs * kCols * I);
@@ -267,10 +295,10 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     for (int j = 0; j < ring_n; ++j) issue(j);
   stamp(p, 9, kWarps * 32);
 
-  // The token in E4M3 (expand's quantization: a static scale, or one per token).
-  quantize_row<MOEK_QUANT_FP8>(
+  // The token in E4M3 (expand's quantization: a static scale, one per token or per 128 columns).
+  quantize_row<kQuant>(
       BlockTeam{}, [&](int64_t, float* v) { Vec8<T> x; x.unpack(xr); for (int i = 0; i < 8; ++i) v[i] = x.v[i]; },
-      H, p.a13_scale, FragRow{xq, &s_xscale});
+      H, p.a13_scale, FragRow{xq, s_xscale});
   __syncthreads();
   stamp(p, 2);
 
@@ -287,6 +315,9 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   auto has2 = [&](int k) {
     return (lane + 32 * k) / (kMaxUnits2 * kCols) < slots && (lane + 32 * k) % (kMaxUnits2 * kCols) < units2 * kCols;
   };
+  auto has_block2 = [&](int k) {
+    return (lane + 32 * k) / kMaxKBlocks2 < pairs && (lane + 32 * k) % kMaxKBlocks2 < I / 128;
+  };
   if (producer) {
     float sc1[kPer1];
     uint16_t bi1[kPer1];
@@ -296,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     for (int k = 0; k < kPer1; ++k) {
       const int j = lane + 32 * k, r = j % (2 * kCols), u = has1(k) ? unit_at(j / (2 * kCols)) : 0;
       const int64_t e = has1(k) ? s_expert[u / col_blocks] : 0, col = (r / kCols) * I + (u % col_blocks) * kCols + r % kCols;
-      sc1[k] = p.w13_scale[p.w13_per_channel ? e * 2 * I + col : e];
+      sc1[k] = kBlock ? 1.f : p.w13_scale[p.w13_per_channel ? e * 2 * I + col : e];  // fp8_block: in the MMAs
       bi1[k] = b1[p.w13_bias ? e * 2 * I + col : 0];
     }
     auto store_scales = [&] {
@@ -326,9 +357,11 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
           gate += red_gate[w * kCols + r];
           up += red_up[w * kCols + r];
         }
-        // The grouped path's GEMM1 stores 16-bit accumulators; the activation kernel scales them.
-        gate = round16<T>(gate) * (s_xscale * s_scale1[i][r]) + s_bias1[i][r];
-        up = round16<T>(up) * (s_xscale * s_scale1[i][kCols + r]) + s_bias1[i][kCols + r];
+        // The grouped path's GEMM1 stores 16-bit accumulators (fp8: raw, scaled by the
+        // activation kernel; fp8_block: already scaled).
+        const float xs = kBlock ? 1.f : s_xscale[0];
+        gate = round16<T>(gate) * (xs * s_scale1[i][r]) + s_bias1[i][r];
+        up = round16<T>(up) * (xs * s_scale1[i][kCols + r]) + s_bias1[i][kCols + r];
         p.y[(u / col_blocks) * I + (u % col_blocks) * kCols + r] = activate<kAct>(gate, up, p.alpha, p.limit);
       }
     }
@@ -339,7 +372,13 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
       const int j = lane + 32 * k, r = j % (kMaxUnits2 * kCols);
       const int64_t e = has2(k) ? s_expert[j / (kMaxUnits2 * kCols)] : 0;
       const int64_t col = has2(k) ? unit_at(r / kCols) * kCols + r % kCols : 0;
-      sc2[k] = p.w2_scale[p.w2_per_channel ? e * H + col : e];
+      if constexpr (kBlock) {  // pair j / 16's block scales: its 16 rows' 128-row block, K block j % 16
+        const int q = j / kMaxKBlocks2, kb = j % kMaxKBlocks2;
+        const int64_t eq = has_block2(k) ? s_expert[q % slots] : 0, hb = has_block2(k) ? unit_at(q / slots) * kCols / 128 : 0;
+        sc2[k] = p.w2_scale[has_block2(k) ? (eq * (H / 128) + hb) * (I / 128) + kb : 0];
+      } else {
+        sc2[k] = p.w2_scale[p.w2_per_channel ? e * H + col : e];
+      }
       bi2[k] = b2[p.w2_bias ? e * H + col : 0];
     }
   } else {
@@ -351,17 +390,22 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
       wait_parity(&full[j % ring_n], (j / ring_n) & 1);
       if (j == 0) stamp(p, 10);
       const uint8_t* rows = ring + (j % ring_n) * size_t(tile_bytes) + g * H + 16 * t;
+      const float* tile_sc = ring_sc + (j % ring_n) * (H / 128);  // fp8_block
+      auto mac = [&](float (&acc)[4], int ch, const uint4& b01, const uint4& b23) {
+        const uint4 r0 = *reinterpret_cast<const uint4*>(rows + 64 * ch);
+        const uint4 r1 = *reinterpret_cast<const uint4*>(rows + 8 * H + 64 * ch);
+        if constexpr (kBlock) dot64_scaled(acc, r0, r1, b01, b23, s_xscale[ch / 2] * tile_sc[ch / 2]);
+        else dot64(acc, r0, r1, b01, b23);
+      };
       float c[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
       for (int ch = warp; ch < chunks1; ch += 2 * kWarps) {
         uint4 b01, b23;
         load_frag(xq, ch, t, g == 0, b01, b23);
-        dot64(c, *reinterpret_cast<const uint4*>(rows + 64 * ch), *reinterpret_cast<const uint4*>(rows + 8 * H + 64 * ch),
-              b01, b23);
+        mac(c, ch, b01, b23);
         const int ch2 = ch + kWarps;
         if (ch2 < chunks1) {
           load_frag(xq, ch2, t, g == 0, b01, b23);
-          dot64(c2, *reinterpret_cast<const uint4*>(rows + 64 * ch2),
-                *reinterpret_cast<const uint4*>(rows + 8 * H + 64 * ch2), b01, b23);
+          mac(c2, ch2, b01, b23);
         }
       }
       float* red_tile = red + (j % red_n) * kWarps * kCols;
@@ -381,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
 #pragma unroll
     for (int k = 0; k < kPer2; ++k) {
       const int j = lane + 32 * k;
-      s_wscale2[j / (kMaxUnits2 * kCols)][j % (kMaxUnits2 * kCols)] = has2(k) ? sc2[k] : 0.f;
+      (&s_wscale2[0][0])[j] = (kBlock ? has_block2(k) : has2(k)) ? sc2[k] : 0.f;
       s_bias2[j / (kMaxUnits2 * kCols)][j % (kMaxUnits2 * kCols)] = has2(k) && p.w2_bias ? bits_to_float<T>(bi2[k]) : 0.f;
     }
   }
@@ -390,13 +434,13 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   // kernel's quantization), read past L1: other CTAs wrote them.
   if (warp < 2 * slots) {
     const float* yr = p.y + (warp / 2) * I;
-    quantize_row<MOEK_QUANT_FP8>(
+    quantize_row<kQuant>(
         PairTeam{s_amax}, [&](int64_t j, float* v) {
           const float4 a = __ldcg(reinterpret_cast<const float4*>(yr + j));
           const float4 b = __ldcg(reinterpret_cast<const float4*>(yr + j + 4));
           v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
         },
-        I, p.a2_scale, FragRow{x2 + (warp / 2) * I / 2, &s_scale2[warp / 2]});
+        I, p.a2_scale, FragRow{x2 + (warp / 2) * I / 2, s_scale2[warp / 2]});
   }
   __syncthreads();
   stamp(p, 5);
@@ -408,17 +452,22 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     stamp(p, 8);
     const int s = q % slots;
     const uint8_t* rows = w2s + size_t(q) * kCols * I + g * I + 16 * t;
+    const float* pair_sc = &s_wscale2[0][0] + q * kMaxKBlocks2;  // fp8_block
+    auto mac = [&](float (&acc)[4], int ch, const uint4& b01, const uint4& b23) {
+      const uint4 r0 = *reinterpret_cast<const uint4*>(rows + 64 * ch);
+      const uint4 r1 = *reinterpret_cast<const uint4*>(rows + 8 * I + 64 * ch);
+      if constexpr (kBlock) dot64_scaled(acc, r0, r1, b01, b23, s_scale2[s][ch / 2] * pair_sc[ch / 2]);
+      else dot64(acc, r0, r1, b01, b23);
+    };
     float c[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
     for (int ch = warp % per_pair; ch < chunks2; ch += 2 * per_pair) {
       uint4 b01, b23;
       load_frag(x2 + s * I / 2, ch, t, g == 0, b01, b23);
-      dot64(c, *reinterpret_cast<const uint4*>(rows + 64 * ch), *reinterpret_cast<const uint4*>(rows + 8 * I + 64 * ch),
-            b01, b23);
+      mac(c, ch, b01, b23);
       const int ch2 = ch + per_pair;
       if (ch2 < chunks2) {
         load_frag(x2 + s * I / 2, ch2, t, g == 0, b01, b23);
-        dot64(c2, *reinterpret_cast<const uint4*>(rows + 64 * ch2),
-              *reinterpret_cast<const uint4*>(rows + 8 * I + 64 * ch2), b01, b23);
+        mac(c2, ch2, b01, b23);
       }
     }
     if (t == 0) {
@@ -434,7 +483,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     const int pq = threadIdx.x / kCols, r = threadIdx.x % kCols, s = pq % slots, c = (pq / slots) * kCols + r;
     float d = 0.f;
     for (int w = 0; w < per_pair; ++w) d += part[(pq * per_pair + w) * kCols + r];
-    s_term[pq][r] = round16<T>(d) * (s_scale2[s] * s_wscale2[s][c]) + s_bias2[s][c];
+    // fp8: GEMM2's raw 16-bit output, dequantized as finalize does; fp8_block: already scaled.
+    s_term[pq][r] = (kBlock ? round16<T>(d) : round16<T>(d) * (s_scale2[s][0] * s_wscale2[s][c])) + s_bias2[s][c];
   }
   __syncthreads();
   stamp(p, 11);

@@ -373,6 +373,9 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   char why[256];
   if (one_token && one_token_problem(s, d.sm_count, d.smem_optin, why, sizeof(why)))
     return fail(err, errlen, MOEK_UNSUPPORTED, "%s", why);
+  if (one_token && is_block(s) && misaligned(a->w13_scale, 16))  // its rows come by bulk copy
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "%s with fp8_block needs w13_scale 16-byte aligned, got %p",
+                MOEK_ONE_TOKEN, static_cast<const void*>(a->w13_scale));
   for (const KernelEntry* k : {k1, k2})
     if (k)
       if (int st = check_kernel(*k, d, err, errlen)) return st;

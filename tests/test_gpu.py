@@ -280,11 +280,11 @@ def test_fp8_shapes(T, E, k, mode, error_log):
     check(p, error_log, f"{mode}/shapes", mode)
 
 
-# ---- one token as one kernel (the "one_token" tactic: fp8, gated activations) -----------------
+# ---- one token as one kernel (the "one_token" tactic: fp8 and fp8_block, gated activations) ----
 
 ONE_TOKEN = Tactic(moe_kernels.ONE_TOKEN, moe_kernels.ONE_TOKEN)
 # (E, k, H, I): Qwen3-30B-A3B's shape (three GEMM1 units per CTA on 132 SMs); two GEMM2 units per
-# CTA (H = 4096); a top-k of 1.
+# CTA (H = 4096); a top-k of 1. All also fit fp8_block (H % 512, I % 128).
 ONE_TOKEN_SHAPES = [(128, 8, 2048, 768), (16, 8, 4096, 256), (8, 1, 512, 1024)]
 
 
@@ -294,13 +294,16 @@ def chosen_tactic(p, **kw):
                                          w2_scale=p["w2_scale"], **kw)
 
 
+@pytest.mark.parametrize("quant", ["fp8", "fp8_block"])
 @pytest.mark.parametrize("E,k,H,I", ONE_TOKEN_SHAPES)
-def test_one_token_shapes(E, k, H, I, error_log):
-    p = make_problem(T=1, E=E, k=k, H=H, I=I, dtype="fp8")
+def test_one_token_shapes(E, k, H, I, quant, error_log):
+    p = make_problem(T=1, E=E, k=k, H=H, I=I, dtype=quant)
     assert chosen_tactic(p) == ONE_TOKEN
-    out = check(p, error_log, f"fp8/one_token/E{E}k{k}H{H}I{I}", "fp8")
-    grouped = run(p, tactic=Tactic(*[moe_kernels.list_kernels(quant="fp8")[0].name] * 2))
-    assert rel_error(out, grouped) < TOLERANCE["fp8"]
+    out = check(p, error_log, f"{quant}/one_token/E{E}k{k}H{H}I{I}", quant)
+    for name in {k.name for k in moe_kernels.list_kernels(quant=quant)[:2]}:  # the grouped path
+        grouped = run(p, tactic=Tactic(name, name))
+        error_log.add(f"{quant}/one_token/E{E}k{k}H{H}I{I}/vs {name}", rel_error(out, grouped))
+        assert rel_error(out, grouped) < TOLERANCE[quant]
 
 
 @pytest.mark.parametrize("granularity", ["tensor", "channel"])
@@ -317,17 +320,39 @@ def test_one_token_activations_and_scales(act, static, granularity, error_log):
           activation=act, ref_kw=dict(activation=act, **kw), **kw)
 
 
-def test_one_token_expert_parallel_and_int64_ids(error_log):
+@pytest.mark.parametrize("act", ["swiglu", "geglu", "swiglu_oai"])
+def test_one_token_fp8_block_activations_and_bias(act, error_log):
+    p = make_problem(T=1, E=16, k=4, H=1024, I=384, dtype="fp8_block", bias=True)
+    kw = {"swiglu_alpha": 1.5, "swiglu_limit": 1.0} if act == "swiglu_oai" else {}
+    assert chosen_tactic(p, activation=act) == ONE_TOKEN
+    out = check(p, error_log, f"fp8_block/one_token/bias/{act}", "fp8_block", activation=act,
+                ref_kw=dict(activation=act, **kw), **kw)
+    name = moe_kernels.list_kernels(quant="fp8_block")[0].name
+    grouped = run(p, tactic=Tactic(name, name), activation=act, **kw)
+    assert rel_error(out, grouped) < TOLERANCE["fp8_block"]
+
+
+def test_one_token_fp8_block_extreme_rows(error_log):
+    # One 128-column group of the token 1000x the rest, another all zeros: per-group scales.
+    p = make_problem(T=1, E=16, k=4, H=1024, I=256, dtype="fp8_block")
+    p["hidden_states"][0, :128] *= 1000
+    p["hidden_states"][0, 128:256] = 0
+    assert chosen_tactic(p) == ONE_TOKEN
+    check(p, error_log, "fp8_block/one_token/extreme", "fp8_block")
+
+
+@pytest.mark.parametrize("quant", ["fp8", "fp8_block"])
+def test_one_token_expert_parallel_and_int64_ids(quant, error_log):
     E, ep = 16, 2
-    p = make_problem(T=1, E=E, k=8, H=512, I=256, dtype="fp8", ids_dtype=torch.int64, bias=True)
-    full = check(p, error_log, "fp8/one_token/int64", "fp8").float()
+    p = make_problem(T=1, E=E, k=8, H=512, I=256, dtype=quant, ids_dtype=torch.int64, bias=True)
+    full = check(p, error_log, f"{quant}/one_token/int64", quant).float()
     total = torch.zeros_like(full)
     for r in range(ep):  # each rank holds some of the token's experts
         q = dict(p)
         for name in ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias"):
             q[name] = p[name][r * E // ep:(r + 1) * E // ep].contiguous()
         total += run(q, ep_rank=r, ep_size=ep).float()
-    assert rel_error(total, full) < TOLERANCE["fp8"]
+    assert rel_error(total, full) < TOLERANCE[quant]
     # A rank that holds none of the token's experts writes zeros.
     p["topk_ids"] = torch.arange(8, device="cuda", dtype=torch.int64).reshape(1, 8)
     q = dict(p)
@@ -336,13 +361,14 @@ def test_one_token_expert_parallel_and_int64_ids(error_log):
     assert torch.equal(run(q, ep_rank=1, ep_size=ep), torch.zeros_like(p["hidden_states"]))
 
 
-def test_one_token_graph_replay(error_log):
-    p = make_problem(T=1, E=128, k=8, H=2048, I=768, dtype="fp8")
-    ws = torch.empty(moe_kernels.workspace_size(1, 8, 128, 2048, 768, quant="fp8"), dtype=torch.uint8,
+@pytest.mark.parametrize("quant", ["fp8", "fp8_block"])
+def test_one_token_graph_replay(quant, error_log):
+    p = make_problem(T=1, E=128, k=8, H=2048, I=768, dtype=quant)
+    ws = torch.empty(moe_kernels.workspace_size(1, 8, 128, 2048, 768, quant=quant), dtype=torch.uint8,
                      device="cuda")
     out = torch.empty_like(p["hidden_states"])
     args = (p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"])
-    kw = dict(w13_scale=p["w13_scale"], w2_scale=p["w2_scale"], workspace=ws, out=out, quant="fp8")
+    kw = dict(w13_scale=p["w13_scale"], w2_scale=p["w2_scale"], workspace=ws, out=out, quant=quant)
     fused_moe(*args, **kw)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -355,8 +381,8 @@ def test_one_token_graph_replay(error_log):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, run(p))  # deterministic: the same bits as a plain call
-    error_log.add("fp8/one_token/graph", rel_error(out, reference_out(p)))
-    assert rel_error(out, reference_out(p)) < TOLERANCE["fp8"]
+    error_log.add(f"{quant}/one_token/graph", rel_error(out, reference_out(p)))
+    assert rel_error(out, reference_out(p)) < TOLERANCE[quant]
 
 
 def test_one_token_tactic_errors():
@@ -371,6 +397,19 @@ def test_one_token_tactic_errors():
     with pytest.raises(ValueError, match="gated activation"):
         run(r, tactic=ONE_TOKEN, activation="silu")
     assert chosen_tactic(r, activation="silu") != ONE_TOKEN
+    # fp8_block: hidden_size a multiple of 512, and w13_scale 16-byte aligned (bulk copies).
+    b = make_problem(T=1, E=8, k=2, H=384, I=128, dtype="fp8_block")
+    assert chosen_tactic(b) != ONE_TOKEN
+    with pytest.raises(ValueError, match="multiple of 512"):
+        run(b, tactic=ONE_TOKEN)
+    c = make_problem(T=1, E=8, k=2, H=512, I=128, dtype="fp8_block")
+    assert chosen_tactic(c) == ONE_TOKEN
+    shifted = torch.empty(c["w13_scale"].numel() + 1, device="cuda")[1:].view_as(c["w13_scale"])
+    c["w13_scale"] = shifted.copy_(c["w13_scale"])  # 4 bytes past a 16-byte boundary
+    assert chosen_tactic(c) != ONE_TOKEN
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        run(c, tactic=ONE_TOKEN)
+    run(c)  # the grouped path takes it
 
 
 @pytest.mark.parametrize("act", ["swiglu", "relu2"])

@@ -83,7 +83,7 @@ int main() {
   p.units1 = (K * I / one_token::kCols + sms - 1) / sms;
   p.units2 = (H / one_token::kCols + sms - 1) / sms;
   p.ring = RING;
-  const size_t smem = one_token::smem_bytes(H, I, p.units2, p.ring);
+  const size_t smem = one_token::smem_bytes(H, I, p.units2, p.ring, false);
   printf("grid %d, units1 %d, units2 %d, ring %d, smem %zu\n", sms, p.units1, p.units2, p.ring, smem);
   cudaStream_t st; CK(cudaStreamCreate(&st));
 
@@ -98,7 +98,7 @@ int main() {
     c.gridDim = sms; c.blockDim = one_token::kThreads; c.dynamicSmemBytes = smem;
     return cudaLaunchKernelEx(&c, kern, q);
   };
-  auto k_coop = one_token::forward_kernel<__nv_bfloat16, MOEK_ACT_SWIGLU>;
+  auto k_coop = one_token::forward_kernel<__nv_bfloat16, MOEK_ACT_SWIGLU, false>;
 
   // Correctness: every set once with each kernel, against the host reference.
   const int w2_afters[] = {0, 2, 4, 99};  // w13 tile the w2 share is requested with

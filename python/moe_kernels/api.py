@@ -289,7 +289,9 @@ def _resolve_tactic(p: _Problem, tactic) -> Tactic:
         from .tuning import ProblemSpec, cached_tactic
         spec = ProblemSpec(p.quant.value, p.activation.value, p.E, p.k, p.H, p.I)
         whole = Tactic(ONE_TOKEN, ONE_TOKEN)
-        one_token = p.T == 1 and p.quant is QuantMode.FP8 and not _native.C().one_token_check(dev, p.shape)
+        one_token = (p.T == 1 and p.quant in (QuantMode.FP8, QuantMode.FP8_BLOCK)
+                     and (p.quant is QuantMode.FP8 or p.scales[0].data_ptr() % 16 == 0)  # bulk copies
+                     and not _native.C().one_token_check(dev, p.shape))
         tuned = cached_tactic(spec, p.T, dev, one_token=one_token)
         if tuned is not None and ((one_token and tuned == whole) or
                                   (tuned.gemm1 in usable and tuned.gemm2 in usable)):
@@ -307,6 +309,9 @@ def _resolve_tactic(p: _Problem, tactic) -> Tactic:
         why = _native.C().one_token_check(dev, p.shape)
         if why:
             _fail("tactic", str(tactic), f"a problem {ONE_TOKEN!r} runs: {why}")
+        if p.quant is QuantMode.FP8_BLOCK and p.scales[0].data_ptr() % 16:
+            _fail("w13_scale", f"at address {p.scales[0].data_ptr():#x}",
+                  f"16-byte aligned for the {ONE_TOKEN!r} tactic (it copies the scale rows in bulk)")
         return tactic
     for which in ("gemm1", "gemm2"):
         name = getattr(tactic, which)
