@@ -13,10 +13,9 @@ namespace moe_kernels {
 namespace {
 
 // One team per permuted row (a warp, 8 rows per block; or the block, for long rows that are
-// few: see run); rows past the routed total (offsets[E]) exit.
-// 16-bit: out = act(g + bias). FP8: g holds raw GEMM1 accumulators, dequantized with the
-// row's input scale and the weight scale first. Both FP8 modes quantize out to E4M3
-// (quantize_row: per row, or per 128 columns for FP8_BLOCK, whose g is already dequantized).
+// few: see run); rows past the routed total (offsets[E]) exit. out = act(g + bias), g as
+// GEMM1 wrote it (dequantized); both FP8 modes quantize out to E4M3 (quantize_row: per row,
+// or per 128 columns for FP8_BLOCK).
 constexpr int64_t kWarpRowCols = 1024;  // 32 lanes x 8 columns x quantize_row's kKeep
 constexpr int kRowsPerBlock = 8;
 constexpr int64_t kWarpRowsFrom = 4096;  // rows (tokens x top_k) for warp teams on long rows
@@ -34,36 +33,17 @@ activation_kernel(const T* g, const T* bias, void* out, int64_t inter, const IdT
                               : int64_t(blockIdx.x);
   if (r >= offsets[num_experts]) return;  // the whole team leaves together
   constexpr bool kGated = is_gated(kAct);
-  constexpr bool kDequant = kQuant == MOEK_QUANT_FP8;
   const int64_t n1 = kGated ? 2 * inter : inter;
   const T* grow = g + r * n1;
-  const bool need_expert = bias != nullptr || kDequant;
-  const int64_t e = need_expert ? local_expert(ids, row_src[r], expert_offset) : 0;
-  const T* brow = bias ? bias + e * n1 : nullptr;
-  float in_scale = 1.f;
-  const float* wscale = nullptr;
-  if constexpr (kDequant) {
-    in_scale = q.row[r];
-    wscale = q.per_channel ? q.weight + e * n1 : q.weight + e;
-  }
-  // Only now the wait for GEMM1: the row's expert and input scale come from routing and
-  // expand, two or more launches back (launch.cuh), so that chain of loads overlaps GEMM1.
+  const T* brow = bias ? bias + local_expert(ids, row_src[r], expert_offset) * n1 : nullptr;
+  // Only now the wait for GEMM1: the row's expert comes from routing, two or more launches
+  // back (launch.cuh), so that chain of loads overlaps GEMM1.
   pdl_begin();
 
   auto compute = [&](int64_t j, float* res) {
     Vec8<T> gate, up;
     gate.load(grow + j);
     if constexpr (kGated) up.load(grow + inter + j);
-    if constexpr (kDequant) {
-      float sg[8], su[8];
-      load_scales8(wscale, j, q.per_channel, in_scale, sg);
-      if constexpr (kGated) load_scales8(wscale, inter + j, q.per_channel, in_scale, su);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        gate.v[i] *= sg[i];
-        if constexpr (kGated) up.v[i] *= su[i];
-      }
-    }
     if (brow) {
       Vec8<T> b;
       b.load(brow + j);
@@ -103,13 +83,13 @@ activation_kernel(const T* g, const T* bias, void* out, int64_t inter, const IdT
   }
 }
 
-// FP8 with per-channel weight scales or a bias, over many rows: a block per run of rows, each
-// thread owning 8 columns of gate and up. A row's scales and bias are its expert's, and the
-// rows are sorted by expert, so each thread keeps its columns' scales and bias in registers
-// while the expert stays the same. The warp-per-row kernel loads them again for every row:
-// 64 bytes of scales per 32 bytes of row, L1 hits that made it L1-bound (ncu, Qwen3-30B-A3B
-// fp8 per channel, 16384 tokens: 262 us, L1/TEX 83%, DRAM 40%). The arithmetic is the warp
-// kernel's, value for value (same scale products, activation, amax, E4M3 rounding).
+// FP8 with a bias, over many rows: a block per run of rows, each thread owning 8 columns of
+// gate and up. A row's bias is its expert's, and the rows are sorted by expert, so each
+// thread keeps its columns' bias in registers while the expert stays the same. The
+// warp-per-row kernel loads it again for every row, L1 hits that made it L1-bound when
+// per-channel scales came with it (ncu, Qwen3-30B-A3B fp8 per channel, 16384 tokens: 262 us,
+// L1/TEX 83%, DRAM 40%; scales are now the GEMM's). The arithmetic is the warp kernel's,
+// value for value (activation, amax, E4M3 rounding).
 constexpr int kColRows = 16;       // rows per block
 constexpr int kColBatch = 4;       // rows loaded together
 constexpr int64_t kColMaxInter = 2048;  // a thread per 8 columns, at most 256 threads
@@ -129,25 +109,18 @@ activation_cols_kernel(const T* g, const T* bias, uint8_t* out, int64_t inter, c
   const bool mine = j < inter;  // threads past the row (a warp's round-up) only join the amax
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int64_t cur_e = -1;
-  // This thread's columns' weight scales (gate, up; per tensor: the expert's one) and bias bits,
-  // loaded with a row of a new expert (cur_e starts at none).
-  float sg[8], su[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) sg[i] = su[i] = 1.f;
+  // This thread's columns' bias bits (gate, up), loaded with a row of a new expert (cur_e
+  // starts at none).
   uint4 bg = make_uint4(0, 0, 0, 0), bu = bg;
   int parity = 0;
   for (int64_t rb = r0; rb < r_end; rb += kColBatch, parity ^= 1) {
     const int nb = int(r_end - rb < kColBatch ? r_end - rb : kColBatch);
     int64_t e[kColBatch];
-    float rs[kColBatch];
     uint4 graw[kColBatch], uraw[kColBatch];
 #pragma unroll
-    for (int b = 0; b < kColBatch; ++b) {
-      const int64_t r = rb + min(b, nb - 1);
-      e[b] = local_expert(ids, row_src[r], expert_offset);
-      rs[b] = q.row[r];
-    }
-    // The rows' experts and input scales come from routing and expand: before the wait for GEMM1.
+    for (int b = 0; b < kColBatch; ++b)
+      e[b] = local_expert(ids, row_src[rb + min(b, nb - 1)], expert_offset);
+    // The rows' experts come from routing: before the wait for GEMM1.
     if (rb == r0) pdl_begin();
 #pragma unroll
     for (int b = 0; b < kColBatch; ++b) {
@@ -165,19 +138,8 @@ activation_cols_kernel(const T* g, const T* bias, uint8_t* out, int64_t inter, c
       if (e[b] != cur_e) {  // the same for the whole block: its rows' expert changed
         cur_e = e[b];
         if (mine) {
-          float one[8];
-          load_scales8(q.per_channel ? q.weight + cur_e * n1 : q.weight + cur_e, j, q.per_channel, 1.f, one);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) sg[i] = one[i];
-          if constexpr (kGated) {
-            load_scales8(q.per_channel ? q.weight + cur_e * n1 : q.weight + cur_e, inter + j, q.per_channel, 1.f, one);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) su[i] = one[i];
-          }
-          if (bias) {
-            bg = *reinterpret_cast<const uint4*>(bias + cur_e * n1 + j);
-            if constexpr (kGated) bu = *reinterpret_cast<const uint4*>(bias + cur_e * n1 + inter + j);
-          }
+          bg = *reinterpret_cast<const uint4*>(bias + cur_e * n1 + j);
+          if constexpr (kGated) bu = *reinterpret_cast<const uint4*>(bias + cur_e * n1 + inter + j);
         }
       }
       Vec8<T> gate, up, bgv, buv;
@@ -187,11 +149,7 @@ activation_cols_kernel(const T* g, const T* bias, uint8_t* out, int64_t inter, c
       buv.unpack(bu);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        float gi = gate.v[i] * (rs[b] * sg[i]), ui = kGated ? up.v[i] * (rs[b] * su[i]) : 0.f;
-        if (bias) {
-          gi += bgv.v[i];
-          if constexpr (kGated) ui += buv.v[i];
-        }
+        const float gi = gate.v[i] + bgv.v[i], ui = kGated ? up.v[i] + buv.v[i] : 0.f;
         v[b][i] = activate<kAct>(gi, ui, alpha, limit);
         if (mine) amax[b] = fmaxf(amax[b], fabsf(v[b][i]));
       }
@@ -244,7 +202,7 @@ cudaError_t run(const void* g, const void* bias, void* out, int64_t max_rows, in
   // rows on: a block per row holds one block per SM (156 registers); DeepSeek-V3's shape at
   // 16384 tokens, fp8: 3.0 ms with a block per row, 0.75 ms with a warp.
   if constexpr (kQuant == MOEK_QUANT_FP8) {
-    if ((q.per_channel || bias) && max_rows >= kWarpRowsFrom && inter <= kColMaxInter) {
+    if (bias && max_rows >= kWarpRowsFrom && inter <= kColMaxInter) {
       const int threads = static_cast<int>((inter / 8 + 31) / 32 * 32);
       return launch(activation_cols_kernel<kAct, T, IdT>, static_cast<unsigned>((max_rows + kColRows - 1) / kColRows),
                     threads, 0, stream, static_cast<const T*>(g), static_cast<const T*>(bias),

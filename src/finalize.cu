@@ -11,56 +11,44 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kSlotBatch = 8;  // slot rows loaded together, so their latencies overlap
-constexpr int kSlotBatchFp8 = 4;  // with their 8 scales each
 
 // Block (t, c): token t, columns [c * kThreads * 8, ...), 8 per thread. The token's slot
-// rows, weights and scales are read once into shared memory; each thread then loads its
-// columns of up to kSlotBatch rows at a time and adds them up in slot order.
-template <typename T, typename IdT, bool kFp8>
+// rows and weights are read once into shared memory; each thread then loads its columns of
+// up to kSlotBatch rows at a time and adds them up in slot order. y is GEMM2's output as it
+// wrote it (FP8: dequantized by GEMM2).
+template <typename T, typename IdT>
 __global__ void __launch_bounds__(kThreads)
 finalize_kernel(const T* y, const T* bias, const float* weights, const IdT* ids,
                 int64_t expert_offset, const int32_t* pair_dst, T* out, int64_t hidden,
-                int top_k, Fp8Scales q) {
-  extern __shared__ int32_t s_meta[];  // rows, experts, weights, row scales: top_k each
+                int top_k) {
+  extern __shared__ int32_t s_meta[];  // rows, experts, weights: top_k each
   int32_t* s_row = s_meta;
   int32_t* s_expert = s_meta + top_k;
   float* s_w = reinterpret_cast<float*>(s_meta + 2 * top_k);
-  float* s_rscale = s_w + top_k;
   const int64_t t = blockIdx.x;
   for (int s = threadIdx.x; s < top_k; s += blockDim.x) {
     const int64_t p = t * top_k + s;
     const int32_t row = pair_dst[p];  // -1: the expert is not on this rank
     s_row[s] = row;
     s_w[s] = weights[p];
-    s_expert[s] = row >= 0 && (bias || kFp8) ? static_cast<int32_t>(local_expert(ids, p, expert_offset)) : 0;
-    if constexpr (kFp8) s_rscale[s] = row >= 0 ? q.row[row] : 0.f;
+    s_expert[s] = row >= 0 && bias ? static_cast<int32_t>(local_expert(ids, p, expert_offset)) : 0;
   }
-  // The slots' rows, weights and scales come from routing and the activation, two or more
-  // launches back (launch.cuh): read before the wait for GEMM2, which GEMM2's rows need.
+  // The slots' rows and weights come from routing, two or more launches back (launch.cuh):
+  // read before the wait for GEMM2, which GEMM2's rows need.
   pdl_begin();
   __syncthreads();
   const int64_t j = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * 8;
   if (j >= hidden) return;
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  // FP8: each slot's dequantization scales (row scale x its expert's weight scales) are loaded
-  // with its row, not after it: loaded after, they made a chain of L2 round trips, one per slot
-  // (per-channel scales: 32 bytes per slot for 16 of the row). Fewer slots per batch then, for
-  // the registers.
-  constexpr int kBatch = kFp8 ? kSlotBatchFp8 : kSlotBatch;
+  constexpr int kBatch = kSlotBatch;
   for (int s0 = 0; s0 < top_k; s0 += kBatch) {
     // Loads first, unconditionally (a slot that is absent or off this rank reads row 0 and
     // is skipped below), so that all kBatch are in flight together.
     uint4 raw[kBatch];
-    float sc[kFp8 ? kBatch : 1][8];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int32_t row = s0 + b < top_k ? s_row[s0 + b] : -1;
       raw[b] = *reinterpret_cast<const uint4*>(y + int64_t(row > 0 ? row : 0) * hidden + j);
-      if constexpr (kFp8) {
-        const int64_t e = s0 + b < top_k ? s_expert[s0 + b] : 0;
-        load_scales8(q.per_channel ? q.weight + e * hidden : q.weight + e, j, q.per_channel,
-                     s0 + b < top_k ? s_rscale[s0 + b] : 0.f, sc[b]);
-      }
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -69,10 +57,6 @@ finalize_kernel(const T* y, const T* bias, const float* weights, const IdT* ids,
       Vec8<T> v;
       v.unpack(raw[b]);
       const int64_t e = s_expert[s];
-      if constexpr (kFp8) {  // raw GEMM2 accumulators: dequantize
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v.v[i] *= sc[b][i];
-      }
       if (bias) {
         Vec8<T> bv;
         bv.load(bias + e * hidden + j);
@@ -90,19 +74,19 @@ finalize_kernel(const T* y, const T* bias, const float* weights, const IdT* ids,
   o.store(out + t * hidden + j);
 }
 
-template <typename T, typename IdT, bool kFp8>
+template <typename T, typename IdT>
 cudaError_t run(const void* y, const void* bias, const float* w, const void* ids,
                    int64_t expert_offset, const RoutingBuffers& rb, void* out, int64_t tokens,
-                   int top_k, int64_t hidden, const Fp8Scales& q, cudaStream_t stream) {
+                   int top_k, int64_t hidden, cudaStream_t stream) {
   const int64_t vecs = hidden / 8;
   // Few tokens (decode): narrower blocks, so that each token's columns spread over more SMs.
   const int64_t per_block = tokens < 64 ? 64 : kThreads;
   const int threads = static_cast<int>(vecs >= per_block ? per_block : (vecs + 31) / 32 * 32);
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>((vecs + threads - 1) / threads));
-  return launch(finalize_kernel<T, IdT, kFp8>, grid, threads, 4 * sizeof(int32_t) * top_k, stream,
+  return launch(finalize_kernel<T, IdT>, grid, threads, 3 * sizeof(int32_t) * top_k, stream,
                 static_cast<const T*>(y), static_cast<const T*>(bias), w,
                 static_cast<const IdT*>(ids), expert_offset, rb.pair_dst, static_cast<T*>(out),
-                hidden, top_k, q);
+                hidden, top_k);
 }
 
 }  // namespace
@@ -110,18 +94,12 @@ cudaError_t run(const void* y, const void* bias, const float* w, const void* ids
 cudaError_t launch_finalize(bool fp16, const void* y, const void* bias, const float* topk_weights,
                             const void* topk_ids, bool ids_int64, int64_t expert_offset,
                             const RoutingBuffers& rb, void* out, int64_t num_tokens, int top_k,
-                            int64_t hidden_size, const Fp8Scales& q, cudaStream_t stream) {
-  auto go = [&](auto t, auto id, auto dequantize) {
-    return run<decltype(t), decltype(id), decltype(dequantize)::value>(
-        y, bias, topk_weights, topk_ids, expert_offset, rb, out, num_tokens, top_k, hidden_size,
-        q, stream);
+                            int64_t hidden_size, cudaStream_t stream) {
+  auto go = [&](auto t, auto id) {
+    return run<decltype(t), decltype(id)>(y, bias, topk_weights, topk_ids, expert_offset, rb, out,
+                                          num_tokens, top_k, hidden_size, stream);
   };
-  // Only FP8's GEMM2 leaves raw accumulators; FP8_BLOCK's scales are applied in its mainloop.
-  const bool dequant = q.quant == MOEK_QUANT_FP8;
-  auto by_type = [&](auto id) {
-    if (dequant) return fp16 ? go(__half{}, id, std::true_type{}) : go(__nv_bfloat16{}, id, std::true_type{});
-    return fp16 ? go(__half{}, id, std::false_type{}) : go(__nv_bfloat16{}, id, std::false_type{});
-  };
+  auto by_type = [&](auto id) { return fp16 ? go(__half{}, id) : go(__nv_bfloat16{}, id); };
   return ids_int64 ? by_type(int64_t{}) : by_type(int32_t{});
 }
 

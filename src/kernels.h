@@ -16,8 +16,9 @@ __host__ __device__ constexpr bool is_gated(int act) {
 
 // Device-side description of one grouped GEMM's per-expert arguments, filled by the
 // routing kernels: A_e = a_base + offsets[e] rows, B_e = b_base + e * n * k, D_e likewise.
-// Block-scaled GEMMs (fp8_block) also get scale pointers: SFA_e = sfa_base + offsets[e] rows
-// of sf_k floats, SFB_e = sfb_base + e * sf_n * sf_k.
+// FP8 GEMMs also get scale pointers: SFA_e = sfa_base + offsets[e] rows of sfa_per_row floats,
+// SFB_e = sfb_base + e * sfb_per_group (fp8_block: [ceil(k/128)] per row and [ceil(n/128),
+// ceil(k/128)] per expert; fp8: one per row, and n per expert per channel or one per tensor).
 struct GroupSetup {
   int32_t* problem_shapes;  // [E][3]: (M, N, K)
   int32_t* problem_shapes_t;  // [E][3]: (N, M, K), for the swap-AB kernels
@@ -32,26 +33,23 @@ struct GroupSetup {
   char* d_base;
   int64_t n, k;
   int32_t a_bytes, b_bytes, d_bytes;  // element sizes
-  const float** ptr_sfa;    // NULL unless block-scaled
+  const float** ptr_sfa;    // NULL unless FP8
   const float** ptr_sfb;
   const float* sfa_base;
   const float* sfb_base;
-  int32_t sf_n, sf_k;       // ceil(n / 128), ceil(k / 128)
+  int64_t sfa_per_row, sfb_per_group;
+  bool sfb_per_channel;     // FP8: n weight scales per expert (else one)
   int32_t* active;          // [E + 1]: experts with rows, [0] = how many (both GEMMs share it)
   int32_t* tile_counter;    // this GEMM's next tile, for kernels that take tiles dynamically
                             // (the contiguous schedule); routing zeroes it every forward
 };
 
-// FP8 on one side of a step: how values were or will be scaled. Dequantized = q * scale.
-// `quant` is the problem's moek_quant. FP8: GEMM outputs are raw accumulators, dequantized
-// with `row` and `weight` by the next step; inputs are quantized per row (or statically).
-// FP8_BLOCK: the GEMMs dequantize in their mainloop; inputs are quantized per row per 128
-// columns, and `row_out` gets [rows, cols / 128] scales.
+// How a step quantizes a GEMM's input to E4M3 (dequantized = q * scale); `quant` is the
+// problem's moek_quant. The GEMMs dequantize their outputs themselves (FP8: in the epilogue,
+// FP8_BLOCK: in the mainloop). FP8: per row, or with a static per-tensor scale; FP8_BLOCK: per
+// row per 128 columns. `row_out` gets the scales ([rows] or [rows, cols / 128]) either way.
 struct Fp8Scales {
   int quant = 0;
-  const float* weight = nullptr;    // FP8: [E] or [E, N]
-  bool per_channel = false;
-  const float* row = nullptr;       // FP8: per-row scale of the quantized GEMM input
   const float* static_out = nullptr;  // FP8: static per-tensor scale to quantize with, or NULL
   float* row_out = nullptr;         // scales written when quantizing
 };
@@ -83,7 +81,7 @@ cudaError_t launch_routing(const void* topk_ids, bool ids_int64, int64_t num_pai
                            GroupSetup gemm2, int sm_count, cudaStream_t stream);
 
 // out[r, :] = act(g[r, :] + bias[e_r]) for the permuted rows; gated ones read [gate | up].
-// FP8: g is dequantized with q.row and q.weight first; both FP8 modes quantize out to E4M3.
+// Both FP8 modes quantize out to E4M3 (q).
 cudaError_t launch_activation(int activation, bool fp16, const void* g, const void* bias,
                               void* out, int64_t max_rows, int64_t inter_size,
                               const void* topk_ids, bool ids_int64, int64_t expert_offset,
@@ -91,10 +89,9 @@ cudaError_t launch_activation(int activation, bool fp16, const void* g, const vo
                               float limit, const Fp8Scales& q, cudaStream_t stream);
 
 // out[t, :] = sum over slots, in slot order, of w[t, slot] * (y[row(t, slot)] + bias[e]).
-// FP8: y is dequantized with q.row and q.weight first.
 cudaError_t launch_finalize(bool fp16, const void* y, const void* bias, const float* topk_weights,
                             const void* topk_ids, bool ids_int64, int64_t expert_offset,
                             const RoutingBuffers& rb, void* out, int64_t num_tokens, int top_k,
-                            int64_t hidden_size, const Fp8Scales& q, cudaStream_t stream);
+                            int64_t hidden_size, cudaStream_t stream);
 
 }  // namespace moe_kernels

@@ -53,8 +53,8 @@ __device__ __forceinline__ void fill_group(const GroupSetup& g, int e, int32_t r
   g.stride_b[e] = g.k;
   g.stride_d[e] = g.n;
   if (g.ptr_sfa) {
-    g.ptr_sfa[e] = g.sfa_base + int64_t(row_offset) * g.sf_k;
-    g.ptr_sfb[e] = g.sfb_base + int64_t(e) * g.sf_n * g.sf_k;
+    g.ptr_sfa[e] = g.sfa_base + int64_t(row_offset) * g.sfa_per_row;
+    g.ptr_sfb[e] = g.sfb_base + int64_t(e) * g.sfb_per_group;
   }
 }
 

@@ -186,10 +186,12 @@ Layout plan(const moek_shape& s, int sm_count) {
   return L;
 }
 
-// sfa/sfb: the block scales of A and B for block-scaled GEMMs, else NULL.
-GroupSetup group_setup(char* ws, size_t at, int64_t e, const void* a, const void* b, void* d,
-                       int64_t n, int64_t k, int in_bytes, const float* sfa, const float* sfb,
-                       int32_t* active) {
+// sfa/sfb: the scales of A and B for FP8 GEMMs (kernels.h: GroupSetup), else NULL;
+// sfb_per_channel: FP8's weight scales are per output column (else one per expert).
+GroupSetup group_setup(char* ws, size_t at, const moek_shape& s, const void* a, const void* b,
+                       void* d, int64_t n, int64_t k, const float* sfa, const float* sfb,
+                       bool sfb_per_channel, int32_t* active) {
+  const int64_t e = s.num_experts;
   char* p = ws + at;
   GroupSetup g{};
   g.active = active;
@@ -207,18 +209,23 @@ GroupSetup group_setup(char* ws, size_t at, int64_t e, const void* a, const void
   g.ptr_sfa = reinterpret_cast<const float**>(next());
   g.ptr_sfb = reinterpret_cast<const float**>(next());
   g.tile_counter = reinterpret_cast<int32_t*>(p);
-  if (!sfa) g.ptr_sfa = g.ptr_sfb = nullptr;  // not block-scaled: routing leaves them alone
+  if (!is_fp8(s)) g.ptr_sfa = g.ptr_sfb = nullptr;  // routing leaves them alone
   g.sfa_base = sfa;
   g.sfb_base = sfb;
-  g.sf_n = static_cast<int32_t>((n + 127) / 128);
-  g.sf_k = static_cast<int32_t>((k + 127) / 128);
+  if (is_block(s)) {
+    g.sfa_per_row = (k + 127) / 128;
+    g.sfb_per_group = (n + 127) / 128 * g.sfa_per_row;
+  } else {
+    g.sfa_per_row = 1;
+    g.sfb_per_group = sfb_per_channel ? n : 1;
+    g.sfb_per_channel = sfb_per_channel;
+  }
   g.a_base = static_cast<const char*>(a);
   g.b_base = static_cast<const char*>(b);
   g.d_base = static_cast<char*>(d);
   g.n = n;
   g.k = k;
-  g.a_bytes = in_bytes;
-  g.b_bytes = in_bytes;
+  g.a_bytes = g.b_bytes = is_fp8(s) ? 1 : 2;
   g.d_bytes = 2;
   return g;
 }
@@ -249,6 +256,7 @@ GroupedGemmArgs gemm_args(const GroupSetup& g, int e, int64_t rows, const int32_
   a.stride_d = g.stride_d;
   a.ptr_sfa = g.ptr_sfa;
   a.ptr_sfb = g.ptr_sfb;
+  a.sfb_per_channel = g.sfb_per_channel;
   a.workspace = ws;
   a.device = device;
   a.sm_count = sms;
@@ -399,7 +407,6 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   const bool fp16 = s.dtype == MOEK_DTYPE_FP16;
   const bool fp8 = is_fp8(s);
   const bool block = is_block(s);
-  const int in_bytes = fp8 ? 1 : 2;
   const int64_t n1 = is_gated(s.activation) ? 2 * s.inter_size : s.inter_size;
 
   RoutingBuffers rb{};
@@ -408,32 +415,24 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   rb.offsets = reinterpret_cast<int32_t*>(ws + L.offsets);
   rb.row_src = reinterpret_cast<int32_t*>(ws + L.row_src);
   rb.pair_dst = reinterpret_cast<int32_t*>(ws + L.pair_dst);
-  // fp8 scales: x quantized by routing (x_scale), GEMM1's output dequantized with w13_scale
-  // (by the activation for fp8, in GEMM1 for fp8_block), a quantized by the activation
-  // (a_scale), GEMM2's output dequantized with w2_scale (by finalize, or in GEMM2).
+  // fp8 scales: x quantized by routing (x_scale), GEMM1's output dequantized with it and
+  // w13_scale by GEMM1 itself (epilogue for fp8, mainloop for fp8_block), a quantized by the
+  // activation (a_scale), GEMM2's output dequantized with it and w2_scale by GEMM2.
   float* x_scale = fp8 ? reinterpret_cast<float*>(ws + L.x_scale) : nullptr;
   float* a_scale = fp8 ? reinterpret_cast<float*>(ws + L.a_scale) : nullptr;
   // GEMM1: x[rows, H] x w13^T -> g[rows, N1];  GEMM2: a[rows, I] x w2^T -> y (in x's space).
   int32_t* active = reinterpret_cast<int32_t*>(ws + L.active);
-  GroupSetup g1 = group_setup(ws, L.groups[0], e, ws + L.x, a->w13, ws + L.g, n1, s.hidden_size,
-                              in_bytes, block ? x_scale : nullptr, a->w13_scale, active);
-  GroupSetup g2 = group_setup(ws, L.groups[1], e, ws + L.a, a->w2, ws + L.x, s.hidden_size,
-                              s.inter_size, in_bytes, block ? a_scale : nullptr, a->w2_scale,
+  GroupSetup g1 = group_setup(ws, L.groups[0], s, ws + L.x, a->w13, ws + L.g, n1, s.hidden_size,
+                              x_scale, a->w13_scale, s.w13_scale_per_channel != 0, active);
+  GroupSetup g2 = group_setup(ws, L.groups[1], s, ws + L.a, a->w2, ws + L.x, s.hidden_size,
+                              s.inter_size, a_scale, a->w2_scale, s.w2_scale_per_channel != 0,
                               active);
-  Fp8Scales q_in, q_mid, q_out;
-  q_in.quant = q_mid.quant = q_out.quant = s.quant;
+  Fp8Scales q_in, q_mid;
+  q_in.quant = q_mid.quant = s.quant;
   q_in.static_out = a->a13_scale;
   q_in.row_out = x_scale;
   q_mid.static_out = a->a2_scale;
   q_mid.row_out = a_scale;
-  if (!block) {
-    q_mid.weight = a->w13_scale;
-    q_mid.per_channel = s.w13_scale_per_channel != 0;
-    q_mid.row = x_scale;
-    q_out.weight = a->w2_scale;
-    q_out.per_channel = s.w2_scale_per_channel != 0;
-    q_out.row = a_scale;
-  }
 
   // fp8_block with a gated activation: a GEMM1 kernel that can apply it in its epilogue
   // and writes GEMM2's quantized input itself (no activation launch).
@@ -474,7 +473,7 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   if (last <= 4) return MOEK_OK;
   MOEK_CUDA_TRY(launch_finalize(fp16, ws + L.x, a->w2_bias, a->topk_weights, a->topk_ids, ids64,
                                 s.expert_offset, rb, a->out, s.num_tokens, top_k, s.hidden_size,
-                                q_out, stream),
+                                stream),
                 "finalize");
   return MOEK_OK;
 }

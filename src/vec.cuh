@@ -55,22 +55,6 @@ __device__ __forceinline__ uint2 to_fp8x8(const float* v, float scale) {
   return raw;
 }
 
-// s[i] = row_scale * the weight scale of column j + i: per channel (two 16-byte loads;
-// j % 8 == 0 and the [E, N] scale rows start 32-byte aligned when N % 8 == 0) or per tensor.
-__device__ __forceinline__ void load_scales8(const float* w, int64_t j, bool per_channel,
-                                             float row_scale, float* s) {
-  if (per_channel) {
-    const float4 a = *reinterpret_cast<const float4*>(w + j);
-    const float4 b = *reinterpret_cast<const float4*>(w + j + 4);
-    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) s[i] = row_scale * v[i];
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) s[i] = row_scale * w[0];
-  }
-}
-
 // Largest |v| over the block (every thread gets it). blockDim.x must be a multiple of 32.
 __device__ __forceinline__ float block_amax(float v) {
   __shared__ float warp_max[32];

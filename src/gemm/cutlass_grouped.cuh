@@ -8,6 +8,9 @@
 // block ([N/128, K/128], row-major: DeepSeek's weight_scale_inv as stored). SM90's mainloop
 // derives each group's scale layout from its problem shape; SM100's reads one per group from
 // device memory, which write_scale_layouts fills in the workspace before each GEMM.
+// FP8 (E4M3 inputs, not block-scaled) dequantizes in the epilogue: D = acc * sfa[m] * sfb[n],
+// per-row input scales and per-channel (or, stride 0, per-expert) weight scales, each group's
+// from its own pointer (Fp8OutputScales).
 // Swap-AB schedules (Schedule::kSwapAB, for a few rows per expert) compute D_g^T = B_g x A_g^T
 // instead: the weights are the wgmma's A operand (tile_n rows) and the tokens its narrow N, so a
 // handful of tokens does not pad a 64-row tile; D^T is stored column-major, which is D
@@ -20,6 +23,7 @@
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/dispatch_policy.hpp"
@@ -56,6 +60,35 @@ __global__ void write_scale_layouts(const int32_t* shapes, int groups, LayoutSFA
     sfb[g] = ScaleConfig::tile_atom_to_shape_SFB(mnkl);
   }
 }
+
+// The FP8 epilogue's visitor tree: D = (weight scale) * ((row scale) * acc), in fp32, rounded
+// once to ElementD. The row scales are one per row of the group's A (offsets are arbitrary, so
+// scalar loads); the weight scales per output column, or one per expert where dW's N stride
+// is false. Swapped, CUTLASS's M is the output columns and its N the rows.
+template <class TileShape, class ElementD, bool kSwapAB>
+struct Fp8OutputScales {
+  template <class Stride>
+  using AlongM = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float*, float, Stride, 1>;
+  template <class Stride>
+  using AlongN = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float*, float, Stride, 1>;
+  using RowScale = cute::conditional_t<kSwapAB, AlongN<cute::Stride<cute::_0, cute::_1, int64_t>>,
+                                       AlongM<cute::Stride<cute::_1, cute::_0, int64_t>>>;
+  using WeightScale = cute::conditional_t<kSwapAB, AlongM<cute::Stride<bool, cute::_0, int64_t>>,
+                                          AlongN<cute::Stride<cute::_0, bool, int64_t>>>;
+  template <class Out>
+  using Multiply = cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, Out, float,
+                                                          cutlass::FloatRoundStyle::round_to_nearest>;
+  using Tree = cutlass::epilogue::fusion::Sm90EVT<
+      Multiply<ElementD>, WeightScale,
+      cutlass::epilogue::fusion::Sm90EVT<Multiply<float>, RowScale, cutlass::epilogue::fusion::Sm90AccFetch>>;
+
+  static typename Tree::Arguments arguments(const float** sfa, const float** sfb, bool per_channel) {
+    typename WeightScale::Arguments w{sfb, 0.f, {}};
+    if constexpr (kSwapAB) cute::get<0>(w.dCol) = per_channel;
+    else cute::get<1>(w.dRow) = per_channel;
+    return {w, {{sfa, 0.f, {}}, {}, {}}, {}};
+  }
+};
 
 // A family's schedule: its CUTLASS mainloop and epilogue tags, whether the mainloop applies
 // block scales (fp8_block) and whether A and B trade places (see the top). The families
@@ -102,11 +135,17 @@ struct CutlassGroupedGemm {
   using StrideArgA = cute::conditional_t<kBlockScaled, cute::tuple<LayoutA*, LayoutSFA*>, LayoutA*>;
   using StrideArgB = cute::conditional_t<kBlockScaled, cute::tuple<LayoutB*, LayoutSFB*>, LayoutB*>;
 
+  // FP8 with per-row and per-channel (or per-tensor) scales: applied by the epilogue.
+  static constexpr bool kScaledOutput =
+      std::is_same_v<ElementA, cutlass::float_e4m3_t> && !kBlockScaled;
+  using OutputScales = Fp8OutputScales<TileShape, ElementD, kSwapAB>;
+  using Fusion = cute::conditional_t<kScaledOutput, typename OutputScales::Tree,
+                                     cutlass::epilogue::fusion::LinearCombination<ElementD, float>>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       ArchTag, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
       void, LayoutD*, kAlignD, ElementD, LayoutD*, kAlignD, typename Schedule::Epilogue,
-      cutlass::epilogue::fusion::LinearCombination<ElementD, float>>::CollectiveOp;
+      Fusion>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       ArchTag, cutlass::arch::OpClassTensorOp, ElementA, StrideArgA, kAlignA, ElementB, StrideArgB,
@@ -174,8 +213,12 @@ struct CutlassGroupedGemm {
       using Raster = typename Kernel::TileScheduler::RasterOrderOptions;
       args.scheduler.raster_order = Raster::AlongN;
     }
-    args.epilogue.thread.alpha = 1.0f;
-    args.epilogue.thread.beta = 0.0f;
+    if constexpr (kScaledOutput) {
+      args.epilogue.thread = OutputScales::arguments(a.ptr_sfa, a.ptr_sfb, a.sfb_per_channel);
+    } else {
+      args.epilogue.thread.alpha = 1.0f;
+      args.epilogue.thread.beta = 0.0f;
+    }
     return args;
   }
 

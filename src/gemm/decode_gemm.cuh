@@ -43,6 +43,7 @@ struct Params {
   const int64_t* stride_d;
   const float* const* ptr_sfa;
   const float* const* ptr_sfb;
+  bool sfb_per_channel;
 };
 
 // Weights are streamed once: keep them out of L1 so the tokens stay there.
@@ -154,9 +155,9 @@ struct WarpTile {
 
 // The warp's sums over its K steps for tokens m0 .. m0 + 8 * kTiles - 1 of the group:
 // acc[u] = c0..c3 of mma tile u. kBlockScaled: fp8_block, A scales [M, K/128] and B scales
-// [N/128, K/128] applied to each 128-column partial sum; else raw fp32 sums (the fp8 path's
-// scales are applied by the next step, as with the CUTLASS kernels). `w` holds the first
-// batch of weights when `preloaded`.
+// [N/128, K/128] applied to each 128-column partial sum; else raw fp32 sums (fp8's per-row
+// and per-channel scales are applied to the output: group_tile). `w` holds the first batch
+// of weights when `preloaded`.
 template <class Tile, int kTiles>
 __device__ __forceinline__ void warp_sums(const Tile& t, const char* a, int64_t lda,
                                           const float* sfa, int m0, int m_rows,
@@ -225,7 +226,8 @@ __device__ __forceinline__ void warp_sums(const Tile& t, const char* a, int64_t 
   }
 }
 
-// All passes (kTiles * 8 tokens each) of one group over the tile's weights, and the stores.
+// All passes (kTiles * 8 tokens each) of one group over the tile's weights, and the stores;
+// fp8 (E4M3, not block-scaled) stores acc * (row m's scale) * (column's weight scale).
 // Split K: the warps' sums are added in shared memory (`partial`), then stored by the block;
 // else each lane stores its own sums: c0 (row r, token 2q), c1 (r, 2q + 1), c2 (r + 8, 2q),
 // c3 (r + 8, 2q + 1) of each mma tile.
@@ -241,13 +243,19 @@ __device__ __forceinline__ void group_tile(const Params& p, const Tile& t,
   const int r = lane >> 2, q = lane & 3;
   const char* a = static_cast<const char*>(p.ptr_a[g]);
   const int64_t lda = p.stride_a[g] * sizeof(In);
-  const float* sfa = kBlockScaled ? p.ptr_sfa[g] : nullptr;
+  constexpr bool kScaledOutput = std::is_same_v<In, __nv_fp8_e4m3> && !kBlockScaled;
+  const float* sfa = kBlockScaled || kScaledOutput ? p.ptr_sfa[g] : nullptr;
+  const float* sfb = kScaledOutput ? p.ptr_sfb[g] : nullptr;
+  auto out = [&](int m, int col, float v) {
+    if constexpr (kScaledOutput) v *= sfa[m] * sfb[p.sfb_per_channel ? col : 0];
+    return to_out<Out>(v);
+  };
   Out* d = static_cast<Out*>(p.ptr_d[g]);
   const int64_t ldd = p.stride_d[g];
 
   for (int m0 = 0; m0 < m_rows; m0 += kTiles * 8) {
     float acc[kTiles][4] = {};
-    warp_sums<Tile, kTiles>(t, a, lda, sfa, m0, m_rows, w, preloaded, acc);
+    warp_sums<Tile, kTiles>(t, a, lda, kBlockScaled ? sfa : nullptr, m0, m_rows, w, preloaded, acc);
     preloaded = false;
     if constexpr (kSplitK) {
 #pragma unroll
@@ -264,7 +272,7 @@ __device__ __forceinline__ void group_tile(const Params& p, const Tile& t,
           float v = 0.f;
 #pragma unroll
           for (int ww = 0; ww < kWarps; ++ww) v += partial[ww][tok][col];
-          d[int64_t(m0 + tok) * ldd + n0 + col] = to_out<Out>(v);
+          d[int64_t(m0 + tok) * ldd + n0 + col] = out(m0 + tok, n0 + col, v);
         }
       }
       __syncthreads();  // `partial` is reused by the next pass
@@ -274,7 +282,7 @@ __device__ __forceinline__ void group_tile(const Params& p, const Tile& t,
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int m = m0 + 8 * u + 2 * q + (c & 1), col = n0 + r + 8 * (c >> 1);
-          if (m < m_rows && col < n) d[int64_t(m) * ldd + col] = to_out<Out>(acc[u][c]);
+          if (m < m_rows && col < n) d[int64_t(m) * ldd + col] = out(m, col, acc[u][c]);
         }
     }
   }
@@ -338,7 +346,7 @@ struct DecodeGemm {
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
     decode::Params p{a.problem_shapes, a.active_groups, a.ptr_a, a.stride_a, a.ptr_b,
-                     a.stride_b, a.ptr_d, a.stride_d, a.ptr_sfa, a.ptr_sfb};
+                     a.stride_b, a.ptr_d, a.stride_d, a.ptr_sfa, a.ptr_sfb, a.sfb_per_channel};
     const dim3 grid(static_cast<unsigned>((a.n + kColumns - 1) / kColumns),
                     static_cast<unsigned>(a.max_active_groups < 65535 ? a.max_active_groups
                                                                       : 65535));

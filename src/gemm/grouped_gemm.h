@@ -22,8 +22,12 @@ struct GroupedGemmArgs {
   int64_t* stride_b;
   void** ptr_d;
   int64_t* stride_d;
-  const float** ptr_sfa;    // block-scaled kernels only: per group, A's [M_g, K/128] scales
-  const float** ptr_sfb;    // and B's [N/128, K/128] scales
+  // FP8 only, per group: A's and B's scales. fp8_block (block-scaled kernels): A's [M_g, K/128]
+  // and B's [N/128, K/128], applied in the mainloop. fp8: A's [M_g] (one per row) and B's [N]
+  // (sfb_per_channel) or [1], applied to the output: D = acc * sfa[m] * sfb[n or 0].
+  const float** ptr_sfa;
+  const float** ptr_sfb;
+  bool sfb_per_channel;
   void* workspace;          // at least workspace_size(num_groups, sm_count) bytes
   // For kernels that size their grid and pick a variant on the host (the decode schedule):
   // the groups with rows, listed on the device ([0]: how many, [1..]: which), an upper bound
