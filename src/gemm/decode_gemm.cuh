@@ -265,33 +265,32 @@ __device__ __forceinline__ void group_tile(const Params& p, const Tile& t,
   };
 
   for (int m0 = 0; m0 < m_rows; m0 += kTiles * 8) {
-    // fp8: the scales of the values this thread stores, loaded ahead so that their latency
-    // hides under other work: under the K loop, or (split K, where the registers are short)
-    // under the block's sum. Loaded at the stores, each after the store before it, they cost
-    // ~4 us per GEMM at 16 tokens on H200.
-    float scale[kTiles][kValues];
-    auto load_scales = [&] {
-      if constexpr (kScaledOutput) {
-#pragma unroll
-        for (int u = 0; u < kTiles; ++u)
-#pragma unroll
-          for (int c = 0; c < kValues; ++c) {
-            int m, col;
-            coord(m0, u, c, m, col);
-            scale[u][c] = m < m_rows && col < n ? sfa[m] * sfb[p.sfb_per_channel ? col : 0] : 0.f;
-          }
-      }
-    };
-    if constexpr (!kSplitK) load_scales();
-    auto store = [&](int u, int c, int m, int col, float v) {
-      if constexpr (kScaledOutput) v *= scale[u][c];
-      d[int64_t(m) * ldd + col] = to_out<Out>(v);
-    };
     float acc[kTiles][4] = {};
     warp_sums<Tile, kTiles>(t, a, lda, kBlockScaled ? sfa : nullptr, m0, m_rows, w, preloaded, acc);
     preloaded = false;
+    // fp8: the row and column scales of the values this thread stores, all loaded at once after
+    // the K loop, before any store (loads between stores wait for each: ~4 us per GEMM at 16
+    // tokens on H200), and multiplied at the stores. Loaded before the K loop, their wait
+    // joined its first loads' (+6 us, the same). Value (u, c): row scale
+    // [u][c % 2] (split K: [u][0]), column scale [c / 2] (split K: [u]).
+    float row_scale[kTiles][kSplitK ? 1 : 2], col_scale[kSplitK ? kTiles : 2];
+    if constexpr (kScaledOutput) {
+#pragma unroll
+      for (int u = 0; u < kTiles; ++u)
+#pragma unroll
+        for (int c = 0; c < kValues; ++c) {
+          int m, col;
+          coord(m0, u, c, m, col);
+          if (c < 2) row_scale[u][c] = m < m_rows ? __ldg(sfa + m) : 0.f;
+          if ((kSplitK || u == 0) && (c & 1) == 0)
+            col_scale[kSplitK ? u : c / 2] = col < n ? __ldg(sfb + (p.sfb_per_channel ? col : 0)) : 0.f;
+        }
+    }
+    auto store = [&](int u, int c, int m, int col, float v) {
+      if constexpr (kScaledOutput) v *= row_scale[u][kSplitK ? 0 : c & 1] * col_scale[kSplitK ? u : c >> 1];
+      d[int64_t(m) * ldd + col] = to_out<Out>(v);
+    };
     if constexpr (kSplitK) {
-      load_scales();
 #pragma unroll
       for (int u = 0; u < kTiles; ++u) {
         partial[warp][8 * u + 2 * q][r] = acc[u][0];
