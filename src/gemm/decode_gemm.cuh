@@ -108,6 +108,12 @@ struct WarpTile {
   bool w_ok[2];
   const char* w_row[2];
   const float* sfb;
+  // fp8 (E4M3, not block-scaled): the output's scales. Its rows' come from the previous
+  // kernel; the columns' are the weights' own, loaded here, before the wait for it: the
+  // columns this thread stores (group_tile: r and r + 8; split K: threadIdx.x % 16).
+  static constexpr bool kScaledOutput = std::is_same_v<In, __nv_fp8_e4m3> && !kBlockScaled;
+  const float* sfa;
+  float col_scale[2];
 
   // Reads only what routing wrote (shapes, pointers) and the weights' own scales: callable
   // before the wait for the previous kernel (see decode_gemm_kernel).
@@ -126,6 +132,15 @@ struct WarpTile {
     w_row[1] = b + (n0 + r + 8) * ldb;
     sfb = nullptr;
     if constexpr (kBlockScaled) sfb = p.ptr_sfb[g] + int64_t(n0 / 128) * k_steps;
+    if constexpr (kScaledOutput) {
+      sfa = p.ptr_sfa[g];
+      const float* w = p.ptr_sfb[g];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int col = n0 + (kSplitK ? threadIdx.x % kRows : r + 8 * j);
+        col_scale[j] = col < n ? __ldg(w + (p.sfb_per_channel ? col : 0)) : 0.f;
+      }
+    }
   }
   __device__ __forceinline__ bool has_columns() const { return n0 < n; }
   // Lane q's 16 bytes of half h (64 bytes) of K step s, for weight and token rows alike: the
@@ -243,16 +258,14 @@ __device__ __forceinline__ void group_tile(const Params& p, const Tile& t,
   const int r = lane >> 2, q = lane & 3;
   const char* a = static_cast<const char*>(p.ptr_a[g]);
   const int64_t lda = p.stride_a[g] * sizeof(In);
-  constexpr bool kScaledOutput = std::is_same_v<In, __nv_fp8_e4m3> && !kBlockScaled;
-  const float* sfa = kBlockScaled || kScaledOutput ? p.ptr_sfa[g] : nullptr;
-  const float* sfb = kScaledOutput ? p.ptr_sfb[g] : nullptr;
+  constexpr bool kScaledOutput = Tile::kScaledOutput;
+  const float* sfa = kBlockScaled ? p.ptr_sfa[g] : kScaledOutput ? t.sfa : nullptr;
   Out* d = static_cast<Out*>(p.ptr_d[g]);
   const int64_t ldd = p.stride_d[g];
   // This thread's output value (u, c) of the pass from m0: its row and column. Split K: element
   // threadIdx.x + 128 u of the block's 8 kTiles x 16 sums (c = 0 only); else the lane's own
   // accumulator c of mma tile u.
   static_assert(8 * kRows == kWarps * 32, "decode GEMM: one split-K sum per thread per tile");
-  constexpr int kValues = kSplitK ? 1 : 4;
   auto coord = [&](int m0, int u, int c, int& m, int& col) {
     if constexpr (kSplitK) {
       const int i = threadIdx.x + u * kWarps * 32;
@@ -265,29 +278,26 @@ __device__ __forceinline__ void group_tile(const Params& p, const Tile& t,
   };
 
   for (int m0 = 0; m0 < m_rows; m0 += kTiles * 8) {
-    float acc[kTiles][4] = {};
-    warp_sums<Tile, kTiles>(t, a, lda, kBlockScaled ? sfa : nullptr, m0, m_rows, w, preloaded, acc);
-    preloaded = false;
-    // fp8: the row and column scales of the values this thread stores, all loaded at once after
-    // the K loop, before any store (loads between stores wait for each: ~4 us per GEMM at 16
-    // tokens on H200), and multiplied at the stores. Loaded before the K loop, their wait
-    // joined its first loads' (+6 us, the same). Value (u, c): row scale
-    // [u][c % 2] (split K: [u][0]), column scale [c / 2] (split K: [u]).
-    float row_scale[kTiles][kSplitK ? 1 : 2], col_scale[kSplitK ? kTiles : 2];
+    // fp8: the rows' scales of the values this thread stores, loaded with the pass's first
+    // token loads and used only at the stores. (Multiplied before the K loop, they stalled it:
+    // +5.5 us at 16 tokens on H200; loaded after it, they added a round trip: +12 us.) Value
+    // (u, c): row scale [u][c % 2] (split K: [u][0]), column scale [c / 2] (split K: [0]).
+    float row_scale[kTiles][kSplitK ? 1 : 2];
     if constexpr (kScaledOutput) {
 #pragma unroll
       for (int u = 0; u < kTiles; ++u)
 #pragma unroll
-        for (int c = 0; c < kValues; ++c) {
+        for (int c = 0; c < (kSplitK ? 1 : 2); ++c) {
           int m, col;
           coord(m0, u, c, m, col);
-          if (c < 2) row_scale[u][c] = m < m_rows ? __ldg(sfa + m) : 0.f;
-          if ((kSplitK || u == 0) && (c & 1) == 0)
-            col_scale[kSplitK ? u : c / 2] = col < n ? __ldg(sfb + (p.sfb_per_channel ? col : 0)) : 0.f;
+          row_scale[u][c] = m < m_rows ? __ldg(sfa + m) : 0.f;
         }
     }
+    float acc[kTiles][4] = {};
+    warp_sums<Tile, kTiles>(t, a, lda, kBlockScaled ? sfa : nullptr, m0, m_rows, w, preloaded, acc);
+    preloaded = false;
     auto store = [&](int u, int c, int m, int col, float v) {
-      if constexpr (kScaledOutput) v *= row_scale[u][kSplitK ? 0 : c & 1] * col_scale[kSplitK ? u : c >> 1];
+      if constexpr (kScaledOutput) v *= row_scale[u][kSplitK ? 0 : c & 1] * t.col_scale[kSplitK ? 0 : c >> 1];
       d[int64_t(m) * ldd + col] = to_out<Out>(v);
     };
     if constexpr (kSplitK) {
