@@ -332,7 +332,7 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
       {a->topk_weights, 4, "topk_weights", true}, {a->w13, 16, "w13", true},
       {a->w2, 16, "w2", true}, {a->w13_bias, 16, "w13_bias", false},
       {a->w2_bias, 16, "w2_bias", false}, {a->out, 16, "out", true},
-      // Per-channel scales are read with 16-byte loads.
+      // Per-channel scales: 16-byte aligned as the Python layer asks (api.py: _weight_scale).
       {a->w13_scale, s.w13_scale_per_channel ? 16u : 4u, "w13_scale", is_fp8(s)},
       {a->w2_scale, s.w2_scale_per_channel ? 16u : 4u, "w2_scale", is_fp8(s)},
       {a->a13_scale, 4, "a13_scale", false}, {a->a2_scale, 4, "a2_scale", false},

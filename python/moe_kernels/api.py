@@ -175,7 +175,8 @@ def _weight_scale(name, scale, E, N, device):
     """fp8 weight scales: per tensor [E] or per output channel [E, N] float32 (trailing
     singleton dimensions, as checkpoints store them, are accepted)."""
     per_channel = isinstance(scale, torch.Tensor) and scale.numel() != E
-    # Per-channel scales are read 8 at a time with 16-byte loads.
+    # Per-channel scales: 16-byte aligned, as when the activation and finalize kernels read them
+    # 8 at a time (the GEMM epilogues that read them now need 4; not relaxed until tested).
     t = _tensor(name, scale, dtype=torch.float32, device=device, align=16 if per_channel else 4)
     if tuple(t.shape) in ((E,), (E, 1), (E, 1, 1)):
         return t.reshape(E)
