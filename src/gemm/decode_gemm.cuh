@@ -109,7 +109,7 @@ struct WarpTile {
   const char* w_row[2];
   const float* sfb;
   // fp8 (E4M3, not block-scaled): the output's scales. Its rows' come from the previous
-  // kernel; the columns' are the weights' own, loaded here, before the wait for it: the
+  // kernel (group_tile loads them); the columns' are the weights' own, loaded here: the
   // columns this thread stores (group_tile: r and r + 8; split K: threadIdx.x % 16).
   static constexpr bool kScaledOutput = std::is_same_v<In, __nv_fp8_e4m3> && !kBlockScaled;
   const float* sfa;
@@ -278,10 +278,11 @@ __device__ __forceinline__ void group_tile(const Params& p, const Tile& t,
   };
 
   for (int m0 = 0; m0 < m_rows; m0 += kTiles * 8) {
-    // fp8: the rows' scales of the values this thread stores, loaded with the pass's first
-    // token loads and used only at the stores. (Multiplied before the K loop, they stalled it:
-    // +5.5 us at 16 tokens on H200; loaded after it, they added a round trip: +12 us.) Value
-    // (u, c): row scale [u][c % 2] (split K: [u][0]), column scale [c / 2] (split K: [0]).
+    // fp8: the rows' scales of the values this thread stores, loaded before the K loop and
+    // used only at the stores. (Loaded after it, they added a round trip: +12 us at 16 tokens
+    // on H200.) Their addresses and the column scales' wait on loads of their own, which still
+    // delays the first weight loads: +4-5% at 16 tokens (docs/fp8-performance.md, session 34).
+    // Value (u, c): row scale [u][c % 2] (split K: [u][0]), column scale [c / 2] (split K: [0]).
     float row_scale[kTiles][kSplitK ? 1 : 2];
     if constexpr (kScaledOutput) {
 #pragma unroll
