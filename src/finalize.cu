@@ -1,6 +1,5 @@
 // Finalize: the weighted sum of each token's top-k expert rows, in slot order, so the
 // result is bitwise the same on every run. GEMM2's bias is fused here.
-#include <type_traits>
 
 #include "kernels.h"
 #include "launch.cuh"
@@ -40,18 +39,17 @@ finalize_kernel(const T* y, const T* bias, const float* weights, const IdT* ids,
   const int64_t j = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * 8;
   if (j >= hidden) return;
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  constexpr int kBatch = kSlotBatch;
-  for (int s0 = 0; s0 < top_k; s0 += kBatch) {
+  for (int s0 = 0; s0 < top_k; s0 += kSlotBatch) {
     // Loads first, unconditionally (a slot that is absent or off this rank reads row 0 and
-    // is skipped below), so that all kBatch are in flight together.
-    uint4 raw[kBatch];
+    // is skipped below), so that all kSlotBatch are in flight together.
+    uint4 raw[kSlotBatch];
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
+    for (int b = 0; b < kSlotBatch; ++b) {
       const int32_t row = s0 + b < top_k ? s_row[s0 + b] : -1;
       raw[b] = *reinterpret_cast<const uint4*>(y + int64_t(row > 0 ? row : 0) * hidden + j);
     }
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
+    for (int b = 0; b < kSlotBatch; ++b) {
       const int s = s0 + b;
       if (s >= top_k || s_row[s] < 0) continue;
       Vec8<T> v;
