@@ -357,11 +357,11 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
           gate += red_gate[w * kCols + r];
           up += red_up[w * kCols + r];
         }
-        // The grouped path's GEMM1 stores 16-bit accumulators (fp8: raw, scaled by the
-        // activation kernel; fp8_block: already scaled).
+        // As the grouped path's GEMM1 stores them: dequantized in fp32 (fp8: the token's and the
+        // weights' scales; fp8_block: already in the sums), rounded once to 16 bits; then the bias.
         const float xs = kBlock ? 1.f : s_xscale[0];
-        gate = round16<T>(gate) * (xs * s_scale1[i][r]) + s_bias1[i][r];
-        up = round16<T>(up) * (xs * s_scale1[i][kCols + r]) + s_bias1[i][kCols + r];
+        gate = round16<T>(gate * (xs * s_scale1[i][r])) + s_bias1[i][r];
+        up = round16<T>(up * (xs * s_scale1[i][kCols + r])) + s_bias1[i][kCols + r];
         p.y[(u / col_blocks) * I + (u % col_blocks) * kCols + r] = activate<kAct>(gate, up, p.alpha, p.limit);
       }
     }
@@ -483,8 +483,9 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     const int pq = threadIdx.x / kCols, r = threadIdx.x % kCols, s = pq % slots, c = (pq / slots) * kCols + r;
     float d = 0.f;
     for (int w = 0; w < per_pair; ++w) d += part[(pq * per_pair + w) * kCols + r];
-    // fp8: GEMM2's raw 16-bit output, dequantized as finalize does; fp8_block: already scaled.
-    s_term[pq][r] = (kBlock ? round16<T>(d) : round16<T>(d) * (s_scale2[s][0] * s_wscale2[s][c])) + s_bias2[s][c];
+    // GEMM2's output as the grouped path stores it: dequantized in fp32 (fp8_block: already in
+    // the sums), rounded once to 16 bits; then the bias, as finalize adds it.
+    s_term[pq][r] = round16<T>(kBlock ? d : d * (s_scale2[s][0] * s_wscale2[s][c])) + s_bias2[s][c];
   }
   __syncthreads();
   stamp(p, 11);

@@ -13,11 +13,14 @@ TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3, "fp8": 5e-2, "fp8_block": 5e-2}
 
 
 def make_problem(T, E, k, H, I, *, dtype="bf16", gated=True, bias=False, ids_dtype=torch.int32,
-                 device="cuda", seed=None, ids=None, global_experts=None, granularity="channel"):
-    """Fresh random inputs; weights scaled so every stage stays O(1)."""
+                 device="cuda", seed=None, ids=None, global_experts=None, granularity="channel",
+                 act_dtype=None):
+    """Fresh random inputs; weights scaled so every stage stays O(1). act_dtype ("bf16" or
+    "fp16"): the FP8 modes' hidden states, biases and output type (default bf16)."""
     g = torch.Generator(device="cpu")
     g.manual_seed(seed if seed is not None else torch.randint(0, 2**31 - 1, ()).item())
-    dt = DTYPES[dtype]
+    assert act_dtype is None or dtype in ("fp8", "fp8_block"), "act_dtype is for the FP8 modes"
+    dt = DTYPES[act_dtype or dtype]
     n1 = 2 * I if gated else I
     ge = global_experts or E
 

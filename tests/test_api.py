@@ -130,6 +130,30 @@ def test_fp8_validation():
         call(r, w13_scale=qr["w13_scale"], w2_scale=qr["w2_scale"])
 
 
+def test_fp8_takes_bf16_or_fp16_hidden_states():
+    from moe_kernels.prepare import quantize_weights
+    p = problem(H=64, I=32)
+    q = quantize_weights(p["w13"].float(), p["w2"].float())
+    p.update(w13=q["w13"], w2=q["w2"])
+    kw = dict(w13_scale=q["w13_scale"], w2_scale=q["w2_scale"])
+    with pytest.raises(TypeError, match=r"hidden_states: got dtype torch.float32, expected torch.bfloat16 or torch.float16"):
+        call({**p, "hidden_states": p["hidden_states"].float()}, **kw)
+    half = {**p, "hidden_states": p["hidden_states"].half()}  # out and biases: the same type
+    with pytest.raises(TypeError, match=r"w13_bias: got dtype torch.bfloat16, expected torch.float16"):
+        call(half, w13_bias=torch.zeros(4, 64, dtype=torch.bfloat16), **kw)
+    with pytest.raises(TypeError, match=r"out: got dtype torch.bfloat16, expected torch.float16"):
+        call(half, out=torch.empty(5, 64, dtype=torch.bfloat16), **kw)
+    with pytest.raises(ValueError, match="hidden_states: got device cpu"):  # valid, but not on a GPU
+        call(half, w13_bias=torch.zeros(4, 64, dtype=torch.float16), out=torch.empty(5, 64, dtype=torch.float16), **kw)
+    # Kernel lists by output type: checked before any device is looked at.
+    with pytest.raises(ValueError, match=r"out_dtype: got 'fp32', expected 'bf16', 'fp16'"):
+        moe_kernels.list_kernels(quant="fp8", out_dtype="fp32")
+    with pytest.raises(ValueError, match=r"out_dtype: got 'fp16', expected 'bf16' \(or None\) for quant='bf16'"):
+        moe_kernels.list_kernels(quant="bf16", out_dtype="fp16")
+    with pytest.raises(ValueError, match=r"out_dtype: got torch.float32"):
+        moe_kernels.list_tactics("fp8_block", out_dtype=torch.float32)
+
+
 def test_tactic_is_typed_by_name():
     with pytest.raises(TypeError, match="Tactic.gemm1=3"):
         Tactic(3, "x")

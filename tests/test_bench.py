@@ -200,6 +200,15 @@ def test_tactic_argument():
             bench.parse_tactic(bad)
 
 
+def test_fp16_out_argument():
+    ns = argparse.Namespace
+    assert bench.hidden_dtype(ns(quant="fp8", fp16_out=True)) == torch.float16
+    assert bench.hidden_dtype(ns(quant="fp8_block", fp16_out=False)) == torch.bfloat16
+    assert bench.hidden_dtype(ns(quant="fp16", fp16_out=False)) == torch.float16
+    with pytest.raises(SystemExit, match="--fp16-out is for --quant fp8 or fp8_block, not bf16"):
+        bench.hidden_dtype(ns(quant="bf16", fp16_out=True))
+
+
 def test_git_commit_marks_a_changed_tree(tmp_path):
     def git(*a):
         subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
@@ -251,6 +260,22 @@ def test_profile_without_gpu_says_so():
     r = subprocess.run([sys.executable, "-m", "moe_kernels", "profile", "--tokens", "1"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "nothing to profile" in r.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", ["fp8", "fp8_block"])
+def test_tiny_bench_run_fp16_out(quant, tmp_path):
+    out = tmp_path / "b.json"
+    r = subprocess.run([sys.executable, "-m", "moe_kernels", "bench", "--experts", "8", "--top-k", "2",
+                        "--hidden", "256", "--intermediate", "128", "--tokens", "1,64", "--replays", "3",
+                        "--quant", quant, "--fp16-out", "--json", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["hidden_dtype"] == "fp16" and "fp16 in and out" in r.stdout
+    for row in data["rows"]:
+        ours = row["results"]["moe_kernels"]
+        assert ours["status"] == "ok" and ours["rel_err"] < 5e-2
+        assert row["tactic"].startswith("one_token") or "_fp16_" in row["tactic"]
 
 
 @pytest.mark.gpu

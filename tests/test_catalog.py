@@ -45,13 +45,13 @@ def test_minimal_is_a_subset_of_full():
 
 
 def test_full_catalog_is_deliberate_size():
-    per_mode = {}
+    per_mode = {}  # by arch, mode and output type
     for c in catalog.CATALOG["full"]:
-        per_mode[c.arch, c.quant] = per_mode.get((c.arch, c.quant), 0) + 1
+        per_mode[c.arch, c.quant, c.out] = per_mode.get((c.arch, c.quant, c.out), 0) + 1
     assert all(2 <= n <= 20 for n in per_mode.values()), per_mode
-    # Every mode that has full kernels on SM90 has minimal ones too (CI builds and tests them).
-    assert {m for a, m in per_mode if a == "90a"} == {c.quant for c in catalog.CATALOG["minimal"]
-                                                      if c.arch == "90a"}
+    # Every (mode, output) that has full kernels on SM90 has minimal ones too (CI builds and tests them).
+    assert {(m, o) for a, m, o in per_mode if a == "90a"} == {
+        (c.quant, c.out) for c in catalog.CATALOG["minimal"] if c.arch == "90a"}
 
 
 def test_names_are_stable():
@@ -167,7 +167,27 @@ def test_built_registry_matches_build_info_and_catalog():
     for lib in _native.libraries():
         for k in lib["kernels"]:
             c = expected[lib["arch"], k.name]
-            assert (k.tile, k.cluster, k.schedule, k.act_dtype, k.quant) == (
+            assert (k.tile, k.cluster, k.schedule, k.act_dtype, k.quant, k.out_dtype) == (
                 (c.tile_m, c.tile_n, c.tile_k), (c.cluster_m, c.cluster_n), c.schedule, c.act_dtype,
-                c.quant)
+                c.quant, c.out)
             assert 0 < k.smem_bytes <= 232448  # SM90's per-block opt-in limit
+
+
+def test_fp8_kernels_come_in_both_output_types():
+    # The FP8 modes take bf16 or fp16 hidden states: in the release catalog every FP8 kernel but the
+    # contiguous one (bf16 only) has an fp16-output twin; the minimal one has a prefill tile and
+    # the decode kernels of each mode in fp16, on every arch.
+    for subset in catalog.CATALOG:
+        rows = catalog.select(subset, list(catalog.ARCHS))
+        fp8 = [c for c in rows if c.act_dtype == "e4m3"]
+        assert {c.out for c in fp8} == {"bf16", "fp16"}
+        twins = {dataclasses.replace(c, out_dtype="bf16") for c in fp8 if c.out == "fp16"}
+        assert twins <= set(fp8), "an fp16-output FP8 kernel without its bf16 form"
+        assert all(c.out == "bf16" for c in fp8 if c.schedule == "contig")
+        if subset == "full":
+            assert twins == {c for c in fp8 if c.out == "bf16" and c.schedule != "contig"}
+        for arch in catalog.ARCHS:
+            for quant in ("fp8", "fp8_block"):
+                fp16 = {c.schedule for c in fp8 if c.arch == arch and c.quant == quant and c.out == "fp16"}
+                assert "decode" in fp16 and len(fp16) > 1, (subset, arch, quant, fp16)
+        assert len({(c.arch, c.name) for c in fp8}) == len(fp8)

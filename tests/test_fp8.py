@@ -72,6 +72,21 @@ def test_prepare_fp8_checkpoint_validation():
         prepare_weights(q13.bfloat16(), q2.bfloat16(), w13_scale=s13)
 
 
+def test_prepare_fp8_biases_in_either_16_bit_type():
+    # The biases take the type of the hidden states the layer will get: bf16 or fp16, both the same.
+    _, _, p = fp8_problem()
+    kw = dict(quant="fp8", w13_scale=p["w13_scale"], w2_scale=p["w2_scale"])
+    for dt in (torch.bfloat16, torch.float16):
+        ok = prepare_weights(p["w13"], p["w2"], w13_bias=torch.zeros(3, 256, dtype=dt),
+                             w2_bias=torch.zeros(3, 256, dtype=dt), **kw)
+        assert ok["w13_bias"].dtype == ok["w2_bias"].dtype == dt
+    with pytest.raises(TypeError, match=r"w2_bias: got dtype torch.bfloat16, expected torch.float16"):
+        prepare_weights(p["w13"], p["w2"], w13_bias=torch.zeros(3, 256, dtype=torch.float16),
+                        w2_bias=torch.zeros(3, 256, dtype=torch.bfloat16), **kw)
+    with pytest.raises(TypeError, match=r"w13_bias: got dtype torch.float32, expected torch.bfloat16 or torch.float16"):
+        prepare_weights(p["w13"], p["w2"], w13_bias=torch.zeros(3, 256), **kw)
+
+
 def test_prepare_fp8_static_activation_scales():
     # One scale, or one per expert (a checkpoint's input_scale) reduced to the max.
     _, _, p = fp8_problem()

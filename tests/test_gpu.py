@@ -294,15 +294,18 @@ def chosen_tactic(p, **kw):
                                          w2_scale=p["w2_scale"], **kw)
 
 
+@pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("quant", ["fp8", "fp8_block"])
 @pytest.mark.parametrize("E,k,H,I", ONE_TOKEN_SHAPES)
-def test_one_token_shapes(E, k, H, I, quant, error_log):
-    p = make_problem(T=1, E=E, k=k, H=H, I=I, dtype=quant)
+def test_one_token_shapes(E, k, H, I, quant, act_dtype, error_log):
+    p = make_problem(T=1, E=E, k=k, H=H, I=I, dtype=quant, act_dtype=act_dtype)
     assert chosen_tactic(p) == ONE_TOKEN
-    out = check(p, error_log, f"{quant}/one_token/E{E}k{k}H{H}I{I}", quant)
-    for name in {k.name for k in moe_kernels.list_kernels(quant=quant)[:2]}:  # the grouped path
+    out = check(p, error_log, f"{quant}/{act_dtype}/one_token/E{E}k{k}H{H}I{I}", quant)
+    assert out.dtype == p["hidden_states"].dtype
+    # The grouped path: the same numerics (scales applied before the one rounding to 16 bits).
+    for name in {k.name for k in moe_kernels.list_kernels(quant=quant, out_dtype=act_dtype)[:2]}:
         grouped = run(p, tactic=Tactic(name, name))
-        error_log.add(f"{quant}/one_token/E{E}k{k}H{H}I{I}/vs {name}", rel_error(out, grouped))
+        error_log.add(f"{quant}/{act_dtype}/one_token/E{E}k{k}H{H}I{I}/vs {name}", rel_error(out, grouped))
         assert rel_error(out, grouped) < TOLERANCE[quant]
 
 
@@ -479,19 +482,21 @@ def test_long_rows_and_wide_hidden(mode, T, error_log):
     check(p, error_log, f"{mode}/long_rows/T{T}", dtype)
 
 
+@pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("mode", FP8_MODES)
-def test_fused_moe_layer_module_fp8(mode, error_log):
+def test_fused_moe_layer_module_fp8(mode, act_dtype, error_log):
     # The layer with checkpoint-style FP8 weights and scales for all experts: it keeps its
-    # expert-parallel slice of weights, scales and biases.
+    # expert-parallel slice of weights, scales and biases (in the hidden states' type).
     E, H, I = 8, 256, 128
-    p = make_problem(T=50, E=E, k=2, H=H, I=I, dtype=mode, bias=True)
+    p = make_problem(T=50, E=E, k=2, H=H, I=I, dtype=mode, bias=True, act_dtype=act_dtype)
     layer = FusedMoE(E, H, I, quant=mode, activation="swiglu", ep_rank=1, ep_size=2)
     layer.load_weights(p["w13"], p["w2"], p["w13_bias"], p["w2_bias"], w13_scale=p["w13_scale"],
                        w2_scale=p["w2_scale"])
     out = layer(p["hidden_states"], p["topk_weights"], p["topk_ids"])
     q = {**p, **{n: p[n][4:8] for n in ("w13", "w2", "w13_bias", "w2_bias", "w13_scale", "w2_scale")}}
+    assert out.dtype == p["hidden_states"].dtype
     err = rel_error(out, reference_out(q, expert_offset=4))
-    error_log.add(f"{mode}/layer", err)
+    error_log.add(f"{mode}/{act_dtype}/layer", err)
     assert err < TOLERANCE[mode]
 
 
@@ -649,10 +654,11 @@ def test_fp8_extreme_rows(error_log):
     check(q, error_log, "fp8/extreme_rows_dynamic", "fp8")
 
 
+@pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("mode", FP8_MODES)
-def test_fp8_graph_replay_and_expert_parallel(mode, error_log):
+def test_fp8_graph_replay_and_expert_parallel(mode, act_dtype, error_log):
     E, ep = 16, 2
-    p = make_problem(T=96, E=E, k=4, H=256, I=128, dtype=mode)
+    p = make_problem(T=96, E=E, k=4, H=256, I=128, dtype=mode, act_dtype=act_dtype)
     full = run(p).float()
     total = torch.zeros_like(full)
     for r in range(ep):
@@ -677,4 +683,64 @@ def test_fp8_graph_replay_and_expert_parallel(mode, error_log):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, run(p))
-    error_log.add(f"{mode}/graph", rel_error(out, reference_out(p)))
+    error_log.add(f"{mode}/{act_dtype}/graph", rel_error(out, reference_out(p)))
+
+
+# ---- fp8 and fp8_block with fp16 hidden states and output -------------------------------------
+# The fp16-output kernels (catalog: every FP8 tile but the contiguous kernel, bf16 only) with
+# the same expand, activation and finalize kernels as the 16-bit fp16 mode. T = 1 is one_token.
+
+FP16_OUT_SHAPES = [(1, 128, 8), (7, 8, 2), (128, 128, 8), (1000, 8, 2), (4096, 128, 8)]
+
+
+@pytest.mark.parametrize("mode", FP8_MODES)
+@pytest.mark.parametrize("T,E,k", FP16_OUT_SHAPES)
+def test_fp8_fp16_out_shapes(T, E, k, mode, error_log):
+    p = make_problem(T=T, E=E, k=k, H=512, I=256, dtype=mode, act_dtype="fp16", bias=True)
+    out = check(p, error_log, f"{mode}/fp16/shapes", mode)
+    assert out.dtype == torch.float16
+    fp16_kernels = {x.name for x in moe_kernels.list_kernels(quant=mode, out_dtype="fp16")}
+    tactic = chosen_tactic(p)
+    assert tactic == ONE_TOKEN or {tactic.gemm1, tactic.gemm2} <= fp16_kernels, tactic
+
+
+@pytest.mark.parametrize("mode", FP8_MODES)
+def test_fp8_fp16_out_every_built_kernel(mode, error_log):
+    kernels = moe_kernels.list_kernels(quant=mode, out_dtype="fp16")
+    assert kernels, f"no {mode} kernels with fp16 output usable on this GPU"
+    assert all(x.out_dtype == "fp16" for x in kernels)
+    assert {x.schedule for x in kernels} >= {"decode"} and any(x.schedule != "decode" for x in kernels)
+    H, I = (528, 272) if mode == "fp8" else (768, 384)
+    for T in (5, 700):  # a few rows per expert, and ~175: full and partial tiles of every kernel
+        p = make_problem(T=T, E=8, k=2, H=H, I=I, dtype=mode, act_dtype="fp16", bias=True)
+        ref = reference_out(p)
+        for kern in kernels:
+            err = rel_error(run(p, tactic=Tactic(kern.name, kern.name)), ref)
+            error_log.add(f"{mode}/fp16/kernel/{kern.name}", err)
+            assert err < TOLERANCE[mode], f"{kern.name} T={T}: relative error {err:.3e}"
+
+
+@pytest.mark.parametrize("T", [300, 1100])
+@pytest.mark.parametrize("granularity", ["tensor", "channel"])
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_fp8_fp16_out_scales(granularity, static, T, error_log):
+    # As test_fp8_scales: expand quantizing fp16 rows (static or per-token scales), the activation
+    # kernel's row and column forms writing GEMM2's E4M3 input from fp16 GEMM1 outputs.
+    p = make_problem(T=T, E=16, k=4, H=272, I=208, dtype="fp8", granularity=granularity, bias=True,
+                     act_dtype="fp16")
+    if static:
+        p["a13_scale"] = (p["hidden_states"].float().abs().max() / 448).reshape(1)
+        p["a2_scale"] = torch.full((1,), 0.02, device="cuda")
+    check(p, error_log, f"fp8/fp16/{granularity}/{'static' if static else 'dynamic'}/T{T}", "fp8")
+
+
+def test_fp8_fp16_out_refuses_other_kernels():
+    p = make_problem(T=8, E=4, k=2, H=256, I=128, dtype="fp8", act_dtype="fp16")
+    bf16_out = moe_kernels.list_kernels(quant="fp8")[0].name
+    with pytest.raises(ValueError, match=r"tactic.gemm1: .* a fp8 \(fp16 out\) kernel usable on this GPU "
+                                         r"\(it is a fp8 kernel with bf16 out\)"):
+        run(p, tactic=Tactic(bf16_out, bf16_out))
+    b = make_problem(T=8, E=4, k=2, H=256, I=128, dtype="fp8", act_dtype="fp16", bias=True)
+    b["w13_bias"] = b["w13_bias"].bfloat16()
+    with pytest.raises(TypeError, match=r"w13_bias: got dtype torch.bfloat16, expected torch.float16"):
+        run(b)

@@ -23,6 +23,15 @@ def test_bucket_mapping():
 
 def test_signature_round_trip():
     assert ProblemSpec.parse(SPEC.signature) == SPEC
+    # FP8 with fp16 hidden states and output: its own entries (other kernels), "/fp16" appended.
+    half = ProblemSpec("fp8_block", "swiglu", 256, 8, 7168, 2048, "fp16")
+    assert half.signature == "fp8_block/swiglu/E256/k8/H7168/I2048/fp16"
+    assert ProblemSpec.parse(half.signature) == half and half.hidden_dtype == torch.float16
+    assert ProblemSpec("fp8", "swiglu", 8, 2, 64, 32).hidden_dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="out_dtype: got 'fp16'"):
+        ProblemSpec("bf16", "swiglu", 8, 2, 64, 32, "fp16")
+    with pytest.raises(ValueError, match="problem signature"):
+        ProblemSpec.parse("fp8/swiglu/E8/k2/H64/I32/fp16/x")
     with pytest.raises(ValueError, match="problem signature"):
         ProblemSpec.parse("bf16/swiglu/8")
 

@@ -21,23 +21,41 @@ from .tactic import ONE_TOKEN, Tactic, default_tactic
 class _ModeSpec:
     """How a supported mode maps to tensors and to the C ABI."""
 
-    def __init__(self, hidden, weight, dtype_code, quant_code, align, why_align):
-        self.hidden = hidden          # torch dtype of hidden_states, out and biases
+    def __init__(self, hidden, weight, quant_code, align, why_align):
+        self.hidden = hidden          # torch dtypes hidden_states may have (out and biases: the same)
         self.weight = weight          # torch dtype of w13/w2
-        self.dtype_code = dtype_code  # moek_dtype
         self.quant_code = quant_code  # moek_quant
         self.align = align            # H and I multiple
         self.why_align = why_align
 
 
+_16BIT = (torch.bfloat16, torch.float16)
 # Modes this release has kernels for (a kernel's KernelInfo.quant names the mode it serves).
+# The FP8 modes take bf16 or fp16 hidden states and write the same type (kernels whose
+# KernelInfo.out_dtype says which).
 _SUPPORTED = {
-    QuantMode.BF16: _ModeSpec(torch.bfloat16, torch.bfloat16, 0, 0, 8, "16-byte rows for TMA"),
-    QuantMode.FP16: _ModeSpec(torch.float16, torch.float16, 1, 0, 8, "16-byte rows for TMA"),
-    QuantMode.FP8: _ModeSpec(torch.bfloat16, torch.float8_e4m3fn, 0, 1, 16, "16-byte rows for TMA"),
-    QuantMode.FP8_BLOCK: _ModeSpec(torch.bfloat16, torch.float8_e4m3fn, 0, 2, 128,
-                                   "whole 128-wide scale blocks"),
+    QuantMode.BF16: _ModeSpec((torch.bfloat16,), torch.bfloat16, 0, 8, "16-byte rows for TMA"),
+    QuantMode.FP16: _ModeSpec((torch.float16,), torch.float16, 0, 8, "16-byte rows for TMA"),
+    QuantMode.FP8: _ModeSpec(_16BIT, torch.float8_e4m3fn, 1, 16, "16-byte rows for TMA"),
+    QuantMode.FP8_BLOCK: _ModeSpec(_16BIT, torch.float8_e4m3fn, 2, 128, "whole 128-wide scale blocks"),
 }
+_DTYPE_CODE = {torch.bfloat16: 0, torch.float16: 1}  # moek_dtype
+_DTYPE_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _out_dtype(mode: QuantMode, out_dtype=None) -> str:
+    """The output type name ("bf16"/"fp16") of `mode`'s kernels: the 16-bit modes' own; for the
+    FP8 modes `out_dtype` (a name or torch dtype), by default bf16."""
+    if mode in (QuantMode.BF16, QuantMode.FP16):
+        if out_dtype is not None and _out_dtype(QuantMode.FP8, out_dtype) != mode.value:
+            _fail("out_dtype", repr(out_dtype), f"{mode.value!r} (or None) for quant={mode.value!r}")
+        return mode.value
+    if out_dtype is None:
+        return "bf16"
+    name = _DTYPE_NAME.get(out_dtype, out_dtype)
+    if name not in ("bf16", "fp16"):
+        _fail("out_dtype", repr(out_dtype), "'bf16', 'fp16', torch.bfloat16 or torch.float16")
+    return name
 _INDEX_CODE = {torch.int32: 0, torch.int64: 1}
 WORKSPACE_ALIGNMENT = 256
 MAX_TOP_K = 1024  # the kernels keep a token's slots in shared memory (src/runner.cu kMaxTopK)
@@ -106,8 +124,9 @@ class _Problem:
         self.quant = _quant(quant, hidden_states, w13, w13_scale)
         self.activation = Activation.parse(activation)
         mode = self.mode = _SUPPORTED[self.quant]
-        dtype = mode.hidden
-        x = _tensor("hidden_states", hidden_states, dtype=dtype, ndim=2)
+        x = _tensor("hidden_states", hidden_states, dtype=mode.hidden, ndim=2)
+        dtype = x.dtype  # of out and the biases too
+        self.out_dtype = _DTYPE_NAME[dtype]
         self.device = x.device
         T, H = x.shape
         w13 = _tensor("w13", w13, dtype=mode.weight, ndim=3, device=self.device)
@@ -166,7 +185,7 @@ class _Problem:
             "expert_offset": self.expert_offset,
             "activation": self.activation.code, "index_dtype": _INDEX_CODE[ids.dtype],
             "act_alpha": float(swiglu_alpha), "act_limit": float(swiglu_limit),
-            "dtype": mode.dtype_code, "quant": mode.quant_code,
+            "dtype": _DTYPE_CODE[dtype], "quant": mode.quant_code,
             "w13_scale_per_channel": self.per_channel[0], "w2_scale_per_channel": self.per_channel[1],
         }
 
@@ -235,7 +254,8 @@ def workspace_size(num_tokens: int, top_k: int, num_experts: int, hidden_size: i
                    device=None) -> int:
     """Bytes of workspace a forward with these sizes needs on `device` (num_experts is local).
 
-    A workspace sized for T tokens serves every forward with at most T tokens.
+    A workspace sized for T tokens serves every forward with at most T tokens (for the FP8
+    modes, with bf16 or fp16 hidden states alike).
     """
     mode = QuantMode.parse(quant)
     if mode not in _SUPPORTED:
@@ -250,23 +270,30 @@ def workspace_size(num_tokens: int, top_k: int, num_experts: int, hidden_size: i
         _fail("top_k", top_k, f"at most {MAX_TOP_K}")
     shape = {"num_tokens": num_tokens, "hidden_size": hidden_size, "inter_size": intermediate_size,
              "num_experts": num_experts, "top_k": top_k, "expert_offset": 0,
-             "dtype": spec.dtype_code, "quant": spec.quant_code, "activation": act.code,
+             "dtype": _DTYPE_CODE[spec.hidden[0]], "quant": spec.quant_code, "activation": act.code,
              "index_dtype": 0, "act_alpha": 1.0, "act_limit": 1.0, "w13_scale_per_channel": 0,
              "w2_scale_per_channel": 0}
     return int(_native.C().workspace_size(_device_index(device), shape))
 
 
 @functools.lru_cache(maxsize=None)
-def _usable(device: int, quant) -> dict:
-    """{name: KernelInfo} of the kernels that can run on `device` (all modes when quant is
-    None, else one QuantMode value). Cached: the forward path looks it up on every call."""
+def _usable(device: int, quant, out_dtype) -> dict:
+    """{name: KernelInfo} of the kernels that can run on `device` (all when quant is None, else
+    one QuantMode value's with output out_dtype). Cached: the forward path looks it up on every call."""
     return {k.name: k for k in _native.library_for(device)["kernels"]
-            if not _native.kernel_problem(device, k.name) and quant in (None, k.quant)}
+            if not _native.kernel_problem(device, k.name) and quant in (None, k.quant)
+            and (quant is None or k.out_dtype == out_dtype)}
 
 
-def list_kernels(device=None, quant=None) -> list:
-    """The grouped-GEMM kernels usable on `device` (default: current), optionally for one mode."""
-    return list(_usable(_device_index(device), None if quant is None else QuantMode.parse(quant).value).values())
+def list_kernels(device=None, quant=None, out_dtype=None) -> list:
+    """The grouped-GEMM kernels usable on `device` (default: current): all of them, or one
+    mode's. For the FP8 modes, those writing `out_dtype` ("bf16" by default, or "fp16": the
+    type of hidden_states and out)."""
+    if quant is None:
+        return list(_usable(_device_index(device), None, None).values())
+    mode = QuantMode.parse(quant)
+    out = _out_dtype(mode, out_dtype)
+    return list(_usable(_device_index(device), mode.value, out).values())
 
 
 _logged: set = set()
@@ -282,13 +309,15 @@ def _log_choice(spec, num_tokens, tactic, source):
 
 def _resolve_tactic(p: _Problem, tactic) -> Tactic:
     dev = p.device.index
-    usable = _usable(dev, p.quant.value)
+    usable = _usable(dev, p.quant.value, p.out_dtype)
+    what = p.quant.value + (f" ({p.out_dtype} out)" if p.quant.value != p.out_dtype else "")
     if tactic is None:
         if not usable:
             raise NotImplementedError(
-                f"no {p.quant.value} kernels can run on {_native.device_info(dev)['name']} in this build")
+                f"no {what} kernels can run on {_native.device_info(dev)['name']} in this build")
         from .tuning import ProblemSpec, cached_tactic
-        spec = ProblemSpec(p.quant.value, p.activation.value, p.E, p.k, p.H, p.I)
+        spec = ProblemSpec(p.quant.value, p.activation.value, p.E, p.k, p.H, p.I,
+                           out_dtype=p.out_dtype if p.out_dtype != _out_dtype(p.quant) else "")
         whole = Tactic(ONE_TOKEN, ONE_TOKEN)
         one_token = (p.T == 1 and p.quant in (QuantMode.FP8, QuantMode.FP8_BLOCK)
                      and (p.quant is QuantMode.FP8 or p.scales[0].data_ptr() % 16 == 0)  # bulk copies
@@ -317,10 +346,11 @@ def _resolve_tactic(p: _Problem, tactic) -> Tactic:
     for which in ("gemm1", "gemm2"):
         name = getattr(tactic, which)
         if name not in usable:
-            why = _native.kernel_problem(dev, name) if any(
-                k.name == name for k in _native.library_for(dev)["kernels"]) else "not in this build"
+            k = next((k for k in _native.library_for(dev)["kernels"] if k.name == name), None)
+            why = ("not in this build" if k is None else _native.kernel_problem(dev, name)
+                   or f"it is a {k.quant} kernel with {k.out_dtype} out")
             _fail(f"tactic.{which}", repr(name),
-                  f"a {p.quant.value} kernel usable on this GPU ({why}); usable: {sorted(usable)}")
+                  f"a {what} kernel usable on this GPU ({why}); usable: {sorted(usable)}")
     return tactic
 
 
@@ -355,7 +385,7 @@ def fused_moe(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     (including -1) contribute nothing. quant defaults to the dtype of hidden_states (fp8
     when the weights are torch.float8_e4m3fn; fp8_block when w13_scale is 3-D as well).
 
-    fp8: bf16 hidden_states and output, float8_e4m3fn weights with float32 w13_scale /
+    fp8: bf16 or fp16 hidden_states (out in the same type), float8_e4m3fn weights with float32 w13_scale /
     w2_scale per tensor [E] or per output channel [E, N]; the GEMM inputs are quantized on
     the device, per token unless a static per-tensor a13_scale / a2_scale is given.
     fp8_block (DeepSeek-V3): float8_e4m3fn weights with float32 scales per 128x128 block,

@@ -113,6 +113,16 @@ def add_arguments(p) -> None:
     p.add_argument("--markdown", help="write the results as a Markdown table to this file")
 
 
+def hidden_dtype(args):
+    """The torch dtype of the hidden states and output (--quant, --fp16-out)."""
+    import torch
+    if getattr(args, "fp16_out", False):
+        if args.quant not in ("fp8", "fp8_block"):
+            raise SystemExit(f"--fp16-out is for --quant fp8 or fp8_block, not {args.quant}")
+        return torch.float16
+    return torch.float16 if args.quant == "fp16" else torch.bfloat16
+
+
 def _regex(text: str) -> str:
     try:
         re.compile(text)
@@ -132,6 +142,8 @@ def add_problem_arguments(p) -> None:
     p.add_argument("--ep", type=int, default=1, help="expert parallel size: divides E (one rank's share)")
     p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="comma-separated token counts")
     p.add_argument("--quant", default="bf16", choices=["bf16", "fp16", "fp8", "fp8_block"])
+    p.add_argument("--fp16-out", dest="fp16_out", action="store_true",
+                   help="fp8/fp8_block with fp16 hidden states and output (default bf16)")
     p.add_argument("--activation", default="swiglu")
     p.add_argument("--routing", choices=ROUTINGS, default="uniform")
     p.add_argument("--skew", type=float, default=1.2, help="Zipf exponent for --routing skewed")
@@ -336,7 +348,7 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
     from moe_kernels import reference
     from moe_kernels.modes import Activation
 
-    dtype = torch.float16 if args.quant == "fp16" else torch.bfloat16  # hidden states and output
+    dtype = hidden_dtype(args)
     act = Activation.parse(args.activation)
     forced = getattr(args, "tactic", None)  # a Tactic (parse_tactic) or None
     E, k, H, I = shape.experts, shape.top_k, shape.hidden, shape.inter
@@ -427,7 +439,8 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
                     ours(*sets[j], outs[j])
                 row["kernels_us"] = kernel_times(rotated, 4 * len(sets))
             if args.sweep or args.sweep_only:
-                row["sweep"] = _sweep(moe_kernels, row["tactic"], args.quant, ours, timed, args.sweep_only)
+                row["sweep"] = _sweep(moe_kernels, row["tactic"], args.quant,
+                                    "fp16" if dtype == torch.float16 else "bf16", ours, timed, args.sweep_only)
         report(row)
         progress()
         del ws, outs, sets
@@ -435,11 +448,11 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
     torch.cuda.empty_cache()
 
 
-def _sweep(moe_kernels, default, quant, ours, timed, only=None):
+def _sweep(moe_kernels, default, quant, out_dtype, ours, timed, only=None):
     """Every usable kernel (matching only) in each GEMM slot, the other slot on the default."""
     from moe_kernels import Tactic
     d1, d2 = default.split("+")
-    names = [k.name for k in moe_kernels.list_kernels(quant=quant)
+    names = [k.name for k in moe_kernels.list_kernels(quant=quant, out_dtype=out_dtype)
              if not only or re.search(only, k.name) or k.name in (d1, d2)]
 
     def t(tactic):
@@ -592,7 +605,7 @@ def profile_main(args) -> int:
     tactic = parse_tactic(args.tactic)
     tokens = parse_tokens(args.tokens)
     act = Activation.parse(args.activation)
-    dtype = torch.float16 if args.quant == "fp16" else torch.bfloat16
+    dtype = hidden_dtype(args)
     try:
         counts = load_histogram(args.routing_file) if args.routing_file else None
     except ValueError as e:
@@ -640,6 +653,7 @@ def main(args) -> int:
         return info.main(argparse.Namespace(json=False))
     tokens = parse_tokens(args.tokens)
     shapes = shapes_from_args(args)
+    dtype_name = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}[str(hidden_dtype(args))]
     env = _environment()
     print(f"moe_kernels {moe_kernels.__version__} ({env['commit'][:12]}) on {env['gpu']}, driver {env['driver']}, "
           f"torch {env['torch']}, CUDA {env['cuda']}")
@@ -653,7 +667,7 @@ def main(args) -> int:
           if "sm_mhz" in ceiling_clocks else "")
     print(f"ceilings measured now: copy {bw / 1e12:.2f} TB/s, dense {args.quant} GEMM {rate / 1e12:.0f} TFLOP/s "
           f"sustained{at} ({burst / 1e12:.0f} in a burst; 8192^3, best of 3); "
-          f"routing {args.routing_file or args.routing}, activation {args.activation}")
+          f"routing {args.routing_file or args.routing}, activation {args.activation}, {dtype_name} in and out")
     peer_names = [] if args.no_peers else [n for n, _, _ in peers(args.activation, args.quant)]
     print("floors and times in us per forward; peers: their time (their time / ours)\n")
     print(header(peer_names))
@@ -677,7 +691,7 @@ def main(args) -> int:
         bench_shape(s, tokens, args, (bw, rate), report, progress, sampler)
     result = {**env, "version": moe_kernels.__version__, "copy_bw_bytes_s": bw, "gemm_flop_s": rate,
               "gemm_flop_s_burst": burst, **{f"gemm_{k}": v for k, v in ceiling_clocks.items()},
-              "routing": args.routing_file or args.routing, "quant": args.quant,
+              "routing": args.routing_file or args.routing, "quant": args.quant, "hidden_dtype": dtype_name,
               "activation": args.activation, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:

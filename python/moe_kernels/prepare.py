@@ -20,8 +20,9 @@ _FP8 = (QuantMode.FP8, QuantMode.FP8_BLOCK)
 def _check(name, t, dtype, shape):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: got {type(t).__name__}, expected a torch.Tensor")
-    if t.dtype != dtype:
-        raise TypeError(f"{name}: got dtype {t.dtype}, expected {dtype}")
+    allowed = dtype if isinstance(dtype, tuple) else (dtype,)
+    if t.dtype not in allowed:
+        raise TypeError(f"{name}: got dtype {t.dtype}, expected {' or '.join(map(str, allowed))}")
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name}: got shape {tuple(t.shape)}, expected {tuple(shape)}")
 
@@ -75,8 +76,8 @@ def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None
     """Validate expert weights and return them contiguous on `device`.
 
     w13 [E, 2I, H] (gate rows, then up rows; [E, I, H] for non-gated activations),
-    w2 [E, H, I], optional w13_bias [E, 2I or I] and w2_bias [E, H] (in the 16-bit type;
-    bfloat16 for the FP8 modes). For `fp8` and `fp8_block`, the weights are
+    w2 [E, H, I], optional w13_bias [E, 2I or I] and w2_bias [E, H] (in the 16-bit type; for
+    the FP8 modes that of the hidden states the layer will take, bfloat16 or float16). For `fp8` and `fp8_block`, the weights are
     torch.float8_e4m3fn with their float32 scales (see `_check_scale`; dequantized weight =
     q * scale). `fp8` may also take static activation scales a13_scale / a2_scale (see
     `_check_act_scale`); without them the GEMM inputs are quantized per token. Returns a dict
@@ -95,11 +96,11 @@ def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None
     n1 = 2 * I if act.gated else I
     _check("w13", w13, dtype, (E, n1, H))
     _check("w2", w2, dtype, (E, H, I))
-    bias_dtype = torch.bfloat16 if mode in _FP8 else dtype
+    bias_dtype = (torch.bfloat16, torch.float16) if mode in _FP8 else dtype
     if w13_bias is not None:
         _check("w13_bias", w13_bias, bias_dtype, (E, n1))
     if w2_bias is not None:
-        _check("w2_bias", w2_bias, bias_dtype, (E, H))
+        _check("w2_bias", w2_bias, w13_bias.dtype if w13_bias is not None else bias_dtype, (E, H))
     if H % 8 or I % 8:
         raise ValueError(f"w2: hidden_size={H}, intermediate_size={I}; expected both multiples of 8")
     scales = {}

@@ -64,21 +64,36 @@ class ProblemSpec:
     top_k: int
     hidden: int
     inter: int
+    out_dtype: str = ""  # the FP8 modes with fp16 hidden states and out: "fp16" (else bf16)
+
+    def __post_init__(self):
+        if self.out_dtype not in ("", "fp16") or (self.out_dtype and self.quant not in ("fp8", "fp8_block")):
+            raise ValueError(f"out_dtype: got {self.out_dtype!r}, expected '' or 'fp16' (FP8 modes only)")
+
+    @property
+    def hidden_dtype(self):
+        """The torch dtype of hidden_states and out."""
+        import torch
+        if self.quant in ("bf16", "fp16"):
+            return torch.bfloat16 if self.quant == "bf16" else torch.float16
+        return torch.float16 if self.out_dtype == "fp16" else torch.bfloat16
 
     @property
     def signature(self) -> str:
         return (f"{self.quant}/{self.activation}/E{self.experts}/k{self.top_k}/"
-                f"H{self.hidden}/I{self.inter}")
+                f"H{self.hidden}/I{self.inter}" + (f"/{self.out_dtype}" if self.out_dtype else ""))
 
     @classmethod
     def parse(cls, signature: str) -> "ProblemSpec":
         try:
-            quant, act, e, k, h, i = signature.split("/")
+            quant, act, e, k, h, i, *out = signature.split("/")
+            if len(out) > 1:
+                raise ValueError
             return cls(QuantMode.parse(quant).value, Activation.parse(act).value, int(e[1:]),
-                       int(k[1:]), int(h[1:]), int(i[1:]))
+                       int(k[1:]), int(h[1:]), int(i[1:]), *out)
         except (ValueError, IndexError):
             raise ValueError(f"problem signature {signature!r}: expected "
-                             "quant/activation/E<n>/k<n>/H<n>/I<n>") from None
+                             "quant/activation/E<n>/k<n>/H<n>/I<n>[/fp16]") from None
 
 
 @dataclasses.dataclass
@@ -90,16 +105,18 @@ class TacticSet:
     filtered: dict
 
 
-def list_tactics(quant="bf16", device=None) -> TacticSet:
-    """All (GEMM1, GEMM2) pairs of kernels usable for `quant` on `device`."""
-    from .api import _device_index
-    dev = _device_index(device)
+def list_tactics(quant="bf16", device=None, out_dtype=None) -> TacticSet:
+    """All (GEMM1, GEMM2) pairs of kernels usable for `quant` on `device` (FP8 modes: with
+    output `out_dtype`, "bf16" by default or "fp16", as in list_kernels)."""
+    from .api import _device_index, _out_dtype
     mode = QuantMode.parse(quant)
+    out = _out_dtype(mode, out_dtype)
+    dev = _device_index(device)
     usable, filtered = [], {}
     for k in _native.library_for(dev)["kernels"]:
         why = _native.kernel_problem(dev, k.name)
-        if k.quant != mode.value:
-            continue  # another mode's kernel: not a candidate, nothing to report
+        if k.quant != mode.value or k.out_dtype != out:
+            continue  # another mode's (or output type's) kernel: not a candidate, nothing to report
         if why:
             filtered[k.name] = why
         else:
@@ -341,7 +358,7 @@ def _worker(args) -> int:
     # One workspace for the largest bucket: tuning memory is bounded by it plus the inputs.
     ws = torch.empty(api.workspace_size(max(buckets), spec.top_k, spec.experts, spec.hidden, spec.inter,
                                         quant=spec.quant, activation=act), dtype=torch.uint8, device="cuda")
-    ts = list_tactics(spec.quant)
+    ts = list_tactics(spec.quant, out_dtype=spec.out_dtype or None)
     infos = {k.name: k for k in _native.library_for(args.device)["kernels"]}
     sm_count = _native.device_info(args.device)["sm_count"]
     gen = torch.Generator().manual_seed(1234)
@@ -351,8 +368,7 @@ def _worker(args) -> int:
         for _ in range(ROUTING_SETS):
             ids, wts = profiling.routing(T, spec.experts, spec.top_k, args.routing, skew=args.skew,
                                          counts=counts, gen=gen, device="cuda")
-            sets.append((torch.randn(T, spec.hidden, device="cuda", dtype=torch.bfloat16
-                                     if w13.dtype == torch.float8_e4m3fn else w13.dtype), ids, wts))
+            sets.append((torch.randn(T, spec.hidden, device="cuda", dtype=spec.hidden_dtype), ids, wts))
         outs = [torch.empty_like(x) for x, _, _ in sets]
         x0, ids0, w0 = sets[0]
         ref = reference.fused_moe(x0, w13, w2, w0, ids0, activation=act, quant=spec.quant, **scales)
@@ -475,6 +491,8 @@ def add_arguments(p) -> None:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--quant", default="bf16")
+    p.add_argument("--fp16-out", dest="fp16_out", action="store_true",
+                   help="fp8/fp8_block with fp16 hidden states and output (default bf16)")
     p.add_argument("--activation", default="swiglu")
     p.add_argument("--routing", choices=("uniform", "skewed", "balanced"), default="skewed")
     p.add_argument("--skew", type=float, default=1.2)
@@ -532,7 +550,8 @@ def main(args) -> int:
         raise SystemExit("give --preset NAME or a custom shape (--experts/--top-k/--hidden/--intermediate)")
     shapes = bench.shapes_from_args(bench_args)
     specs = [ProblemSpec(QuantMode.parse(args.quant).value, Activation.parse(args.activation).value,
-                         s.experts, s.top_k, s.hidden, s.inter) for s in shapes]
+                         s.experts, s.top_k, s.hidden, s.inter, "fp16" if args.fp16_out else "")
+             for s in shapes]
     buckets = [int(b) for b in args.buckets.split(",")]
     if any(b not in BUCKETS for b in buckets):
         raise SystemExit(f"--buckets: each must be one of {BUCKETS}")

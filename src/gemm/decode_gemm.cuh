@@ -43,6 +43,10 @@ struct Params {
   const int64_t* stride_d;
   const float* const* ptr_sfa;
   const float* const* ptr_sfb;
+  // fp8 (per tensor / per channel): group g's weight scales at sfb_base + g * (n or 1), read
+  // from the kernel's parameters rather than through ptr_sfb[g] (one load fewer before them).
+  const float* sfb_base;
+  int64_t n;
   bool sfb_per_channel;
 };
 
@@ -108,15 +112,12 @@ struct WarpTile {
   bool w_ok[2];
   const char* w_row[2];
   const float* sfb;
-  // fp8 (E4M3, not block-scaled): the output's scales. Its rows' come from the previous
-  // kernel (group_tile loads them); the columns' are the weights' own, loaded here: the
-  // columns this thread stores (group_tile: r and r + 8; split K: threadIdx.x % 16).
+  // fp8 (E4M3, not block-scaled): the output is scaled by its rows' scales (from the previous
+  // kernel; group_tile loads them) and its columns' (the weights' own; load_col_scales).
   static constexpr bool kScaledOutput = std::is_same_v<In, __nv_fp8_e4m3> && !kBlockScaled;
-  const float* sfa;
-  float col_scale[2];
 
-  // Reads only what routing wrote (shapes, pointers) and the weights' own scales: callable
-  // before the wait for the previous kernel (see decode_gemm_kernel).
+  // Reads only what routing wrote (shapes, pointers): callable before the wait for the
+  // previous kernel (see decode_gemm_kernel).
   __device__ __forceinline__ WarpTile(const Params& p, int group) : g(group) {
     n = p.problem_shapes[3 * g + 1];
     const int k = p.problem_shapes[3 * g + 2];
@@ -132,14 +133,15 @@ struct WarpTile {
     w_row[1] = b + (n0 + r + 8) * ldb;
     sfb = nullptr;
     if constexpr (kBlockScaled) sfb = p.ptr_sfb[g] + int64_t(n0 / 128) * k_steps;
-    if constexpr (kScaledOutput) {
-      sfa = p.ptr_sfa[g];
-      const float* w = p.ptr_sfb[g];
+  }
+  // fp8: the weight scales of the columns this thread stores (group_tile: r and r + 8;
+  // split K: threadIdx.x % 16), by value c / 2 (split K: [0]).
+  __device__ __forceinline__ void load_col_scales(const Params& p, float (&s)[2]) const {
+    const int r = (threadIdx.x & 31) >> 2;
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int col = n0 + (kSplitK ? threadIdx.x % kRows : r + 8 * j);
-        col_scale[j] = col < n ? __ldg(w + (p.sfb_per_channel ? col : 0)) : 0.f;
-      }
+    for (int j = 0; j < 2; ++j) {
+      const int col = n0 + (kSplitK ? threadIdx.x % kRows : r + 8 * j);
+      s[j] = col < n ? __ldg(p.sfb_base + (p.sfb_per_channel ? g * p.n + col : g)) : 0.f;
     }
   }
   __device__ __forceinline__ bool has_columns() const { return n0 < n; }
@@ -172,18 +174,22 @@ struct WarpTile {
 // acc[u] = c0..c3 of mma tile u. kBlockScaled: fp8_block, A scales [M, K/128] and B scales
 // [N/128, K/128] applied to each 128-column partial sum; else raw fp32 sums (fp8's per-row
 // and per-channel scales are applied to the output: group_tile). `w` holds the first batch
-// of weights when `preloaded`.
-template <class Tile, int kTiles>
+// of weights when `preloaded`. `after_first_loads()` runs once, right after the first token
+// loads are issued (or at the end, for a warp with no K steps): loads it issues wait behind
+// the ones the first mma needs, not ahead of them (issue is in order).
+template <class Tile, int kTiles, class AfterFirstLoads>
 __device__ __forceinline__ void warp_sums(const Tile& t, const char* a, int64_t lda,
                                           const float* sfa, int m0, int m_rows,
                                           typename Tile::Weights& w, bool preloaded,
-                                          float (&acc)[kTiles][4]) {
+                                          float (&acc)[kTiles][4],
+                                          AfterFirstLoads&& after_first_loads) {
   using In = typename Tile::In;
   constexpr bool kBlockScaled = Tile::kBlockScaled;
   constexpr int kStride = Tile::kStepStride, kBatch = Tile::kBatch;
   constexpr int kXSteps = 2;
   static_assert(kBatch % kXSteps == 0, "decode GEMM: batches of whole token-load pairs");
   const int lane = threadIdx.x & 31, r = lane >> 2, q = lane & 3;
+  bool first = true;
   for (int s0 = t.first_step(); s0 < t.k_steps; s0 += kStride * kBatch) {
     if (!preloaded) t.load_weights(s0, w);
     preloaded = false;
@@ -206,6 +212,10 @@ __device__ __forceinline__ void warp_sums(const Tile& t, const char* a, int64_t 
                              : make_uint4(0, 0, 0, 0);
           }
         }
+      if (first) {
+        after_first_loads();
+        first = false;
+      }
 #pragma unroll
       for (int j = 0; j < kXSteps; ++j) {
         const int i = i0 + j, s = s0 + i * kStride;
@@ -239,6 +249,7 @@ __device__ __forceinline__ void warp_sums(const Tile& t, const char* a, int64_t 
       }
     }
   }
+  if (first) after_first_loads();
 }
 
 // All passes (kTiles * 8 tokens each) of one group over the tile's weights, and the stores;
@@ -259,7 +270,7 @@ __device__ __forceinline__ void group_tile(const Params& p, const Tile& t,
   const char* a = static_cast<const char*>(p.ptr_a[g]);
   const int64_t lda = p.stride_a[g] * sizeof(In);
   constexpr bool kScaledOutput = Tile::kScaledOutput;
-  const float* sfa = kBlockScaled ? p.ptr_sfa[g] : kScaledOutput ? t.sfa : nullptr;
+  const float* sfa = kBlockScaled || kScaledOutput ? p.ptr_sfa[g] : nullptr;
   Out* d = static_cast<Out*>(p.ptr_d[g]);
   const int64_t ldd = p.stride_d[g];
   // This thread's output value (u, c) of the pass from m0: its row and column. Split K: element
@@ -278,27 +289,32 @@ __device__ __forceinline__ void group_tile(const Params& p, const Tile& t,
   };
 
   for (int m0 = 0; m0 < m_rows; m0 += kTiles * 8) {
-    // fp8: the rows' scales of the values this thread stores, loaded before the K loop and
-    // used only at the stores. (Loaded after it, they added a round trip: +12 us at 16 tokens
-    // on H200.) Their addresses and the column scales' wait on loads of their own, which still
-    // delays the first weight loads: +4-5% at 16 tokens (docs/fp8-performance.md, session 34).
-    // Value (u, c): row scale [u][c % 2] (split K: [u][0]), column scale [c / 2] (split K: [0]).
-    float row_scale[kTiles][kSplitK ? 1 : 2];
-    if constexpr (kScaledOutput) {
+    // fp8: the scales of the values this thread stores, used only at the stores and loaded
+    // after the pass's first token loads (warp_sums), so that neither they nor their addresses
+    // hold up the weight and token loads. (Loaded after the K loop they added a round trip:
+    // +12 us at 16 tokens on H200; before the first weight loads, +4-5%: docs/fp8-performance.md,
+    // session 34.) Value (u, c): row scale [u][c % 2] (split K: [u][0]), column scale [c / 2]
+    // (split K: [0]).
+    float row_scale[kTiles][kSplitK ? 1 : 2], col_scale[2];
+    auto load_scales = [&] {
+      if constexpr (kScaledOutput) {
 #pragma unroll
-      for (int u = 0; u < kTiles; ++u)
+        for (int u = 0; u < kTiles; ++u)
 #pragma unroll
-        for (int c = 0; c < (kSplitK ? 1 : 2); ++c) {
-          int m, col;
-          coord(m0, u, c, m, col);
-          row_scale[u][c] = m < m_rows ? __ldg(sfa + m) : 0.f;
-        }
-    }
+          for (int c = 0; c < (kSplitK ? 1 : 2); ++c) {
+            int m, col;
+            coord(m0, u, c, m, col);
+            row_scale[u][c] = m < m_rows ? __ldg(sfa + m) : 0.f;
+          }
+        t.load_col_scales(p, col_scale);
+      }
+    };
     float acc[kTiles][4] = {};
-    warp_sums<Tile, kTiles>(t, a, lda, kBlockScaled ? sfa : nullptr, m0, m_rows, w, preloaded, acc);
+    warp_sums<Tile, kTiles>(t, a, lda, kBlockScaled ? sfa : nullptr, m0, m_rows, w, preloaded, acc,
+                            load_scales);
     preloaded = false;
     auto store = [&](int u, int c, int m, int col, float v) {
-      if constexpr (kScaledOutput) v *= row_scale[u][kSplitK ? 0 : c & 1] * t.col_scale[kSplitK ? 0 : c >> 1];
+      if constexpr (kScaledOutput) v *= row_scale[u][kSplitK ? 0 : c & 1] * col_scale[kSplitK ? 0 : c >> 1];
       d[int64_t(m) * ldd + col] = to_out<Out>(v);
     };
     if constexpr (kSplitK) {
@@ -387,13 +403,18 @@ struct DecodeGemm {
       snprintf(err, errlen, "decode GEMM: needs N, the active-group list and its bound");
       return MOEK_INVALID_ARGUMENT;
     }
+    if (std::is_same_v<In, __nv_fp8_e4m3> && !kBlockScaled && (!a.ptr_sfa || !a.sfb_base)) {
+      snprintf(err, errlen, "decode GEMM (fp8): needs the row scales and the weight scales");
+      return MOEK_INVALID_ARGUMENT;
+    }
     return MOEK_OK;
   }
 
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
     decode::Params p{a.problem_shapes, a.active_groups, a.ptr_a, a.stride_a, a.ptr_b,
-                     a.stride_b, a.ptr_d, a.stride_d, a.ptr_sfa, a.ptr_sfb, a.sfb_per_channel};
+                     a.stride_b, a.ptr_d, a.stride_d, a.ptr_sfa, a.ptr_sfb, a.sfb_base, a.n,
+                     a.sfb_per_channel};
     const dim3 grid(static_cast<unsigned>((a.n + kColumns - 1) / kColumns),
                     static_cast<unsigned>(a.max_active_groups < 65535 ? a.max_active_groups
                                                                       : 65535));
