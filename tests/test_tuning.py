@@ -74,6 +74,26 @@ def test_one_token_problems_use_only_records_tuned_with_it(monkeypatch):
     assert tuning.cached_tactic(SPEC, 1, 0, one_token=True) == Tactic("a", "b")
 
 
+def test_fp16_output_problems_fall_back_to_the_bf16_records_tiles(monkeypatch):
+    """An FP8 problem with fp16 output and no record of its own takes the bf16 record's kernels in
+    their fp16 form (same tiles); its own record, once tuned, comes first."""
+    c = TuningCache(KEY)
+    monkeypatch.setattr(tuning, "_cache_for", lambda device: c)
+    monkeypatch.setattr(tuning, "_active", [])
+    bf16 = ProblemSpec("fp8", "swiglu", 128, 8, 2048, 768)
+    fp16 = ProblemSpec("fp8", "swiglu", 128, 8, 2048, 768, "fp16")
+    assert tuning.cached_tactic(fp16, 16, 0) is None
+    c.put(bf16, 16, {"gemm1": "sm90_e4m3xe4m3_bf16_16x64x128_1x1_decode",
+                     "gemm2": "sm90_e4m3xe4m3_bf16_8x64x128_1x1_decode"})
+    c.put(bf16, 1, {"gemm1": "one_token", "gemm2": "one_token", tuning.ONE_TOKEN_KEY: 17.0})
+    assert tuning.cached_tactic(fp16, 16, 0) == Tactic("sm90_e4m3xe4m3_fp16_16x64x128_1x1_decode",
+                                                       "sm90_e4m3xe4m3_fp16_8x64x128_1x1_decode")
+    assert tuning.cached_tactic(fp16, 1, 0, one_token=True) == Tactic("one_token", "one_token")
+    c.put(fp16, 16, {"gemm1": "x", "gemm2": "y"})
+    assert tuning.cached_tactic(fp16, 16, 0) == Tactic("x", "y")
+    assert tuning.cached_tactic(bf16, 16, 0).gemm1 == "sm90_e4m3xe4m3_bf16_16x64x128_1x1_decode"  # its own
+
+
 def test_report_prints_one_token_and_records_without_a_default(capsys):
     whole = {"gemm1": "one_token", "gemm2": "one_token", "us": 17.0, "search": None, "search_us": None,
              "default": None, "default_us": None, "runner_up": None, "runner_up_us": None,

@@ -250,10 +250,10 @@ def torch_scaled_grouped_mm_moe(x, w13, w2, wts, ids, act, w13_scale, w2_scale):
     def gemm(w, scale):
         s_w = scale.reshape(E, -1).expand(E, w.shape[1]).contiguous()  # per tensor -> per channel
 
-        def run(a, offs):
+        def run(a, offs):  # bf16 out, the only grouped output type it takes; cast for fp16
             q, s = quantize_per_token(a)
             return torch._scaled_grouped_mm(q, w.transpose(1, 2), s.reshape(-1), s_w, offs=offs,
-                                            out_dtype=x.dtype, use_fast_accum=True)
+                                            out_dtype=torch.bfloat16, use_fast_accum=True).to(x.dtype)
         return run
 
     return _torch_moe(x, wts, ids, act, E, gemm(w13, w13_scale), gemm(w2, w2_scale))

@@ -202,16 +202,28 @@ def _cache_for(device: int) -> TuningCache:
     return _caches[device]
 
 
+def _fp16_form(tactic):
+    """An FP8 tactic tuned with bf16 output, with each kernel's fp16-output form (same tile and
+    schedule; the caller checks that this build has it)."""
+    if tactic is None:
+        return None
+    return Tactic(*(n if n == ONE_TOKEN else n.replace("_bf16_", "_fp16_", 1) for n in (tactic.gemm1, tactic.gemm2)))
+
+
 def cached_tactic(spec: ProblemSpec, num_tokens: int, device: int, *, one_token: bool = False):
     """The tuned tactic for this problem's bucket, tuning it first inside autotune() (never
     during a CUDA graph capture); None when nothing is known (the default rule applies).
-    one_token: as in TuningCache.get."""
+    one_token: as in TuningCache.get. Outside autotune(), an FP8 problem with fp16 output that
+    has no record of its own takes the bf16 record's tiles (fp16_form)."""
     import torch
     cache = _cache_for(device)
     bucket = bucket_for(num_tokens)
     tactic = cache.get(spec, bucket, one_token=one_token)
-    if tactic is not None or not _active or torch.cuda.is_current_stream_capturing():
+    if tactic is not None:
         return tactic
+    if not _active or torch.cuda.is_current_stream_capturing():
+        return _fp16_form(cache.get(dataclasses.replace(spec, out_dtype=""), bucket, one_token=one_token)) \
+            if spec.out_dtype == "fp16" else None
     settings = _active[-1]
     results = tune([spec], [bucket], device=device, progress=False, **settings["options"])
     rec = results.get(spec.signature, {}).get(str(bucket))
