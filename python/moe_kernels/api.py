@@ -41,6 +41,13 @@ _SUPPORTED = {
 }
 _DTYPE_CODE = {torch.bfloat16: 0, torch.float16: 1}  # moek_dtype
 _DTYPE_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_INDEX_CODE = {torch.int32: 0, torch.int64: 1}
+WORKSPACE_ALIGNMENT = 256
+MAX_TOP_K = 1024  # the kernels keep a token's slots in shared memory (src/runner.cu kMaxTopK)
+
+
+def _fail(argument: str, got, expected: str, exc=ValueError):
+    raise exc(f"{argument}: got {got}, expected {expected}")
 
 
 def _out_dtype(mode: QuantMode, out_dtype=None) -> str:
@@ -56,13 +63,6 @@ def _out_dtype(mode: QuantMode, out_dtype=None) -> str:
     if name not in ("bf16", "fp16"):
         _fail("out_dtype", repr(out_dtype), "'bf16', 'fp16', torch.bfloat16 or torch.float16")
     return name
-_INDEX_CODE = {torch.int32: 0, torch.int64: 1}
-WORKSPACE_ALIGNMENT = 256
-MAX_TOP_K = 1024  # the kernels keep a token's slots in shared memory (src/runner.cu kMaxTopK)
-
-
-def _fail(argument: str, got, expected: str, exc=ValueError):
-    raise exc(f"{argument}: got {got}, expected {expected}")
 
 
 def _tensor(name, t, *, dtype=None, ndim=None, shape=None, device=None, align=16):

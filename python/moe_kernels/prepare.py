@@ -77,8 +77,8 @@ def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None
 
     w13 [E, 2I, H] (gate rows, then up rows; [E, I, H] for non-gated activations),
     w2 [E, H, I], optional w13_bias [E, 2I or I] and w2_bias [E, H] (in the 16-bit type; for
-    the FP8 modes that of the hidden states the layer will take, bfloat16 or float16). For `fp8` and `fp8_block`, the weights are
-    torch.float8_e4m3fn with their float32 scales (see `_check_scale`; dequantized weight =
+    the FP8 modes that of the hidden states the layer will take, bfloat16 or float16). For
+    `fp8` and `fp8_block`, the weights are torch.float8_e4m3fn with their float32 scales (see `_check_scale`; dequantized weight =
     q * scale). `fp8` may also take static activation scales a13_scale / a2_scale (see
     `_check_act_scale`); without them the GEMM inputs are quantized per token. Returns a dict
     with keys w13, w2, w13_bias, w2_bias (and w13_scale, w2_scale, a13_scale, a2_scale for
