@@ -439,8 +439,7 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
                     ours(*sets[j], outs[j])
                 row["kernels_us"] = kernel_times(rotated, 4 * len(sets))
             if args.sweep or args.sweep_only:
-                row["sweep"] = _sweep(moe_kernels, row["tactic"], args.quant,
-                                    "fp16" if dtype == torch.float16 else "bf16", ours, timed, args.sweep_only)
+                row["sweep"] = _sweep(moe_kernels, row["tactic"], args.quant, dtype, ours, timed, args.sweep_only)
         report(row)
         progress()
         del ws, outs, sets
@@ -449,7 +448,8 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
 
 
 def _sweep(moe_kernels, default, quant, out_dtype, ours, timed, only=None):
-    """Every usable kernel (matching only) in each GEMM slot, the other slot on the default."""
+    """Every usable kernel (matching only) in each GEMM slot, the other slot on the default;
+    out_dtype: the output's torch dtype."""
     from moe_kernels import Tactic
     d1, d2 = default.split("+")
     names = [k.name for k in moe_kernels.list_kernels(quant=quant, out_dtype=out_dtype)

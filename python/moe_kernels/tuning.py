@@ -561,6 +561,7 @@ def main(args) -> int:
     if not (args.preset or args.experts):
         raise SystemExit("give --preset NAME or a custom shape (--experts/--top-k/--hidden/--intermediate)")
     shapes = bench.shapes_from_args(bench_args)
+    bench.hidden_dtype(args)  # --fp16-out only with an FP8 --quant
     specs = [ProblemSpec(QuantMode.parse(args.quant).value, Activation.parse(args.activation).value,
                          s.experts, s.top_k, s.hidden, s.inter, "fp16" if args.fp16_out else "")
              for s in shapes]
