@@ -104,8 +104,8 @@ class GemmConfig:
             return
         if self.schedule == "contig":
             assert (self.tile_m, self.tile_k, self.cluster_m, self.cluster_n) == (128, 128, 1, 1) and \
-                self.tile_n == 256 and self.mainloop == "blockwise" and self.out == "bf16", \
-                f"{self.name}: contig is fp8_block, 128 rows by 256 columns, bf16 out"
+                self.tile_n == 256 and self.mainloop == "blockwise", \
+                f"{self.name}: contig is fp8_block, 128 rows by 256 columns"
             return
         # Block scales cover 128 output columns; a tile must not split one.
         assert self.mainloop != "blockwise" or self.tile_n % 128 == 0, f"{self.name}: blockwise tile_n"
@@ -238,7 +238,7 @@ _SM100_FP8_BLOCK_MINIMAL = _SM100_FP8_BLOCK_FULL[:1]
 
 def _subset(sm90_16bit, sm90_fp8, sm100, sm100_fp8_block, fp16_out):
     """fp16_out: the FP8 tiles (E4M3 in) that also get an fp16-output form, by arch family;
-    every FP8 tile has a bf16-output form. Our contiguous kernel writes bf16 only."""
+    every FP8 tile has a bf16-output form."""
     fp8_decode = _DECODE + [(*t, "blockwise") for t in _DECODE]
     sm90_fp8 = sm90_fp8 + fp8_decode
     rows = _rows("90a", "e4m3", sm90_fp8, out="bf16")
@@ -256,13 +256,14 @@ def _subset(sm90_16bit, sm90_fp8, sm100, sm100_fp8_block, fp16_out):
 _SM90_FP8_ALL = _SM90_FP8_FULL + _SM90_FP8_BLOCK_FULL + _SM90_FP8_BLOCK_SWAPAB
 CATALOG = {
     "full": _subset(_SM90_16BIT_FULL, _SM90_FP8_ALL, _SM100_FULL, _SM100_FP8_BLOCK_FULL,
-                    {"sm90": [t for t in _SM90_FP8_ALL if t[5] != "contig"],
+                    {"sm90": _SM90_FP8_ALL,
                      "sm100": _k(_SM100_FULL, 128) + _SM100_FP8_BLOCK_FULL}),
-    # fp16 output in the minimal set: one prefill tile per FP8 mode (with the decode kernels,
-    # every routing has a kernel), so that form is built and tested in CI too.
+    # fp16 output in the minimal set: one prefill tile per FP8 mode and our contiguous kernel
+    # (with the decode kernels, every routing has a kernel), so that form is built and tested
+    # in CI too.
     "minimal": _subset(_SM90_16BIT_MINIMAL, _SM90_FP8_MINIMAL + _SM90_FP8_BLOCK_MINIMAL + _SM90_FP8_BLOCK_SWAPAB[:1],
                        _SM100_MINIMAL, _SM100_FP8_BLOCK_MINIMAL,
-                       {"sm90": _SM90_FP8_MINIMAL[1:] + _SM90_FP8_BLOCK_MINIMAL[1:2],
+                       {"sm90": _SM90_FP8_MINIMAL[1:] + _SM90_FP8_BLOCK_MINIMAL[1:],
                         "sm100": _k(_SM100_MINIMAL[:1], 128) + _SM100_FP8_BLOCK_MINIMAL}),
 }
 

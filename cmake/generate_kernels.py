@@ -62,7 +62,8 @@ def kernel_source(c: catalog.GemmConfig) -> str:
         return (HEADER +
                 f'#include "gemm/{ns}/contiguous_gemm.cuh"\n\n'
                 f"namespace moe_kernels::{ns} {{\n"
-                f"extern const GemmKernelOps kOps_{c.name} = ContiguousBlockwise<{c.tile_n}>::kOps;\n"
+                f"extern const GemmKernelOps kOps_{c.name} = ContiguousBlockwise<{c.tile_n}, "
+                f"{CUDA_TYPES[c.out]}>::kOps;\n"
                 f"}}  // namespace moe_kernels::{ns}\n")
     return (HEADER +
             f'#include "gemm/{ns}/grouped_gemm.cuh"\n\n'

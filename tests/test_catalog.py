@@ -149,7 +149,7 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
                 continue
             if c.schedule == "contig":
                 assert f'#include "gemm/{family}/contiguous_gemm.cuh"' in text
-                assert f"ContiguousBlockwise<{c.tile_n}>::kOps" in text
+                assert f"ContiguousBlockwise<{c.tile_n}, {generate.CUDA_TYPES[c.out]}>::kOps" in text
                 continue
             assert f'#include "gemm/{family}/grouped_gemm.cuh"' in text
             assert generate.SCHEDULE_TYPES[c.schedule] + generate.MAINLOOP_SUFFIX[c.mainloop] + ">" in text
@@ -174,18 +174,18 @@ def test_built_registry_matches_build_info_and_catalog():
 
 
 def test_fp8_kernels_come_in_both_output_types():
-    # The FP8 modes take bf16 or fp16 hidden states: in the release catalog every FP8 kernel but the
-    # contiguous one (bf16 only) has an fp16-output twin; the minimal one has a prefill tile and
-    # the decode kernels of each mode in fp16, on every arch.
+    # The FP8 modes take bf16 or fp16 hidden states: in the release catalog every FP8 kernel has an
+    # fp16-output twin; the minimal one has a prefill tile and the decode kernels of each mode in
+    # fp16 on every arch, and the contiguous kernel in both types.
     for subset in catalog.CATALOG:
         rows = catalog.select(subset, list(catalog.ARCHS))
         fp8 = [c for c in rows if c.act_dtype == "e4m3"]
         assert {c.out for c in fp8} == {"bf16", "fp16"}
         twins = {dataclasses.replace(c, out_dtype="bf16") for c in fp8 if c.out == "fp16"}
         assert twins <= set(fp8), "an fp16-output FP8 kernel without its bf16 form"
-        assert all(c.out == "bf16" for c in fp8 if c.schedule == "contig")
+        assert {c.out for c in fp8 if c.schedule == "contig"} == {"bf16", "fp16"}
         if subset == "full":
-            assert twins == {c for c in fp8 if c.out == "bf16" and c.schedule != "contig"}
+            assert twins == {c for c in fp8 if c.out == "bf16"}
         for arch in catalog.ARCHS:
             for quant in ("fp8", "fp8_block"):
                 fp16 = {c.schedule for c in fp8 if c.arch == arch and c.quant == quant and c.out == "fp16"}

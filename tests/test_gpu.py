@@ -536,7 +536,8 @@ def test_fp8_every_built_kernel(mode, error_log):
 # offsets on the device: rows that end mid-tile (in either 64-row half), experts with no rows,
 # one expert with all rows, ids of other ranks, long K, and both GEMM slots beside another kernel.
 # The scales arrive by TMA in sets of 4 K blocks where K / 128 is a multiple of 4 (H or I of 512,
-# 7168), else by per-row copies (256, 384, 128): both ways are here, in either GEMM.
+# 7168), else by per-row copies (256, 384, 128): both ways are here, in either GEMM. The kernel
+# comes in both output types (bf16 and fp16 hidden states).
 CONTIG_CASES = [  # T, E, k, H, I, ids, expert_offset
     (1, 8, 2, 256, 128, None, 0),
     (37, 64, 8, 512, 256, None, 0),
@@ -563,9 +564,10 @@ def counts_ids(counts):
     return ids[torch.randperm(len(ids))].to(torch.int32)[:, None]
 
 
+@pytest.mark.parametrize("out_dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("T,E,k,H,I,ids,offset", CONTIG_CASES)
-def test_fp8_block_contiguous_kernel(T, E, k, H, I, ids, offset, error_log):
-    kernels = moe_kernels.list_kernels(quant="fp8_block")
+def test_fp8_block_contiguous_kernel(T, E, k, H, I, ids, offset, out_dtype, error_log):
+    kernels = moe_kernels.list_kernels(quant="fp8_block", out_dtype=out_dtype)
     contig = [x for x in kernels if x.schedule == "contig"]
     if not contig:
         pytest.skip("no contiguous fp8_block kernel in this build")
@@ -578,7 +580,7 @@ def test_fp8_block_contiguous_kernel(T, E, k, H, I, ids, offset, error_log):
         ids = torch.rand(T, 2 * E).argsort(dim=1)[:, :k].to(torch.int32)
     elif ids in ("counts", "tails"):
         ids = counts_ids(SPLIT_COUNTS if ids == "counts" else TAIL_COUNTS)
-    p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype="fp8_block", ids=ids)
+    p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype="fp8_block", ids=ids, act_dtype=out_dtype)
     ref = reference_out(p, expert_offset=offset)
     kw = dict(ep_rank=1, ep_size=2, num_experts=2 * E) if offset else {}
     for kern in contig:
@@ -596,7 +598,7 @@ def test_fp8_block_contiguous_kernel(T, E, k, H, I, ids, offset, error_log):
                 continue
             out = run(p, tactic=tactic, **kw)
             err, row_err = rel_error(out, ref), worst_row_error(out, ref)
-            error_log.add(f"fp8_block/contig/{kern.tile[1]}/T{T}/E{E}/H{H}/{n[0] > 0:d}{n[1] > 0:d}", err)
+            error_log.add(f"fp8_block/contig/{out_dtype}/T{T}/E{E}/H{H}/{n[0] > 0:d}{n[1] > 0:d}", err)
             assert err < TOLERANCE["fp8_block"], f"{tactic} T={T} E={E}: relative error {err:.3e}"
             assert row_err < 2 * TOLERANCE["fp8_block"], f"{tactic} T={T} E={E}: a row's relative error {row_err:.3e}"
 
@@ -608,8 +610,9 @@ def test_fp8_block_contiguous_kernel(T, E, k, H, I, ids, offset, error_log):
 @pytest.mark.parametrize("tails", [False, True], ids=["random", "tails"])
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("act", ["swiglu", "geglu", "swiglu_oai", "silu"])
-def test_fp8_block_contiguous_fused_activation(act, bias, tails, error_log):
-    kernels = moe_kernels.list_kernels(quant="fp8_block")
+@pytest.mark.parametrize("out_dtype", ["bf16", "fp16"])
+def test_fp8_block_contiguous_fused_activation(out_dtype, act, bias, tails, error_log):
+    kernels = moe_kernels.list_kernels(quant="fp8_block", out_dtype=out_dtype)
     wide = [x for x in kernels if x.schedule == "contig" and x.tile[1] == 256]
     if not wide:
         pytest.skip("no 256-column contiguous fp8_block kernel in this build")
@@ -621,13 +624,13 @@ def test_fp8_block_contiguous_fused_activation(act, bias, tails, error_log):
         ids = torch.rand(333, 7).argsort(dim=1)[:, :4]
         ids[ids >= 5] += 1  # expert 5 gets no rows
     p = make_problem(T=len(ids), E=8, k=ids.shape[1], H=512, I=I, dtype="fp8_block", gated=gated, bias=bias,
-                     ids=ids)
+                     ids=ids, act_dtype=out_dtype)
     kw = {"swiglu_alpha": 1.5, "swiglu_limit": 1.0} if act == "swiglu_oai" else {}
     ref = reference_out(p, activation=act, **kw)
     for gemm2 in (wide[0].name, kernels[0].name):
         out = run(p, tactic=Tactic(wide[0].name, gemm2), activation=act, **kw)
         err, row_err = rel_error(out, ref), worst_row_error(out, ref)
-        error_log.add(f"fp8_block/contig_act/{act}/{bias}/{tails}", err)
+        error_log.add(f"fp8_block/contig_act/{out_dtype}/{act}/{bias}/{tails}", err)
         assert err < TOLERANCE["fp8_block"], f"{act} bias={bias} gemm2={gemm2}: relative error {err:.3e}"
         assert row_err < 2 * TOLERANCE["fp8_block"], f"{act} bias={bias} gemm2={gemm2}: a row's error {row_err:.3e}"
 
@@ -687,8 +690,8 @@ def test_fp8_graph_replay_and_expert_parallel(mode, act_dtype, error_log):
 
 
 # ---- fp8 and fp8_block with fp16 hidden states and output -------------------------------------
-# The fp16-output kernels (catalog: every FP8 tile but the contiguous kernel, bf16 only) with
-# the same expand, activation and finalize kernels as the 16-bit fp16 mode. T = 1 is one_token.
+# The fp16-output kernels (catalog: every FP8 tile has both output types) with the same expand,
+# activation and finalize kernels as the 16-bit fp16 mode. T = 1 is one_token.
 
 FP16_OUT_SHAPES = [(1, 128, 8), (7, 8, 2), (128, 128, 8), (1000, 8, 2), (4096, 128, 8)]
 

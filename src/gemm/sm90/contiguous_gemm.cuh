@@ -36,11 +36,13 @@
 // GEMM1 with a gated activation: the two 128-row weight blocks of a tile are
 // gate block n and up block n (I rows further), so the epilogue holds both halves of 128
 // intermediate columns and writes what the activation kernel would: act(gate, up) of the
-// bf16-rounded outputs plus bias, quantized to E4M3 per row per 128 columns. That saves
+// outputs rounded to the output type (bf16 or fp16, as the unfused path stores them) plus bias,
+// quantized to E4M3 per row per 128 columns. That saves
 // GEMM1's 16-bit output (4I bytes per row), its reread and a launch.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cudaTypedefs.h>
 
 #include <algorithm>
@@ -86,14 +88,14 @@ using TiledMma = decltype(make_tiled_mma(SM90_64x128x32_F32E4M3E4M3_SS_TN<>{}));
 using TailMma = decltype(make_tiled_mma(SM90_64x16x32_F32E4M3E4M3_SS_TN<>{}));  // weights x tail rows
 
 // kFused: GEMM1 with the activation in its epilogue (E4M3 out: one box per warpgroup, 4
-// stages); otherwise the bf16 tile's 64 KB buffer takes a stage's room.
+// stages); otherwise the 16-bit output tile's 64 KB buffer takes a stage's room.
 template <int kTileN, bool kFused>
 struct Config {
   static constexpr int kBlocksN = kTileN / kBlockN;
   static constexpr int kStageBytesA = kTileM * kTileK, kStageBytesB = kTileN * kTileK;
   // x 48 KB; GEMM2 with 3 stages measured within 3% of 4 (DeepSeek-V3, 4096/16384 tokens).
   static constexpr int kStages = kFused ? 4 : 3;
-  static constexpr int kBoxesPerHalf = kFused ? 1 : 2 * kTileN / 128;  // E4M3 or bf16 rows
+  static constexpr int kBoxesPerHalf = kFused ? 1 : 2 * kTileN / 128;  // E4M3 or 16-bit rows
   static constexpr int kOutBytes = 2 * kBoxesPerHalf * kBoxBytes;
   static constexpr uint32_t kConsumerRegs = kFused ? 240 : 232;  // see kRegsPerThread
   static constexpr uint32_t kProducerRegs = (kThreads * kRegsPerThread - 256 * kConsumerRegs) / 128;
@@ -135,19 +137,19 @@ struct Params {
   CUtensorMap tma_a;  // A [rows, K] e4m3, box 64 x 128
   CUtensorMap tma_tail;  // the same, box kTail x 128
   CUtensorMap tma_b;  // B [E * N, K] e4m3, box 128 x 128
-  CUtensorMap tma_d;    // D [rows, N] bf16 as bytes, box 64 x 128 bytes (unfused)
+  CUtensorMap tma_d;    // D [rows, N] 16-bit as bytes, box 64 x 128 bytes (unfused)
   CUtensorMap tma_act;  // act_out [rows, inter] E4M3, box 64 x 128 (fused)
   const float* sfa;   // [rows, K / 128]
   const float* sfb;   // [E, N / 128, K / 128]
   CUtensorMap tma_sfa, tma_sfa_tail, tma_sfb;  // the same, boxes of kSetBlocks x 128, kTail, 1 rows (kSets)
-  __nv_bfloat16* d;   // [rows, N]
+  void* d;            // [rows, N], the output type (bf16 or fp16)
   const int32_t* offsets;  // [E + 1] row offsets of the experts
   int32_t* tile_counter;   // next tile to take; zero at launch
   int num_experts, n, k;
   // The fused activation (act_out != NULL: GEMM1, 256 columns, n = 2 * inter).
   uint8_t* act_out;                // E4M3 [rows, inter]
   float* act_scale;                // [rows, inter / 128]
-  const __nv_bfloat16* act_bias;   // [E, n] or NULL
+  const void* act_bias;            // [E, n] of the output type, or NULL
   int activation, inter;
   float act_alpha, act_limit;
   int max_tail;  // kTail, or fewer by MOE_KERNELS_CONTIG_TAIL (0: none; for A/B runs)
@@ -228,9 +230,26 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
                "l"(gmem) : "memory");
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<uint32_t*>(&v);
+// The output type's rounding: two floats packed into one register (one F2FP each way), one
+// float rounded, and a packed pair back to floats.
+template <class Out>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  if constexpr (std::is_same_v<Out, __half>) {
+    __half2 v = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+template <class Out>
+__device__ __forceinline__ float round_to(float x) {
+  return Vec8<Out>::to_float(Vec8<Out>::from_float(x));
+}
+template <class Out>
+__device__ __forceinline__ float2 unpack2(uint32_t v) {
+  if constexpr (std::is_same_v<Out, __half>) return __half22float2(*reinterpret_cast<const __half2*>(&v));
+  else return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
 }
 
 // One warpgroup's barrier (ids 1 and 2; 0 is __syncthreads).
@@ -279,10 +298,10 @@ __device__ __forceinline__ void out_release(const CUtensorMap* map, const uint8_
   }
 }
 
-// The bf16 epilogue for the accumulator's first `blocks` blocks of 128 columns: each thread's
+// The 16-bit epilogue for the accumulator's first `blocks` blocks of 128 columns: each thread's
 // pairs are already the fragments stmatrix takes (2 boxes of 64 columns per block).
-template <class Acc>
-__device__ __forceinline__ void store_bf16(const Params& p, const Acc& acc, uint8_t* out, int64_t row0,
+template <class Out, class Acc>
+__device__ __forceinline__ void store_out(const Params& p, const Acc& acc, uint8_t* out, int64_t row0,
                                            int col0, int rows, int my_row, int lane, int blocks) {
   const int half = threadIdx.x / 128 - 1;
   out_acquire(half);
@@ -293,30 +312,30 @@ __device__ __forceinline__ void store_bf16(const Params& p, const Acc& acc, uint
     if (b >= blocks) break;
 #pragma unroll
     for (int j = 0; j < 16; j += 2) {  // pieces j, j + 1 of 8 columns, rows my_row and + 8
-      const uint32_t r0 = pack_bf16(acc(4 * j, 0, b), acc(4 * j + 1, 0, b));
-      const uint32_t r1 = pack_bf16(acc(4 * j + 2, 0, b), acc(4 * j + 3, 0, b));
-      const uint32_t r2 = pack_bf16(acc(4 * j + 4, 0, b), acc(4 * j + 5, 0, b));
-      const uint32_t r3 = pack_bf16(acc(4 * j + 6, 0, b), acc(4 * j + 7, 0, b));
+      const uint32_t r0 = pack2<Out>(acc(4 * j, 0, b), acc(4 * j + 1, 0, b));
+      const uint32_t r1 = pack2<Out>(acc(4 * j + 2, 0, b), acc(4 * j + 3, 0, b));
+      const uint32_t r2 = pack2<Out>(acc(4 * j + 4, 0, b), acc(4 * j + 5, 0, b));
+      const uint32_t r3 = pack2<Out>(acc(4 * j + 6, 0, b), acc(4 * j + 7, 0, b));
       const int piece = 16 * b + j + m / 2;  // of 32 in the row
       const uint32_t addr = base + swizzled(piece / 8, row, 16 * (piece % 8));
       asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
                    "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
     }
   }
-  out_release(&p.tma_d, out, reinterpret_cast<uint8_t*>(p.d + row0 * p.n + col0), 2 * int64_t(p.n),
+  out_release(&p.tma_d, out, reinterpret_cast<uint8_t*>(static_cast<Out*>(p.d) + row0 * p.n + col0), 2 * int64_t(p.n),
                  2 * col0, row0, rows, half, 2 * blocks);
 }
 
 // The fused activation's epilogue for this warpgroup's rows row0 + [0, rows): acc(i, 0, 0)
 // holds gate columns, acc(i, 0, 1) the up columns of the same intermediate columns. Its
 // output, 128 E4M3 bytes per row, is one box; each thread writes its byte pairs.
-template <int kAct, class Acc>
+template <int kAct, class Out, class Acc>
 __device__ __forceinline__ void store_activation(const Params& p, const Acc& acc, const Tile& tile,
                                                  uint8_t* out, int64_t row0, int rows, int my_row,
                                                  int lane) {
   const int q = lane & 3, half = threadIdx.x / 128 - 1;
   const int64_t col0 = int64_t(tile.n) * kBlockN;  // the tile's first intermediate column
-  const __nv_bfloat16* bias = p.act_bias ? p.act_bias + int64_t(tile.expert) * p.n + col0 : nullptr;
+  const Out* bias = p.act_bias ? static_cast<const Out*>(p.act_bias) + int64_t(tile.expert) * p.n + col0 : nullptr;
   out_acquire(half);
 #pragma unroll
   for (int rs = 0; rs < 2; ++rs) {
@@ -326,12 +345,12 @@ __device__ __forceinline__ void store_activation(const Params& p, const Acc& acc
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
       const int i = 4 * (j / 2) + 2 * rs + j % 2, col = 8 * (j / 2) + 2 * q + j % 2;
-      // GEMM1's output is bf16: round as the unfused path stores it.
-      float g = __bfloat162float(__float2bfloat16_rn(acc(i, 0, 0)));
-      float u = __bfloat162float(__float2bfloat16_rn(acc(i, 0, 1)));
+      // GEMM1's output is 16-bit: round as the unfused path stores it.
+      float g = round_to<Out>(acc(i, 0, 0));
+      float u = round_to<Out>(acc(i, 0, 1));
       if (bias) {
-        g += __bfloat162float(bias[col]);
-        u += __bfloat162float(bias[p.inter + col]);
+        g += Vec8<Out>::to_float(bias[col]);
+        u += Vec8<Out>::to_float(bias[p.inter + col]);
       }
       v[j] = activate<kAct>(g, u, p.act_alpha, p.act_limit);
       amax = fmaxf(amax, fabsf(v[j]));
@@ -351,9 +370,9 @@ __device__ __forceinline__ void store_activation(const Params& p, const Acc& acc
 }
 
 // A split tile with the activation fused: warpgroup 1's block (the up columns) goes to
-// warpgroup 0's acc(i, 0, 1), bf16-rounded as store_activation rounds it anyway, through
-// warpgroup 1's box of the out buffer, in two rounds of 8 KB.
-template <class Acc>
+// warpgroup 0's acc(i, 0, 1), rounded to the output type as store_activation rounds it anyway,
+// through warpgroup 1's box of the out buffer, in two rounds of 8 KB.
+template <class Out, class Acc>
 __device__ __forceinline__ void hand_over_up(Acc& acc, uint8_t* box, int half) {
   uint32_t* x = reinterpret_cast<uint32_t*>(box);
   const int t = threadIdx.x % 128;
@@ -363,15 +382,15 @@ __device__ __forceinline__ void hand_over_up(Acc& acc, uint8_t* box, int half) {
     if (half == 1) {
 #pragma unroll
       for (int j = 0; j < 16; ++j)
-        x[j * 128 + t] = pack_bf16(acc(32 * r + 2 * j, 0, 0), acc(32 * r + 2 * j + 1, 0, 0));
+        x[j * 128 + t] = pack2<Out>(acc(32 * r + 2 * j, 0, 0), acc(32 * r + 2 * j + 1, 0, 0));
     }
     asm volatile("bar.sync 3, 256;" ::: "memory");  // both consumer warpgroups
     if (half == 0) {
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
-        const uint32_t v = x[j * 128 + t];
-        acc(32 * r + 2 * j, 0, 1) = __uint_as_float(v << 16);
-        acc(32 * r + 2 * j + 1, 0, 1) = __uint_as_float(v & 0xffff0000u);
+        const float2 v = unpack2<Out>(x[j * 128 + t]);
+        acc(32 * r + 2 * j, 0, 1) = v.x;
+        acc(32 * r + 2 * j + 1, 0, 1) = v.y;
       }
     }
     asm volatile("bar.sync 3, 256;" ::: "memory");  // read before warpgroup 1 writes there again
@@ -383,7 +402,7 @@ __device__ __forceinline__ void hand_over_up(Acc& acc, uint8_t* box, int half) {
 // values over through its box of the out buffer; warpgroup 0 applies the activation as
 // store_activation does, takes each row's amax over its 128 columns (across its four warps
 // through smem.tail_amax), and writes the E4M3 bytes and scales straight from the registers.
-template <int kAct, class Acc, class Coord, class Smem>
+template <int kAct, class Out, class Acc, class Coord, class Smem>
 __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc& acc, const Coord& coord,
                                                       const Tile& tile, int tail, Smem& smem) {
   constexpr int kN = decltype(size(acc))::value;
@@ -399,15 +418,15 @@ __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc
   float v[kN];
   if (half == 0) {
     const int64_t col0 = int64_t(tile.n) * kBlockN;  // the tile's first intermediate column
-    const __nv_bfloat16* bias = p.act_bias ? p.act_bias + int64_t(tile.expert) * p.n + col0 : nullptr;
+    const Out* bias = p.act_bias ? static_cast<const Out*>(p.act_bias) + int64_t(tile.expert) * p.n + col0 : nullptr;
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
       const int col = get<0>(coord(i));
-      float g = __bfloat162float(__float2bfloat16_rn(acc(i)));
-      float u = __bfloat162float(__float2bfloat16_rn(x[i * 128 + t]));
+      float g = round_to<Out>(acc(i));
+      float u = round_to<Out>(x[i * 128 + t]);
       if (bias) {
-        g += __bfloat162float(bias[col]);
-        u += __bfloat162float(bias[p.inter + col]);
+        g += Vec8<Out>::to_float(bias[col]);
+        u += Vec8<Out>::to_float(bias[p.inter + col]);
       }
       v[i] = activate<kAct>(g, u, p.act_alpha, p.act_limit);
     }
@@ -454,7 +473,7 @@ __device__ __forceinline__ void store_tail_activation(const Params& p, const Acc
   }
 }
 
-template <int kTileN, bool kFused, bool kSets>
+template <int kTileN, bool kFused, bool kSets, class Out>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant__ Params p) {
   using C = Config<kTileN, kFused>;
   constexpr int kStages = C::kStages, kBlocksN = C::kBlocksN;
@@ -684,29 +703,29 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     if constexpr (kFused) {
       if (tail) {
         switch (p.activation) {
-          case MOEK_ACT_SWIGLU: store_tail_activation<MOEK_ACT_SWIGLU>(p, acc_t, coord_t, tile, tail, smem); break;
-          case MOEK_ACT_GEGLU: store_tail_activation<MOEK_ACT_GEGLU>(p, acc_t, coord_t, tile, tail, smem); break;
-          default: store_tail_activation<MOEK_ACT_SWIGLU_OAI>(p, acc_t, coord_t, tile, tail, smem); break;
+          case MOEK_ACT_SWIGLU: store_tail_activation<MOEK_ACT_SWIGLU, Out>(p, acc_t, coord_t, tile, tail, smem); break;
+          case MOEK_ACT_GEGLU: store_tail_activation<MOEK_ACT_GEGLU, Out>(p, acc_t, coord_t, tile, tail, smem); break;
+          default: store_tail_activation<MOEK_ACT_SWIGLU_OAI, Out>(p, acc_t, coord_t, tile, tail, smem); break;
         }
       }
       if (split) {
-        hand_over_up(acc, smem.out + kBoxBytes, half);
+        hand_over_up<Out>(acc, smem.out + kBoxBytes, half);
         if (half == 1) continue;
       }
       switch (p.activation) {
-        case MOEK_ACT_SWIGLU: store_activation<MOEK_ACT_SWIGLU>(p, acc, tile, out, row0, rows, my_row, lane); break;
-        case MOEK_ACT_GEGLU: store_activation<MOEK_ACT_GEGLU>(p, acc, tile, out, row0, rows, my_row, lane); break;
-        default: store_activation<MOEK_ACT_SWIGLU_OAI>(p, acc, tile, out, row0, rows, my_row, lane); break;
+        case MOEK_ACT_SWIGLU: store_activation<MOEK_ACT_SWIGLU, Out>(p, acc, tile, out, row0, rows, my_row, lane); break;
+        case MOEK_ACT_GEGLU: store_activation<MOEK_ACT_GEGLU, Out>(p, acc, tile, out, row0, rows, my_row, lane); break;
+        default: store_activation<MOEK_ACT_SWIGLU_OAI, Out>(p, acc, tile, out, row0, rows, my_row, lane); break;
       }
     } else {
       if (tail) {  // a few scattered rows: straight from the registers
-        __nv_bfloat16* d = p.d + (tile.row0 + kTileM) * int64_t(p.n) + tile.n * kTileN + half * kBlockN;
+        Out* d = static_cast<Out*>(p.d) + (tile.row0 + kTileM) * int64_t(p.n) + tile.n * kTileN + half * kBlockN;
 #pragma unroll
         for (int i = 0; i < size(acc_t); ++i)
           if (get<1>(coord_t(i)) < tail)
-            d[get<1>(coord_t(i)) * int64_t(p.n) + get<0>(coord_t(i))] = __float2bfloat16_rn(acc_t(i));
+            d[get<1>(coord_t(i)) * int64_t(p.n) + get<0>(coord_t(i))] = Vec8<Out>::from_float(acc_t(i));
       }
-      store_bf16(p, acc, out, row0, tile.n * kTileN + b_first * kBlockN, rows, my_row, lane, blocks);
+      store_out<Out>(p, acc, out, row0, tile.n * kTileN + b_first * kBlockN, rows, my_row, lane, blocks);
     }
   }
   // The last stores must be done before the CTA (and its shared memory) goes.
@@ -760,7 +779,8 @@ inline bool encode_scales(CUtensorMap* map, const float* base, int64_t rows, int
 
 }  // namespace contig
 
-template <int kTileN>
+// Out: the output's (and GEMM1's bias's) type, __nv_bfloat16 or __half.
+template <int kTileN, class Out>
 struct ContiguousBlockwise {
   static_assert(kTileN == 256, "contiguous fp8_block GEMM: 256 columns (two weight-scale blocks)");
   template <bool kFused>
@@ -776,7 +796,7 @@ struct ContiguousBlockwise {
   static int registers() {
     static const int regs = [] {
       cudaFuncAttributes fa{};
-      if (cudaFuncGetAttributes(&fa, contig::gemm_kernel<kTileN, kFused, kSets>) != cudaSuccess) {
+      if (cudaFuncGetAttributes(&fa, contig::gemm_kernel<kTileN, kFused, kSets, Out>) != cudaSuccess) {
         cudaGetLastError();
         return 0;
       }
@@ -844,12 +864,12 @@ struct ContiguousBlockwise {
     const bool sets = encode_scales(&p.tma_sfa, a.sfa_base, a.rows, k_blocks, kTileM) &&
                    encode_scales(&p.tma_sfa_tail, a.sfa_base, a.rows, k_blocks, kTail) &&
                    encode_scales(&p.tma_sfb, a.sfb_base, int64_t(a.num_groups) * (a.n / kBlockN), k_blocks, 1);
-    p.d = static_cast<__nv_bfloat16*>(a.d_base);
+    p.d = a.d_base;
     p.offsets = a.offsets;
     p.tile_counter = a.tile_counter;
     p.act_out = static_cast<uint8_t*>(a.act_out);
     p.act_scale = a.act_scale;
-    p.act_bias = static_cast<const __nv_bfloat16*>(a.act_bias);
+    p.act_bias = a.act_bias;
     p.activation = a.activation;
     p.inter = static_cast<int>(a.n / 2);
     p.act_alpha = a.act_alpha;
@@ -863,8 +883,8 @@ struct ContiguousBlockwise {
     p.n = static_cast<int>(a.n);
     p.k = static_cast<int>(a.k);
     const bool fused = p.act_out != nullptr;
-    auto kernel = fused ? (sets ? gemm_kernel<kTileN, true, true> : gemm_kernel<kTileN, true, false>)
-                        : (sets ? gemm_kernel<kTileN, false, true> : gemm_kernel<kTileN, false, false>);
+    auto kernel = fused ? (sets ? gemm_kernel<kTileN, true, true, Out> : gemm_kernel<kTileN, true, false, Out>)
+                        : (sets ? gemm_kernel<kTileN, false, true, Out> : gemm_kernel<kTileN, false, false, Out>);
     const size_t smem = smem_bytes(a.num_groups, fused);
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(smem));
