@@ -249,7 +249,7 @@ __device__ __forceinline__ float round_to(float x) {
 template <class Out>
 __device__ __forceinline__ float2 unpack2(uint32_t v) {
   if constexpr (std::is_same_v<Out, __half>) return __half22float2(*reinterpret_cast<const __half2*>(&v));
-  else return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  else return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));  // exact
 }
 
 // One warpgroup's barrier (ids 1 and 2; 0 is __syncthreads).
