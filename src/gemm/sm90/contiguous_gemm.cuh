@@ -230,8 +230,8 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
                "l"(gmem) : "memory");
 }
 
-// The output type's rounding: two floats packed into one register (one F2FP each way), one
-// float rounded, and a packed pair back to floats.
+// The output type's conversions: two floats rounded into one register (one F2FP in either
+// type), one float rounded, and a packed pair back to floats.
 template <class Out>
 __device__ __forceinline__ uint32_t pack2(float a, float b) {
   if constexpr (std::is_same_v<Out, __half>) {
