@@ -103,7 +103,8 @@ def test_format_row_names_missing_peers():
 def test_fp8_block_peer_dequantizes_the_block_scales():
     # The peer runs torch._grouped_mm on the weights dequantized once to bf16; it must match
     # the float32 reference on weights dequantized here (scales per 128 x 128 block, I not a
-    # multiple of 128), and keep one copy per shape.
+    # multiple of 128), keep one copy per shape, and take fp16 hidden states through bf16
+    # (torch._grouped_mm's fp16 path cannot be graph-captured), returning fp16.
     from moe_kernels import fp8, reference
     if not hasattr(torch, "_grouped_mm"):
         pytest.skip(f"torch {torch.__version__} has no _grouped_mm")
@@ -121,8 +122,12 @@ def test_fp8_block_peer_dequantizes_the_block_scales():
     deq2 = q2.float() * fp8.weight_scale_full(s2, H, I)
     ref = reference.fused_moe(x, deq13, deq2, wts, ids, activation="swiglu")
     assert ((out.float() - ref).norm() / ref.norm()).item() < peer.tolerance
-    first = peer.weights(q13, q2, s13, s2, torch.bfloat16)
-    assert peer.weights(q13, q2, s13, s2, torch.bfloat16) is first
+    first = peer.weights(q13, q2, s13, s2)
+    assert peer.weights(q13, q2, s13, s2) is first and first[0].dtype == torch.bfloat16
+    out16 = peer(x.half(), q13, q2, wts, ids, "swiglu", w13_scale=s13, w2_scale=s2)
+    assert out16.dtype == torch.float16
+    assert ((out16.float() - ref).norm() / ref.norm()).item() < peer.tolerance
+    assert peer.weights(q13, q2, s13, s2) is first
 
 
 def test_format_row_prints_the_clock_it_ran_at():

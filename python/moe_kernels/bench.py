@@ -261,34 +261,41 @@ def torch_scaled_grouped_mm_moe(x, w13, w2, wts, ids, act, w13_scale, w2_scale):
 
 class DequantizedGroupedMM:
     """The fp8_block peer. PyTorch has no block-scaled grouped GEMM, so the checkpoint's weights
-    are dequantized to 16 bits once per shape (what a stack without such a kernel can serve, at
-    twice the weight bytes) and the 16-bit peer runs on them. Its activations stay 16-bit, so it
-    is checked against the 16-bit reference on those weights, not the fp8_block one."""
+    are dequantized to bf16 once per shape (what a stack without such a kernel can serve, at
+    twice the weight bytes) and the 16-bit peer runs on them. bf16, also for fp16 hidden states
+    (cast in and out): torch._grouped_mm's fp16 path copies its offsets to the host, which a CUDA
+    graph cannot capture. Its activations stay 16-bit, so it is checked against the 16-bit
+    reference on those weights, not the fp8_block one."""
     tolerance = REL_TOL["bf16"]
 
     def __init__(self):
         self._key, self._w = None, None
 
-    def weights(self, w13, w2, w13_scale, w2_scale, dtype):
-        key = (w13.data_ptr(), w2.data_ptr(), dtype)
+    def weights(self, w13, w2, w13_scale, w2_scale):
+        import torch
+        key = (w13.data_ptr(), w2.data_ptr())
         if self._key != key:
             from .fp8 import weight_scale_full
             self._key, self._w = None, None  # the last shape's copy goes first
 
             def dequantize(w, scale):  # one expert at a time: float32 temporaries of one expert
-                out = w.new_empty(w.shape, dtype=dtype)
+                out = w.new_empty(w.shape, dtype=torch.bfloat16)
                 for e in range(w.shape[0]):
-                    out[e] = (w[e].float() * weight_scale_full(scale[e:e + 1], *w.shape[1:])[0]).to(dtype)
+                    out[e] = (w[e].float() * weight_scale_full(scale[e:e + 1], *w.shape[1:])[0]).to(torch.bfloat16)
                 return out
             self._key, self._w = key, (dequantize(w13, w13_scale), dequantize(w2, w2_scale))
         return self._w
 
     def __call__(self, x, w13, w2, wts, ids, act, w13_scale, w2_scale):
-        return torch_grouped_mm_moe(x, *self.weights(w13, w2, w13_scale, w2_scale, x.dtype), wts, ids, act)
+        import torch
+        y = torch_grouped_mm_moe(x.to(torch.bfloat16), *self.weights(w13, w2, w13_scale, w2_scale), wts, ids, act)
+        return y.to(x.dtype)
 
     def reference(self, x, w13, w2, wts, ids, act, w13_scale, w2_scale):
+        import torch
         from .reference import fused_moe
-        return fused_moe(x, *self.weights(w13, w2, w13_scale, w2_scale, x.dtype), wts, ids, activation=act)
+        return fused_moe(x.to(torch.bfloat16), *self.weights(w13, w2, w13_scale, w2_scale), wts, ids,
+                         activation=act)
 
 
 def _vllm_triton(x, w13, w2, wts, ids, act):
