@@ -259,43 +259,55 @@ def torch_scaled_grouped_mm_moe(x, w13, w2, wts, ids, act, w13_scale, w2_scale):
     return _torch_moe(x, wts, ids, act, E, gemm(w13, w13_scale), gemm(w2, w2_scale))
 
 
-class DequantizedGroupedMM:
-    """The fp8_block peer. PyTorch has no block-scaled grouped GEMM, so the checkpoint's weights
-    are dequantized to bf16 once per shape (what a stack without such a kernel can serve, at
-    twice the weight bytes) and the 16-bit peer runs on them. bf16, also for fp16 hidden states
-    (cast in and out): torch._grouped_mm's fp16 path copies its offsets to the host, which a CUDA
-    graph cannot capture. Its activations stay 16-bit, so it is checked against the 16-bit
-    reference on those weights, not the fp8_block one."""
+class Bf16GroupedMM:
+    """torch._grouped_mm on a bf16 copy of the weights, made once per weight tensor, with the
+    hidden states cast in and the output cast back. The fp16 peer: torch._grouped_mm's fp16
+    path copies its offsets to the host, which a CUDA graph cannot capture, so an fp16 stack
+    without a kernel of its own would serve this. Checked against the reference on that copy."""
     tolerance = REL_TOL["bf16"]
 
     def __init__(self):
         self._key, self._w = None, None
 
-    def weights(self, w13, w2, w13_scale, w2_scale):
+    @staticmethod
+    def to_bf16(w, scale):
         import torch
+        return w.to(torch.bfloat16)
+
+    def weights(self, w13, w2, w13_scale=None, w2_scale=None):
         key = (w13.data_ptr(), w2.data_ptr())
         if self._key != key:
-            from .fp8 import weight_scale_full
             self._key, self._w = None, None  # the last shape's copy goes first
-
-            def dequantize(w, scale):  # one expert at a time: float32 temporaries of one expert
-                out = w.new_empty(w.shape, dtype=torch.bfloat16)
-                for e in range(w.shape[0]):
-                    out[e] = (w[e].float() * weight_scale_full(scale[e:e + 1], *w.shape[1:])[0]).to(torch.bfloat16)
-                return out
-            self._key, self._w = key, (dequantize(w13, w13_scale), dequantize(w2, w2_scale))
+            self._key, self._w = key, (self.to_bf16(w13, w13_scale), self.to_bf16(w2, w2_scale))
         return self._w
 
-    def __call__(self, x, w13, w2, wts, ids, act, w13_scale, w2_scale):
+    def __call__(self, x, w13, w2, wts, ids, act, w13_scale=None, w2_scale=None):
         import torch
         y = torch_grouped_mm_moe(x.to(torch.bfloat16), *self.weights(w13, w2, w13_scale, w2_scale), wts, ids, act)
         return y.to(x.dtype)
 
-    def reference(self, x, w13, w2, wts, ids, act, w13_scale, w2_scale):
+    def reference(self, x, w13, w2, wts, ids, act, w13_scale=None, w2_scale=None):
         import torch
         from .reference import fused_moe
         return fused_moe(x.to(torch.bfloat16), *self.weights(w13, w2, w13_scale, w2_scale), wts, ids,
                          activation=act)
+
+
+class DequantizedGroupedMM(Bf16GroupedMM):
+    """The fp8_block peer. PyTorch has no block-scaled grouped GEMM, so the checkpoint's weights
+    are dequantized to bf16 once per shape (what a stack without such a kernel can serve, at
+    twice the weight bytes) and torch._grouped_mm runs on them, in bf16 also for fp16 hidden
+    states. Its activations stay 16-bit, so it is checked against the 16-bit reference on those
+    weights, not the fp8_block one."""
+
+    @staticmethod
+    def to_bf16(w, scale):  # one expert at a time: float32 temporaries of one expert
+        import torch
+        from .fp8 import weight_scale_full
+        out = w.new_empty(w.shape, dtype=torch.bfloat16)
+        for e in range(w.shape[0]):
+            out[e] = (w[e].float() * weight_scale_full(scale[e:e + 1], *w.shape[1:])[0]).to(torch.bfloat16)
+        return out
 
 
 def _vllm_triton(x, w13, w2, wts, ids, act):
@@ -333,8 +345,12 @@ def peers(activation, quant="bf16"):
     if quant not in ("bf16", "fp16"):
         return [(n, None, f"not compared for {quant}") for n in
                 ("torch._grouped_mm", "vllm-triton", "sglang-triton", "flashinfer-cutlass")]
-    out = [("torch._grouped_mm", torch_grouped_mm_moe if hasattr(torch, "_grouped_mm") else None,
-            f"not in torch {torch.__version__}")]
+    if quant == "fp16":  # see Bf16GroupedMM
+        out = [("torch._grouped_mm (bf16 copy)", Bf16GroupedMM() if hasattr(torch, "_grouped_mm") else None,
+                f"not in torch {torch.__version__}")]
+    else:
+        out = [("torch._grouped_mm", torch_grouped_mm_moe if hasattr(torch, "_grouped_mm") else None,
+                f"not in torch {torch.__version__}")]
     for name, module, fn in (("vllm-triton", "vllm", _vllm_triton),
                              ("sglang-triton", "sglang", _sglang_triton),
                              ("flashinfer-cutlass", "flashinfer", _flashinfer_cutlass)):
