@@ -499,11 +499,11 @@ def format_row(row, peer_names) -> str:
     else:
         cells += [f"{ours['status'][:40]:>40}"]
     for n in peer_names:
-        r = row["results"].get(n, {})
+        r, w = row["results"].get(n, {}), _peer_width(n)
         if r.get("status") == "ok" and ours["status"] == "ok":
-            cells.append(f"{r['us']:>9.1f} ({r['us'] / ours['us']:4.2f}x)")
+            cells.append(f"{r['us']:>9.1f} ({r['us'] / ours['us']:4.2f}x)".rjust(w))
         else:
-            cells.append(f"{r.get('status', '-')[:17]:>17}")
+            cells.append(f"{r.get('status', '-')[:w]:>{w}}")
     lines = ["  ".join(cells)]
     if "sweep" in row:
         sw = row["sweep"]
@@ -519,10 +519,14 @@ def format_row(row, peer_names) -> str:
     return "\n".join(lines)
 
 
+def _peer_width(name) -> int:  # a peer's column holds its whole name
+    return max(17, len(name))
+
+
 def header(peer_names) -> str:
     return "  ".join([f"{'preset':<18}", f"{'tokens':>6}", f"{'hit':>6}", f"{'bw_floor':>9}", f"{'flop_flr':>9}",
                       f"{'ours_us':>9}", f"{'TB/s':>6}", f"{'TFLOP/s':>7}", f"{'floor%':>6}"] +
-                     [f"{n[:17]:>17}" for n in peer_names])
+                     [f"{n:>{_peer_width(n)}}" for n in peer_names])
 
 
 def markdown(result) -> str:
