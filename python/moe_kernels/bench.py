@@ -295,7 +295,7 @@ class Bf16GroupedMM:
 
 class DequantizedGroupedMM(Bf16GroupedMM):
     """The fp8_block peer. PyTorch has no block-scaled grouped GEMM, so the checkpoint's weights
-    are dequantized to bf16 once per shape (what a stack without such a kernel can serve, at
+    are dequantized to bf16 once (what a stack without such a kernel can serve, at
     twice the weight bytes) and torch._grouped_mm runs on them, in bf16 also for fp16 hidden
     states. Its activations stay 16-bit, so it is checked against the 16-bit reference on those
     weights, not the fp8_block one."""
