@@ -191,3 +191,21 @@ def test_fp8_kernels_come_in_both_output_types():
                 fp16 = {c.schedule for c in fp8 if c.arch == arch and c.quant == quant and c.out == "fp16"}
                 assert "decode" in fp16 and len(fp16) > 1, (subset, arch, quant, fp16)
         assert len({(c.arch, c.name) for c in fp8}) == len(fp8)
+
+
+def test_shipped_tables_name_full_catalog_kernels():
+    # A record naming a kernel the wheel does not build is skipped at run time (the default
+    # rule applies), so a renamed or dropped kernel would silently void the tuning.
+    sm90 = {c.name: c for c in catalog.select("full", ["90a"])}
+    tables = sorted((ROOT / "python" / "moe_kernels" / "tuned").glob("*.json"))
+    assert tables
+    for path in tables:
+        for sig, buckets in json.loads(path.read_text())["entries"].items():
+            quant = sig.split("/")[0]
+            for b, rec in buckets.items():
+                for name in (rec["gemm1"], rec["gemm2"]):
+                    if name == "one_token":
+                        assert b == "1" and quant in ("fp8", "fp8_block"), (path.name, sig, b)
+                        continue
+                    assert name in sm90, f"{path.name} {sig} bucket {b}: {name} is not in the full catalog"
+                    assert sm90[name].quant == quant, (path.name, sig, b, name)
