@@ -205,6 +205,8 @@ def test_markdown_columns_line_up(peers, clocks):
     cells = [c.strip() for c in table[2].split("|")[1:-1]]
     assert cells[9] == "50%"  # of the dense rate: 500 of 1000 TFLOP/s
     assert (cells[-1] == "1530 MHz, 548 W") == bool(clocks)
+    assert "catalog" not in bench.markdown(result).splitlines()[0]  # results from before it was recorded
+    assert "at x (minimal catalog); bf16" in bench.markdown({**result, "catalog": "minimal"}).splitlines()[0]
 
 
 def test_short_kernel_names_stay_distinct():

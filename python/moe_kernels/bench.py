@@ -535,7 +535,8 @@ def markdown(result) -> str:
     peers_ = [n for n in rows[0]["results"] if n != "moe_kernels"] if rows else []
     clocks = any("sm_mhz" in r["results"]["moe_kernels"] for r in rows)  # bench --clocks
     out = [f"{result['gpu']}, driver {result['driver']}, torch {result['torch']} (CUDA {result['cuda']}), "
-           f"moe_kernels {result['version']} at {result['commit'][:12]}; {result['quant']}, "
+           f"moe_kernels {result['version']} at {result['commit'][:12]}"
+           + (f" ({result['catalog']} catalog)" if result.get("catalog") else "") + f"; {result['quant']}, "
            f"{result['activation']}, routing {result['routing']}. Measured ceilings: copy "
            f"{result['copy_bw_bytes_s'] / 1e12:.2f} TB/s, dense GEMM {result['gemm_flop_s'] / 1e12:.0f} TFLOP/s"
            f" sustained" + (f" (at {result['gemm_sm_mhz']:.0f} MHz, {result['gemm_power_w']:.0f} W)"
@@ -592,8 +593,10 @@ def _environment():
     except (OSError, subprocess.SubprocessError):
         driver = "unknown"
     commit = os.environ.get("MOE_KERNELS_COMMIT") or git_commit()
+    from . import _native
     return {"gpu": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__,
-            "cuda": torch.version.cuda, "commit": commit}
+            "cuda": torch.version.cuda, "commit": commit,
+            "catalog": _native.build_info().get("catalog")}  # minimal and full pick other tiles
 
 
 def git_commit(cwd=None) -> str:
@@ -682,8 +685,8 @@ def main(args) -> int:
     shapes = shapes_from_args(args)
     dtype_name = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}[str(hidden_dtype(args))]
     env = _environment()
-    print(f"moe_kernels {moe_kernels.__version__} ({env['commit'][:12]}) on {env['gpu']}, driver {env['driver']}, "
-          f"torch {env['torch']}, CUDA {env['cuda']}")
+    print(f"moe_kernels {moe_kernels.__version__} ({env['commit'][:12]}, {env['catalog'] or 'unknown'} catalog) on {env['gpu']}, "
+          f"driver {env['driver']}, torch {env['torch']}, CUDA {env['cuda']}")
     sampler = None
     if args.clocks:
         sampler = GpuSampler()
