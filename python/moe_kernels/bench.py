@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 
+from . import _native
 from .profiling import ROUTINGS, GpuSampler, kernel_times, load_histogram, make_weights, routing, time_graph
 from .tactic import ONE_TOKEN
 
@@ -593,7 +594,6 @@ def _environment():
     except (OSError, subprocess.SubprocessError):
         driver = "unknown"
     commit = os.environ.get("MOE_KERNELS_COMMIT") or git_commit()
-    from . import _native
     return {"gpu": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__,
             "cuda": torch.version.cuda, "commit": commit,
             "catalog": _native.build_info().get("catalog")}  # minimal and full pick other tiles
@@ -685,8 +685,8 @@ def main(args) -> int:
     shapes = shapes_from_args(args)
     dtype_name = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}[str(hidden_dtype(args))]
     env = _environment()
-    print(f"moe_kernels {moe_kernels.__version__} ({env['commit'][:12]}, {env['catalog'] or 'unknown'} catalog) on {env['gpu']}, "
-          f"driver {env['driver']}, torch {env['torch']}, CUDA {env['cuda']}")
+    print(f"moe_kernels {moe_kernels.__version__} ({env['commit'][:12]}, {env['catalog'] or 'unknown'} catalog) "
+          f"on {env['gpu']}, driver {env['driver']}, torch {env['torch']}, CUDA {env['cuda']}")
     sampler = None
     if args.clocks:
         sampler = GpuSampler()
