@@ -10,7 +10,9 @@
 #       "--preset deepseek-v3 --quant fp8_block --tokens 4096" \
 #       "--preset deepseek-v3 --quant fp8_block --tokens 16384 --breakdown"
 #
-# Each argument is a set of `moe_kernels bench` options (--no-peers is added). Builds as
+# Each argument is a set of `moe_kernels bench` options (--no-peers is added). A patch that
+# touches only python/moe_kernels/*.py needs one build: A is B's package with it reversed.
+# Builds as
 # ci/gpu-tests.sh does (MOE_KERNELS_ARCHS, default this GPU's; MOE_KERNELS_CATALOG, default
 # minimal; wheels in .whl/), without isolation. The tree is left as it came. Logs and one
 # JSON per run go to LOG_DIR; the table rows are printed as they come.
@@ -56,9 +58,15 @@ if [ -n "${PYTEST_ARGS:-}" ]; then
   fi
   tail -n 1 "$LOG_DIR/tests-B.log"
 fi
-patch -s -R -p1 < "$AB_PATCH"
-trap 'patch -s -p1 < "$AB_PATCH"' EXIT  # back to B's tree
-build A
+if grep '^diff --git' "$AB_PATCH" | grep -qv ' a/python/moe_kernels/[^ ]*\.py '; then
+  patch -s -R -p1 < "$AB_PATCH"
+  trap 'patch -s -p1 < "$AB_PATCH"' EXIT  # back to B's tree
+  build A
+else  # Python only: A is B's build with its package's files patched back (no second build)
+  rm -rf "${WORK:?}/A" && cp -r "$WORK/B" "$WORK/A"
+  patch -s -R -p2 -d "$WORK/A" < "$AB_PATCH"
+  echo "== A: B's build with the Python patch reversed"
+fi
 
 status=0
 run=0

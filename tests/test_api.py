@@ -222,6 +222,11 @@ def test_default_rule_fp8():
     assert default_tactic(contig, num_tokens=1024, **dsv3).gemm1 == "p64x128_blockwise"
     assert default_tactic(contig, num_tokens=4096, **dsv3) == Tactic("g128x256", "g128x256")
     assert default_tactic(contig, num_tokens=4096, **dict(dsv3, hidden_size=7040)) == Tactic("g128x256", "c128x128_blockwise")
+    # FP8 decode: the tile by the rows' headroom in both widths, decode up to 64 pairs whatever K
+    dec = fp8 + [k(f"d{m}{w}", m, n, "decode", "fp8") for m in (8, 16) for n, w in ((16, ""), (64, "w"))]
+    mixtral = dict(top_k=2, num_experts=8, hidden_size=4096, gemm1_n=28672, sm_count=132)
+    assert default_tactic(dec, num_tokens=8, **mixtral) == Tactic("d8w", "d8")     # 2 rows per expert
+    assert default_tactic(dec, num_tokens=32, **mixtral) == Tactic("d16w", "d16")  # 8
 
 
 def test_default_rule_decode_kernels():
@@ -233,17 +238,28 @@ def test_default_rule_decode_kernels():
     assert default_tactic(ks, num_tokens=8, **qwen3) == Tactic("d8", "d8")      # 64
     assert default_tactic(ks, num_tokens=16, **qwen3).gemm1 == "p64x128"       # 128: CUTLASS
     assert default_tactic(ks, num_tokens=16384, **qwen3) == Tactic("c128x256", "c128x256")
-    # 20 rows on each of 2 experts: more than one 16-token pass, the widest decode tile
+    # 20 rows on each of 2 experts: more than one 16-token pass, the widest decode tile (GEMM2;
+    # GEMM1, 16-bit with K = 4096, leaves decode past 16 pairs)
     two = dict(top_k=1, num_experts=2, hidden_size=4096, gemm1_n=28672, sm_count=132)
-    assert default_tactic(ks, num_tokens=40, **two).gemm1 == "d16"
+    assert default_tactic(ks, num_tokens=40, **two) == Tactic("p64x128", "d16")
+    # headroom: 16-token passes from 1.5x the mean rows per expert up (Mixtral: 8 experts, top-2)
+    mixtral = dict(top_k=2, num_experts=8, hidden_size=4096, gemm1_n=28672, sm_count=132)
+    assert default_tactic(ks, num_tokens=4, **dict(mixtral, hidden_size=2048)) == Tactic("d8", "d8")  # 1 row
+    assert default_tactic(ks, num_tokens=24, **dict(mixtral, hidden_size=2048)) == Tactic("d16", "d16")  # 6
     # no CUTLASS kernel left after the decode ones are set aside: still a choice
     assert default_tactic(ks[2:], num_tokens=4096, **qwen3).gemm1 in ("d8", "d16")
     # 64-column blocks once there are 4 per SM: DeepSeek-V3 one token, GEMM2 (8 x 7168 / 64 =
     # 896 blocks) but not GEMM1 (8 x 4096 / 64 = 512 < 4 x 132)
     wide = ks + [_k("d8w", 8, 64, "decode"), _k("d16w", 16, 64, "decode")]
     dsv3 = dict(top_k=8, num_experts=256, hidden_size=7168, gemm1_n=4096, sm_count=132)
-    assert default_tactic(wide, num_tokens=1, **dsv3) == Tactic("d8", "d8w")
+    # (16-bit: 64-column blocks take 16 tokens a pass whatever the rows)
+    assert default_tactic(wide, num_tokens=1, **dsv3) == Tactic("d8", "d16w")
     assert default_tactic(wide, num_tokens=1, **qwen3) == Tactic("d8", "d8")
+    # 16-bit GEMM1 with K >= 4096: decode up to 16 pairs, CUTLASS past them
+    assert default_tactic(wide, num_tokens=8, **mixtral) == Tactic("d16w", "d8")     # 16 pairs
+    assert default_tactic(wide, num_tokens=16, **mixtral) == Tactic("p64x128", "d8")  # 32
+    assert default_tactic(wide, num_tokens=32, **mixtral) == Tactic("p64x128", "d16")  # 8 rows per expert
+    assert default_tactic(wide, num_tokens=16, **dict(mixtral, hidden_size=2880)).gemm1 == "d16w"
 
 
 def naive_moe(x, w13, w2, wts, ids, act, b13=None, b2=None):

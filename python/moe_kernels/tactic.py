@@ -53,9 +53,23 @@ MIN_SM_FILL = 0.5
 # routing: 125 vs 131-143 us with CUTLASS in either slot) but 3-4% behind CUTLASS's 64x128
 # for DeepSeek-V3.
 DECODE_PAIRS = (64, 64)  # GEMM1, GEMM2
+# 16-bit GEMM1 with K >= 4096 leaves decode past 16 pairs: CUTLASS's M=64 ping-pong tile was
+# 1.2-4.7% faster at 32 and 64 pairs (H200 sweeps, uniform routing: Mixtral-8x7B 16/32 tokens
+# 700/812 us vs 722/849 for the best decode tile; DeepSeek-V3 4/8 tokens; Qwen3-235B-A22B 8
+# tokens), within 2% either way at 16 pairs and fewer.
+DECODE_PAIRS_16BIT_LONG_K = 16
+DECODE_LONG_K = 4096
+# A decode pass holds tile_m tokens, so an expert with more rows streams its weights again.
+# Routing is never even: take the smallest tile_m that holds this many times the mean rows
+# per expert (Mixtral-8x7B bf16 at 32 tokens, 8 rows per expert: the 8-token tiles took
+# 1039/1047 us in GEMM1/GEMM2 against 860/981 for the 16-token ones of the same width).
+DECODE_HEADROOM = 1.5
 # Decode blocks of 64 columns (a warp per 16, each over all of K) once there are enough of
 # them for 4 per SM (their occupancy); below that, 16 columns with K split over the 4 warps,
-# so that a few experts' weights still spread over every SM.
+# so that a few experts' weights still spread over every SM. 16-bit blocks of 64 columns take
+# 16 tokens a pass whatever the rows: in the same sweeps 16x64 was faster than 8x64 at every
+# point but one tie (GEMM1 by 0.5-6%: DeepSeek-V3 one token 193 vs 205 us, Qwen3-235B-A22B
+# 8 tokens 500 vs 517).
 DECODE_WIDE_BLOCKS_PER_SM = 4
 # Swap-AB CUTLASS kernels (catalog "coop_swapab", fp8_block): the default up to this many rows
 # per expert (GEMM1, GEMM2), before the decode kernel, with the narrowest tile that holds
@@ -78,19 +92,24 @@ SWAP_AB_DECODE_TILE = 16
 CONTIG_TILE_N = 256
 
 
+def _sixteen_bit(kernels: list) -> bool:
+    return all(k.quant in ("bf16", "fp16") for k in kernels)
+
+
 def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_count: int,
           decode_pairs: int, swap_rows: float) -> KernelInfo:
     swap = sorted((k for k in kernels if k.schedule.endswith("_swapab") and k.tile[0] <= SWAP_AB_DECODE_TILE),
                   key=lambda k: k.tile[0])
     if swap and rows_per_expert <= swap_rows:
         return next((k for k in swap if k.tile[0] >= SWAP_AB_HEADROOM * rows_per_expert), swap[-1])
-    decode = sorted((k for k in kernels if k.schedule == "decode"), key=lambda k: k.tile[0])
+    decode = [k for k in kernels if k.schedule == "decode"]
     if decode and rows_per_expert * experts_hit <= decode_pairs:
-        tm = next((k.tile[0] for k in decode if k.tile[0] >= rows_per_expert), decode[-1].tile[0])
-        same_m = sorted((k for k in decode if k.tile[0] == tm), key=lambda k: k.tile[1])
-        wide = [k for k in same_m if k.tile[1] > same_m[0].tile[1] and
-                math.ceil(n / k.tile[1]) * experts_hit >= DECODE_WIDE_BLOCKS_PER_SM * sm_count]
-        return wide[-1] if wide else same_m[0]
+        narrow, wide = min(k.tile[1] for k in decode), max(k.tile[1] for k in decode)
+        use_wide = wide > narrow and math.ceil(n / wide) * experts_hit >= DECODE_WIDE_BLOCKS_PER_SM * sm_count
+        same_n = sorted((k for k in decode if k.tile[1] == (wide if use_wide else narrow)), key=lambda k: k.tile[0])
+        if use_wide and _sixteen_bit(decode):
+            return same_n[-1]
+        return next((k for k in same_n if k.tile[0] >= DECODE_HEADROOM * rows_per_expert), same_n[-1])
     kernels = [k for k in kernels if k.schedule != "decode" and not k.schedule.endswith("_swapab")] or kernels
     plain = [k for k in kernels if k.cluster == (1, 1)] or kernels
     decode_rows = DECODE_ROWS_FP8_BLOCK if all(k.quant == "fp8_block" for k in plain) else DECODE_ROWS
@@ -122,5 +141,8 @@ def default_tactic(kernels: list, *, num_tokens: int, top_k: int, num_experts: i
     pairs = num_tokens * top_k
     experts_hit = max(1, min(num_experts, pairs))
     rows = pairs / experts_hit
-    return Tactic(_pick(kernels, rows, gemm1_n, experts_hit, sm_count, DECODE_PAIRS[0], SWAP_AB_ROWS[0]).name,
+    decode1 = DECODE_PAIRS[0]
+    if _sixteen_bit(kernels) and hidden_size >= DECODE_LONG_K:  # GEMM1's K
+        decode1 = DECODE_PAIRS_16BIT_LONG_K
+    return Tactic(_pick(kernels, rows, gemm1_n, experts_hit, sm_count, decode1, SWAP_AB_ROWS[0]).name,
                   _pick(kernels, rows, hidden_size, experts_hit, sm_count, DECODE_PAIRS[1], SWAP_AB_ROWS[1]).name)
