@@ -53,10 +53,11 @@ MIN_SM_FILL = 0.5
 # routing: 125 vs 131-143 us with CUTLASS in either slot) but 3-4% behind CUTLASS's 64x128
 # for DeepSeek-V3.
 DECODE_PAIRS = (64, 64)  # GEMM1, GEMM2
-# 16-bit GEMM1 with K >= 4096 leaves decode past 16 pairs: CUTLASS's M=64 ping-pong tile was
-# 1.2-4.7% faster at 32 and 64 pairs (H200 sweeps, uniform routing: Mixtral-8x7B 16/32 tokens
-# 700/812 us vs 722/849 for the best decode tile; DeepSeek-V3 4/8 tokens; Qwen3-235B-A22B 8
-# tokens), within 2% either way at 16 pairs and fewer.
+# 16-bit GEMM1 with K >= 4096 leaves decode past 16 pairs: with CUTLASS's M=64 ping-pong tile in
+# GEMM1 the layer was 1.2-4.7% faster than with the best decode tile at 32 and 64 pairs (H200
+# sweeps, uniform routing: Mixtral-8x7B 16/32 tokens 700/812 us vs 722/849; DeepSeek-V3 4/8
+# tokens; Qwen3-235B-A22B 8 tokens), except Qwen3-235B-A22B at 32 pairs (1% behind), and within
+# 2% either way at 16 pairs and fewer.
 DECODE_PAIRS_16BIT_LONG_K = 16
 DECODE_LONG_K = 4096
 # A decode pass holds tile_m tokens, so an expert with more rows streams its weights again.
@@ -67,9 +68,9 @@ DECODE_HEADROOM = 1.5
 # Decode blocks of 64 columns (a warp per 16, each over all of K) once there are enough of
 # them for 4 per SM (their occupancy); below that, 16 columns with K split over the 4 warps,
 # so that a few experts' weights still spread over every SM. 16-bit blocks of 64 columns take
-# 16 tokens a pass whatever the rows: in the same sweeps 16x64 was faster than 8x64 at every
-# point but one tie (GEMM1 by 0.5-6%: DeepSeek-V3 one token 193 vs 205 us, Qwen3-235B-A22B
-# 8 tokens 500 vs 517).
+# 16 tokens a pass whatever the rows: wherever this rule takes them, 16x64 was as fast as 8x64
+# or faster in the same sweeps (by up to 3.5% where both make one pass: DeepSeek-V3 GEMM1 at 4
+# tokens 687 vs 710 us, Qwen3-235B-A22B GEMM1 at 8 tokens 500 vs 517; ties within 0.1%).
 DECODE_WIDE_BLOCKS_PER_SM = 4
 # Swap-AB CUTLASS kernels (catalog "coop_swapab", fp8_block): the default up to this many rows
 # per expert (GEMM1, GEMM2), before the decode kernel, with the narrowest tile that holds
