@@ -12,9 +12,8 @@
 #
 # Each argument is a set of `moe_kernels bench` options (--no-peers is added). A patch that
 # touches only python/moe_kernels/*.py needs one build: A is B's package with it reversed.
-# Builds as
-# ci/gpu-tests.sh does (MOE_KERNELS_ARCHS, default this GPU's; MOE_KERNELS_CATALOG, default
-# minimal; wheels in .whl/), without isolation. The tree is left as it came. Logs and one
+# Builds as ci/gpu-tests.sh does (MOE_KERNELS_ARCHS, default this GPU's; MOE_KERNELS_CATALOG,
+# default minimal; wheels in .whl/), without isolation. The tree is left as it came. Logs and one
 # JSON per run go to LOG_DIR; the table rows are printed as they come.
 set -euo pipefail
 cd "$(dirname "$0")/.."
