@@ -42,6 +42,29 @@ def test_shapes_and_parallel_variants():
     assert parse("--sweep-only", "_64x").sweep_only == "_64x"
     with pytest.raises(SystemExit):
         parse("--sweep-only", "(")
+    assert parse("--sweep-rounds", "3").sweep_rounds == 3
+    with pytest.raises(SystemExit):
+        parse("--sweep-rounds", "0")
+
+
+def test_sweep_rounds_interleave_and_take_medians():
+    """Each slot's candidates are timed round-robin (a, b, a, b, ...), scored by the median."""
+    from types import SimpleNamespace
+    kernels = SimpleNamespace(list_kernels=lambda **_: [SimpleNamespace(name=n) for n in ("a", "b", "c")])
+    calls, times = [], {"a": iter([5.0, 1.0, 6.0]), "b": iter([2.0, 9.0, 3.0])}
+
+    def ours(*args, tactic):
+        calls.append(str(tactic))
+
+    def timed(fn):
+        fn()
+        g1, g2 = calls[-1].split("+")
+        name = g1 if g2 == "d" else g2
+        return {"status": "ok", "us": next(times[name]) if name in times and len(calls) <= 6 else 4.0}
+    sw = bench._sweep(kernels, "a+d", "bf16", None, ours, timed, only="^[ab]$", rounds=3)
+    assert calls[:6] == ["a+d", "b+d"] * 3
+    assert sw["gemm1_us"] == {"a": 5.0, "b": 3.0} and sw["gemm1_times_us"]["b"] == [2.0, 9.0, 3.0]
+    assert sw["rounds"] == 3 and sw["best"].startswith("b+")
 
 
 def test_floor_arithmetic():

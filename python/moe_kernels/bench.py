@@ -101,6 +101,9 @@ def add_arguments(p) -> None:
                    help="also time every built kernel in each GEMM slot (the other on the default)")
     p.add_argument("--sweep-only", metavar="REGEX", type=_regex,
                    help="--sweep, only the kernels whose names match (e.g. to skip slow decode tiles at large T)")
+    p.add_argument("--sweep-rounds", type=_positive, default=1, metavar="N",
+                   help="time each slot's candidates round-robin N times and report the medians "
+                        "(near-tied tiles: one timing each picks by drift)")
     p.add_argument("--breakdown", action="store_true",
                    help="also time each step (routing, GEMM1, activation, GEMM2, finalize)")
     p.add_argument("--kernels", action="store_true",
@@ -122,6 +125,16 @@ def hidden_dtype(args):
             raise SystemExit(f"--fp16-out is for --quant fp8 or fp8_block, not {args.quant}")
         return torch.float16
     return torch.float16 if args.quant == "fp16" else torch.bfloat16
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    return v
 
 
 def _regex(text: str) -> str:
@@ -463,7 +476,8 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
                     ours(*sets[j], outs[j])
                 row["kernels_us"] = kernel_times(rotated, 4 * len(sets))
             if args.sweep or args.sweep_only:
-                row["sweep"] = _sweep(moe_kernels, row["tactic"], args.quant, dtype, ours, timed, args.sweep_only)
+                row["sweep"] = _sweep(moe_kernels, row["tactic"], args.quant, dtype, ours, timed, args.sweep_only,
+                                      args.sweep_rounds)
         report(row)
         progress()
         del ws, outs, sets
@@ -471,9 +485,10 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
     torch.cuda.empty_cache()
 
 
-def _sweep(moe_kernels, default, quant, out_dtype, ours, timed, only=None):
+def _sweep(moe_kernels, default, quant, out_dtype, ours, timed, only=None, rounds=1):
     """Every usable kernel (matching only) in each GEMM slot, the other slot on the default;
-    out_dtype: the output's torch dtype."""
+    out_dtype: the output's torch dtype. With rounds > 1 a slot's candidates are timed
+    round-robin that many times and scored by their median (the times are kept)."""
     from moe_kernels import Tactic
     d1, d2 = default.split("+")
     names = [k.name for k in moe_kernels.list_kernels(quant=quant, out_dtype=out_dtype)
@@ -482,11 +497,21 @@ def _sweep(moe_kernels, default, quant, out_dtype, ours, timed, only=None):
     def t(tactic):
         r = timed(lambda *a: ours(*a, tactic=tactic))
         return r["us"] if r["status"] == "ok" else float("inf")
-    g1 = {n: t(Tactic(n, d2)) for n in names}
-    g2 = {n: t(Tactic(d1, n)) for n in names}
+
+    def slot(make):
+        times = {n: [] for n in names}
+        for _ in range(rounds):
+            for n in names:
+                times[n].append(t(make(n)))
+        return {n: statistics.median(v) for n, v in times.items()}, times
+    g1, g1_times = slot(lambda n: Tactic(n, d2))
+    g2, g2_times = slot(lambda n: Tactic(d1, n))
     best = Tactic(min(g1, key=g1.get), min(g2, key=g2.get))
-    return {"default": default, "default_us": g1[d1], "best": str(best), "best_us": t(best),
-            "gemm1_us": g1, "gemm2_us": g2}
+    out = {"default": default, "default_us": g1[d1], "best": str(best), "best_us": t(best),
+           "gemm1_us": g1, "gemm2_us": g2}
+    if rounds > 1:
+        out.update(rounds=rounds, gemm1_times_us=g1_times, gemm2_times_us=g2_times)
+    return out
 
 
 # ---- output --------------------------------------------------------------------------------
