@@ -43,8 +43,13 @@ ONE_TOKEN = "one_token"
 # fp8_block (DeepSeek-V3 sweep, 1 to 16384 tokens): among CUTLASS's tiles the M=128
 # cooperative one led GEMM1 at 128 rows per expert, and M=64 ping-pong led at 32 (past 64 rows
 # per expert our contiguous kernel comes first: CONTIG_TILE_N below).
-DECODE_ROWS = 512
-DECODE_ROWS_FP8_BLOCK = 64
+# 16-bit switches past 384 (session 41: 64x256 ping-pong against 128x256 cooperative in each
+# GEMM, 3 interleaved rounds, uniform and skewed routing, 256-768 rows per expert,
+# `h200-bf16-m128-threshold-sweep-session41.json`): at 512 rows the cooperative tile was 5-6%
+# faster in each GEMM for gpt-oss-120b/20b and 0.5-2.3% for Qwen3-30B-A3B, tied for
+# Qwen3-235B-A22B, and 3-3.5% slower in Mixtral-8x7B's GEMM1; at 384 rows it lost Qwen3-30B-A3B's
+# GEMM2 (K = 768) 4-5.5% and Qwen3-235B-A22B's GEMM1 up to 3%, so the switch is not earlier.
+DECODE_ROWS = {"bf16": 384, "fp16": 384, "fp8": 512, "fp8_block": 64}
 MIN_SM_FILL = 0.5
 # The "decode" schedule (our mma.sync kernel, weights read once per pass of tile_m tokens):
 # the default for both GEMMs up to 64 (token, expert) pairs. H200 with the 64-column blocks
@@ -85,7 +90,7 @@ SWAP_AB_HEADROOM = 8
 # tokens) are not in the default rule, only in tuned tables (measured near a tie).
 SWAP_AB_DECODE_TILE = 16
 # Our contiguous fp8_block kernel (catalog "contig"), 256 columns wide, in both GEMMs past
-# DECODE_ROWS_FP8_BLOCK rows per expert where N allows (in GEMM1 it also applies a gated
+# DECODE_ROWS["fp8_block"] rows per expert where N allows (in GEMM1 it also applies a gated
 # activation). H200, DeepSeek-V3, uniform routing, one sweep: at 4096 tokens the pair took
 # 4751 us, with CUTLASS's 128x128 cooperative tile in GEMM1 instead 5265, in GEMM2 4916; at
 # 16384 GEMM1 14578 vs 15435 us, GEMM2 14585 vs 14420 (a tie). A 128-wide form tied or lost
@@ -113,7 +118,7 @@ def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_co
         return next((k for k in same_n if k.tile[0] >= DECODE_HEADROOM * rows_per_expert), same_n[-1])
     kernels = [k for k in kernels if k.schedule != "decode" and not k.schedule.endswith("_swapab")] or kernels
     plain = [k for k in kernels if k.cluster == (1, 1)] or kernels
-    decode_rows = DECODE_ROWS_FP8_BLOCK if all(k.quant == "fp8_block" for k in plain) else DECODE_ROWS
+    decode_rows = min(DECODE_ROWS[k.quant] for k in plain)
     contig = [k for k in plain if k.schedule == "contig" and k.tile[1] == CONTIG_TILE_N and n % CONTIG_TILE_N == 0]
     if rows_per_expert <= decode_rows:
         tm = min(k.tile[0] for k in plain)
