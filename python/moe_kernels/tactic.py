@@ -43,13 +43,14 @@ ONE_TOKEN = "one_token"
 # fp8_block (DeepSeek-V3 sweep, 1 to 16384 tokens): among CUTLASS's tiles the M=128
 # cooperative one led GEMM1 at 128 rows per expert, and M=64 ping-pong led at 32 (past 64 rows
 # per expert our contiguous kernel comes first: CONTIG_TILE_N below).
-# 16-bit switches past 384 (session 41: 64x256 ping-pong against 128x256 cooperative in each
-# GEMM, 3 interleaved rounds, uniform and skewed routing, 256-768 rows per expert,
-# `h200-bf16-m128-threshold-sweep-session41.json`): at 512 rows the cooperative tile was 5-6%
-# faster in each GEMM for gpt-oss-120b/20b and 0.5-2.3% for Qwen3-30B-A3B, tied for
-# Qwen3-235B-A22B, and 3-3.5% slower in Mixtral-8x7B's GEMM1; at 384 rows it lost Qwen3-30B-A3B's
-# GEMM2 (K = 768) 4-5.5% and Qwen3-235B-A22B's GEMM1 up to 3%, so the switch is not earlier.
-DECODE_ROWS = {"bf16": 384, "fp16": 384, "fp8": 512, "fp8_block": 64}
+# 16-bit and per-tensor FP8 switch past 384 rows (was 512; session 41: the 64x256 ping-pong
+# against the 128x256 cooperative tile in each GEMM, 3 interleaved rounds, 256-768 rows per
+# expert, `h200-{bf16,fp8}-m128-threshold-sweep-session41.json`). At 512 rows the cooperative
+# tile was 4.5-6% faster in each GEMM for gpt-oss-120b/20b bf16 (6-9% in fp8), 0.5-2.7% for
+# Qwen3-30B-A3B bf16 (0.7-0.8% slower in fp8), tied for Qwen3-235B-A22B, and 3-3.5% slower
+# in Mixtral-8x7B's GEMM1; at 384 rows it lost Qwen3-30B-A3B bf16's GEMM2 (K = 768) by 4-6%
+# and Qwen3-235B-A22B's GEMM1 by up to 3%, so the switch is not earlier.
+DECODE_ROWS = {"bf16": 384, "fp16": 384, "fp8": 384, "fp8_block": 64}
 MIN_SM_FILL = 0.5
 # The "decode" schedule (our mma.sync kernel, weights read once per pass of tile_m tokens):
 # the default for both GEMMs up to 64 (token, expert) pairs. H200 with the 64-column blocks
