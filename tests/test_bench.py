@@ -45,6 +45,10 @@ def test_shapes_and_parallel_variants():
     assert parse("--sweep-rounds", "3").sweep_rounds == 3
     with pytest.raises(SystemExit):
         parse("--sweep-rounds", "0")
+    assert [str(t) for t in parse("--compare", "a+b,c+d").compare] == ["a+b", "c+d"]
+    for bad in ("a+b", "a+b,c", "a+b,,c+d"):
+        with pytest.raises(SystemExit):
+            parse("--compare", bad)
 
 
 def test_sweep_rounds_interleave_and_take_medians():
@@ -65,6 +69,22 @@ def test_sweep_rounds_interleave_and_take_medians():
     assert calls[:6] == ["a+d", "b+d"] * 3
     assert sw["gemm1_us"] == {"a": 5.0, "b": 3.0} and sw["gemm1_times_us"]["b"] == [2.0, 9.0, 3.0]
     assert sw["rounds"] == 3 and sw["best"].startswith("b+")
+
+
+def test_compare_times_pairs_round_robin():
+    """--compare: the pairs timed in turn, rounds times over, scored by the median."""
+    from moe_kernels import Tactic
+    calls, times = [], {"a+b": iter([3.0, 1.0, 2.0]), "c+d": iter([5.0, 4.0, 9.0])}
+
+    def ours(*args, tactic):
+        calls.append(str(tactic))
+
+    def timed(fn):
+        fn()
+        return {"status": "ok", "us": next(times[calls[-1]])}
+    cmp = bench._compare([Tactic("a", "b"), Tactic("c", "d")], ours, timed, rounds=3)
+    assert calls == ["a+b", "c+d"] * 3
+    assert cmp["us"] == {"a+b": 2.0, "c+d": 5.0} and cmp["times_us"]["c+d"] == [5.0, 4.0, 9.0]
 
 
 def test_floor_arithmetic():

@@ -104,6 +104,9 @@ def add_arguments(p) -> None:
     p.add_argument("--sweep-rounds", type=_positive, default=1, metavar="N",
                    help="time each slot's candidates round-robin N times and report the medians "
                         "(near-tied tiles: one timing each picks by drift)")
+    p.add_argument("--compare", metavar="PAIRS", type=_pairs,
+                   help="also time these GEMM1+GEMM2 pairs (comma-separated) against each other, round-robin "
+                        "--sweep-rounds times (e.g. the tuned picks of two token buckets)")
     p.add_argument("--breakdown", action="store_true",
                    help="also time each step (routing, GEMM1, activation, GEMM2, finalize)")
     p.add_argument("--kernels", action="store_true",
@@ -135,6 +138,14 @@ def _positive(text: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
     return v
+
+
+def _pairs(text: str) -> list:
+    from .tactic import Tactic
+    pairs = [p.split("+") for p in text.split(",")]
+    if len(pairs) < 2 or any(len(p) != 2 or not all(p) for p in pairs):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected two or more GEMM1+GEMM2 pairs, comma-separated")
+    return [Tactic(*p) for p in pairs]
 
 
 def _regex(text: str) -> str:
@@ -475,6 +486,8 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
                     j = next(order) % len(sets)
                     ours(*sets[j], outs[j])
                 row["kernels_us"] = kernel_times(rotated, 4 * len(sets))
+            if getattr(args, "compare", None):
+                row["compare"] = _compare(args.compare, ours, timed, args.sweep_rounds)
             if args.sweep or args.sweep_only:
                 row["sweep"] = _sweep(moe_kernels, row["tactic"], args.quant, dtype, ours, timed, args.sweep_only,
                                       args.sweep_rounds)
@@ -483,6 +496,30 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
         del ws, outs, sets
     del w13, w2, peer_list  # the fp8_block peer holds a 16-bit copy of the weights
     torch.cuda.empty_cache()
+
+
+def _timer(ours, timed):
+    """A tactic's time in us (inf where it failed or was wrong)."""
+    def t(tactic):
+        r = timed(lambda *a: ours(*a, tactic=tactic))
+        return r["us"] if r["status"] == "ok" else float("inf")
+    return t
+
+
+def _round_robin(tactics: dict, t, rounds: int):
+    """Time each named tactic in turn, `rounds` times over (drift hits all alike): the medians
+    and every time, per name."""
+    times = {n: [] for n in tactics}
+    for _ in range(rounds):
+        for n, tactic in tactics.items():
+            times[n].append(t(tactic))
+    return {n: statistics.median(v) for n, v in times.items()}, times
+
+
+def _compare(pairs, ours, timed, rounds=1):
+    """--compare: the given GEMM1+GEMM2 pairs timed round-robin (e.g. two tuned picks)."""
+    us, times = _round_robin({str(p): p for p in pairs}, _timer(ours, timed), rounds)
+    return {"rounds": rounds, "us": us, "times_us": times}
 
 
 def _sweep(moe_kernels, default, quant, out_dtype, ours, timed, only=None, rounds=1):
@@ -494,18 +531,9 @@ def _sweep(moe_kernels, default, quant, out_dtype, ours, timed, only=None, round
     names = [k.name for k in moe_kernels.list_kernels(quant=quant, out_dtype=out_dtype)
              if not only or re.search(only, k.name) or k.name in (d1, d2)]
 
-    def t(tactic):
-        r = timed(lambda *a: ours(*a, tactic=tactic))
-        return r["us"] if r["status"] == "ok" else float("inf")
-
-    def slot(make):
-        times = {n: [] for n in names}
-        for _ in range(rounds):
-            for n in names:
-                times[n].append(t(make(n)))
-        return {n: statistics.median(v) for n, v in times.items()}, times
-    g1, g1_times = slot(lambda n: Tactic(n, d2))
-    g2, g2_times = slot(lambda n: Tactic(d1, n))
+    t = _timer(ours, timed)
+    g1, g1_times = _round_robin({n: Tactic(n, d2) for n in names}, t, rounds)
+    g2, g2_times = _round_robin({n: Tactic(d1, n) for n in names}, t, rounds)
     best = Tactic(min(g1, key=g1.get), min(g2, key=g2.get))
     out = {"default": default, "default_us": g1[d1], "best": str(best), "best_us": t(best),
            "gemm1_us": g1, "gemm2_us": g2}
@@ -536,6 +564,8 @@ def format_row(row, peer_names) -> str:
         lines.append(f"    default {sw['default']} {sw['default_us']:.1f} us; best {sw['best']} {sw['best_us']:.1f} us")
         for slot in ("gemm1", "gemm2"):
             lines += [f"    {slot} {us:9.1f} us  {n}" for n, us in sorted(sw[f"{slot}_us"].items(), key=lambda x: x[1])]
+    if "compare" in row:
+        lines += [f"    compare {us:9.1f} us  {n}" for n, us in sorted(row["compare"]["us"].items(), key=lambda x: x[1])]
     if "sm_mhz" in ours:
         lines.append(f"    ours ran at {ours['sm_mhz']:.0f} MHz, {ours['power_w']:.0f} W ({ours['samples']} samples)")
     if "breakdown_us" in row:
