@@ -14,9 +14,10 @@ SPEC = ProblemSpec("bf16", "swiglu", 8, 2, 256, 128)
 
 
 def test_bucket_mapping():
-    assert [bucket_for(t) for t in (1, 2, 3, 5, 129, 256, 257, 1024, 5000, 16384, 99999)] == \
-        [1, 2, 4, 8, 256, 256, 1024, 1024, 16384, 16384, 16384]
-    assert list(BUCKETS[:9]) == [2 ** i for i in range(9)]
+    assert [bucket_for(t) for t in (1, 2, 3, 5, 129, 256, 257, 513, 1024, 1025, 4097, 5000, 8193, 16384,
+                                    99999)] == \
+        [1, 2, 4, 8, 256, 256, 512, 1024, 1024, 2048, 8192, 8192, 16384, 16384, 16384]
+    assert list(BUCKETS) == [2 ** i for i in range(15)]
     with pytest.raises(ValueError, match="num_tokens: got 0"):
         bucket_for(0)
 
@@ -74,6 +75,17 @@ def test_one_token_problems_use_only_records_tuned_with_it(monkeypatch):
     assert tuning.cached_tactic(SPEC, 1, 0, one_token=True) == Tactic("a", "b")
 
 
+def test_a_bucket_without_a_record_takes_the_default_rule(monkeypatch):
+    """A table made before a bucket existed: T in that bucket gets None (the default rule), not
+    the pick of the bucket above (tuned for up to twice the tokens)."""
+    c = TuningCache(KEY)
+    monkeypatch.setattr(tuning, "_cache_for", lambda device: c)
+    monkeypatch.setattr(tuning, "_active", [])
+    c.put(SPEC, 16384, {"gemm1": "a", "gemm2": "b"})
+    assert tuning.cached_tactic(SPEC, 6000, 0) is None
+    assert tuning.cached_tactic(SPEC, 9000, 0) == Tactic("a", "b")
+
+
 def test_fp16_output_problems_fall_back_to_the_bf16_records_tiles(monkeypatch):
     """An FP8 problem with fp16 output and no record of its own takes the bf16 record's kernels in
     their fp16 form (same tiles); its own record, once tuned, comes first."""
@@ -125,8 +137,10 @@ def test_shipped_tables_are_well_formed():
         assert data["format"] == tuning.CACHE_FORMAT and set(data["key"]) == set(KEY)
         for sig, buckets in data["entries"].items():
             ProblemSpec.parse(sig)
+            # every bucket: one left out would fall to the default rule, not to a neighbour's pick
+            assert sorted(map(int, buckets)) == list(BUCKETS), (name, sig)
             for b, rec in buckets.items():
-                assert int(b) in BUCKETS and rec["gemm1"] and rec["gemm2"]
+                assert rec["gemm1"] and rec["gemm2"]
 
 
 # ---- GPU --------------------------------------------------------------------------------------
