@@ -167,6 +167,27 @@ def test_confirm_retimes_the_finalists_interleaved():
     assert ranked["b+b"] == 101.0 and ranked["a+a"] == 110.5  # medians of 4 timings each
 
 
+def test_confirm_always_retimes_the_default_pair():
+    # "d" (the default rule's pair) had an unlucky first timing, fourth of four: it joins the
+    # finalists anyway, and timed again it wins.
+    first = {"a+a": 100.0, "b+b": 101.0, "c+c": 105.0, "d+d": 120.0}
+    again = {"a+a": iter([110.0] * 3), "b+b": iter([108.0] * 3), "c+c": iter([106.0] * 3),
+             "d+d": iter([99.0, 98.0, 99.0])}
+    calls = []
+
+    def time_again(key):
+        calls.append(key)
+        return next(again[key])
+    ranked = tuning.confirm(first, time_again, finalists=3, rounds=3, default="d+d")
+    assert calls == ["a+a", "b+b", "c+c", "d+d"] * 3
+    assert next(iter(ranked)) == "d+d" and ranked["d+d"] == 99.0
+    # Already a finalist, or never timed (rejected): no extra candidate.
+    assert list(tuning.confirm(first, lambda k: first[k], finalists=3, rounds=3, default="b+b")) == \
+        ["a+a", "b+b", "c+c"]
+    assert list(tuning.confirm(first, lambda k: first[k], finalists=3, rounds=3, default="x+x")) == \
+        ["a+a", "b+b", "c+c"]
+
+
 def test_confirm_with_one_candidate_times_nothing_again():
     assert tuning.confirm({"a+a": 5.0}, lambda k: pytest.fail("timed again")) == {"a+a": 5.0}
 
@@ -185,6 +206,7 @@ def test_tuning_picks_a_tactic_that_passes_the_reference():
     rec = res[SPEC.signature]["16"]
     assert rec["us"] > 0 and rec["default_us"] >= rec["us"] * 0.5
     assert rec["candidates"] >= 1 and not rec["rejected"] and not rec["faulted"]
+    assert rec["default"] in rec["finalists"], rec  # the pick beat the default rule's pair
     _check_tactic(Tactic(rec["gemm1"], rec["gemm2"]))
 
 
