@@ -164,7 +164,7 @@ def test_confirm_retimes_the_finalists_interleaved():
     ranked = tuning.confirm(first, time_again, finalists=3, rounds=3)
     assert calls == ["a+a", "b+b", "c+c"] * 3  # round-robin, so drift hits all alike
     assert list(ranked) == ["b+b", "c+c", "a+a"]
-    assert ranked["b+b"] == 101.0 and ranked["a+a"] == 110.5  # medians of 4 timings each
+    assert ranked["b+b"] == 101.0 and ranked["a+a"] == 111.0  # medians of the 3 re-timings
 
 
 def test_confirm_always_retimes_the_default_pair():
@@ -181,6 +181,10 @@ def test_confirm_always_retimes_the_default_pair():
     ranked = tuning.confirm(first, time_again, finalists=3, rounds=3, default="d+d")
     assert calls == ["a+a", "b+b", "c+c", "d+d"] * 3
     assert next(iter(ranked)) == "d+d" and ranked["d+d"] == 99.0
+    # A lucky first timing is not scored: "a" first at 50, then 112, 110, 111.
+    again = {"a+a": iter([112.0, 110.0, 111.0]), "b+b": iter([101.0, 102.0, 100.0])}
+    ranked = tuning.confirm({"a+a": 50.0, "b+b": 101.0}, time_again, finalists=3, rounds=3)
+    assert list(ranked) == ["b+b", "a+a"] and ranked["a+a"] == 111.0
     # Already a finalist, or never timed (rejected): no extra candidate.
     assert list(tuning.confirm(first, lambda k: first[k], finalists=3, rounds=3, default="b+b")) == \
         ["a+a", "b+b", "c+c"]

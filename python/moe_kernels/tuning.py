@@ -336,20 +336,22 @@ def _last_error(stderr: str) -> str:
 def confirm(timings: dict, time_again, finalists: int = FINALISTS, rounds: int = CONFIRM_ROUNDS,
             default: str | None = None) -> dict:
     """The search's fastest `finalists` candidates, and the `default` rule's pair where it was
-    timed, timed again round-robin for `rounds` rounds, each scored by the median of its first
-    and later times; {candidate: us}, fastest first.
+    timed, timed again round-robin for `rounds` rounds, each scored by the median of those
+    re-timings; {candidate: us}, fastest first.
     On H200 one pair measured 109-131 us across runs of the same build: single timings of
     near-tied pairs pick by noise, and interleaving keeps slow drift off any one candidate. The
-    default is always a finalist, so a pick has beaten it in the same rounds: a record is only
-    worth keeping if it does (a single lucky timing of another pair used to keep the default out)."""
+    search's own timings only choose the finalists: taken one after another as the GPU warms,
+    they favour what was timed first (the default pair, by up to 7% at 16384 tokens). The
+    default is always a finalist, so a pick has beaten it in the same rounds."""
     top = sorted(timings, key=timings.get)[:finalists]
     if default in timings and default not in top:
         top.append(default)
-    times = {k: [timings[k]] for k in top}
-    if len(top) > 1:
-        for _ in range(rounds):
-            for k in top:
-                times[k].append(time_again(k))
+    if len(top) == 1:
+        return {top[0]: timings[top[0]]}
+    times = {k: [] for k in top}
+    for _ in range(rounds):
+        for k in top:
+            times[k].append(time_again(k))
     scored = {k: statistics.median(v) for k, v in times.items()}
     return dict(sorted(scored.items(), key=lambda kv: kv[1]))
 
