@@ -224,47 +224,45 @@ _SM100_FULL = [
     (256, 128, 0, 2, 1, "2sm"),
     (256, 256, 0, 2, 1, "2sm"),
 ]
-_SM100_MINIMAL = [
-    (128, 256, 0, 1, 1, "1sm"),
-    (256, 256, 0, 2, 1, "2sm"),
-]
 # fp8_block on SM100 (compiled, not run): tile_n of one 128-column weight-scale block.
 _SM100_FP8_BLOCK_FULL = [
     (128, 128, 128, 1, 1, "1sm", "blockwise"),
     (256, 128, 128, 2, 1, "2sm", "blockwise"),
 ]
-_SM100_FP8_BLOCK_MINIMAL = _SM100_FP8_BLOCK_FULL[:1]
+_SM100_FP8_FULL = _k(_SM100_FULL, 128) + _SM100_FP8_BLOCK_FULL
+# The minimal SM100 set only has to keep each code path compiling (nothing runs it here, and
+# CI compiles it twice, for 100a and 103a): the 2-CTA tile in 16-bit, the 1-CTA tile in both
+# FP8 modes, and in fp16 (which differs from bf16 only in its element type) the decode kernels.
+_SM100_16BIT_MINIMAL = [(256, 256, 0, 2, 1, "2sm")]
+_SM100_FP8_MINIMAL = [(128, 256, 128, 1, 1, "1sm"), _SM100_FP8_BLOCK_FULL[0]]
 
 
-def _subset(sm90_16bit, sm90_fp8, sm100, sm100_fp8_block, fp16_out):
-    """fp16_out: the FP8 tiles (E4M3 in) that also get an fp16-output form, by arch family;
-    every FP8 tile has a bf16-output form."""
+def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16):
+    """Each family's 16-bit and FP8 tiles, all built with bf16 (output); fp16: by family, the
+    (16-bit, FP8) tiles also built with fp16. The decode kernels come in every form."""
     fp8_decode = _DECODE + [(*t, "blockwise") for t in _DECODE]
-    sm90_fp8 = sm90_fp8 + fp8_decode
-    rows = _rows("90a", "e4m3", sm90_fp8, out="bf16")
-    rows += _rows("90a", "e4m3", fp16_out["sm90"] + fp8_decode, out="fp16")
-    for d in ("bf16", "fp16"):
-        rows += _rows("90a", d, sm90_16bit + _k(_DECODE, 64))
-    for arch in (a for a, v in ARCHS.items() if v["family"] == "sm100"):
-        rows += _rows(arch, "e4m3", _k(sm100, 128) + sm100_fp8_block + fp8_decode, out="bf16")
-        rows += _rows(arch, "e4m3", fp16_out["sm100"] + fp8_decode, out="fp16")
-        for d in ("bf16", "fp16"):
-            rows += _rows(arch, d, _k(sm100 + _DECODE, 64))
+    families = {"sm90": (sm90_16bit, sm90_fp8), "sm100": (sm100_16bit, sm100_fp8)}
+    rows = []
+    for arch, v in ARCHS.items():
+        (bf16_16bit, bf16_fp8), (fp16_16bit, fp16_fp8) = families[v["family"]], fp16[v["family"]]
+        rows += _rows(arch, "e4m3", bf16_fp8 + fp8_decode, out="bf16")
+        rows += _rows(arch, "e4m3", fp16_fp8 + fp8_decode, out="fp16")
+        rows += _rows(arch, "bf16", _k(bf16_16bit + _DECODE, 64))
+        rows += _rows(arch, "fp16", _k(fp16_16bit + _DECODE, 64))
     return rows
 
 
 _SM90_FP8_ALL = _SM90_FP8_FULL + _SM90_FP8_BLOCK_FULL + _SM90_FP8_BLOCK_SWAPAB
 CATALOG = {
-    "full": _subset(_SM90_16BIT_FULL, _SM90_FP8_ALL, _SM100_FULL, _SM100_FP8_BLOCK_FULL,
-                    {"sm90": _SM90_FP8_ALL,
-                     "sm100": _k(_SM100_FULL, 128) + _SM100_FP8_BLOCK_FULL}),
-    # fp16 output in the minimal set: one prefill tile per FP8 mode and our contiguous kernel
-    # (with the decode kernels, every routing has a kernel), so that form is built and tested
-    # in CI too.
+    "full": _subset(_SM90_16BIT_FULL, _SM90_FP8_ALL, _SM100_FULL, _SM100_FP8_FULL,
+                    {"sm90": (_SM90_16BIT_FULL, _SM90_FP8_ALL), "sm100": (_SM100_FULL, _SM100_FP8_FULL)}),
+    # fp16 on SM90 in the minimal set: both 16-bit tiles, one prefill tile per FP8 mode and our
+    # contiguous kernel (with the decode kernels, every routing has a kernel), so that form is
+    # built and tested in CI and on the GPU too.
     "minimal": _subset(_SM90_16BIT_MINIMAL, _SM90_FP8_MINIMAL + _SM90_FP8_BLOCK_MINIMAL + _SM90_FP8_BLOCK_SWAPAB[:1],
-                       _SM100_MINIMAL, _SM100_FP8_BLOCK_MINIMAL,
-                       {"sm90": _SM90_FP8_MINIMAL[1:] + _SM90_FP8_BLOCK_MINIMAL[1:],
-                        "sm100": _k(_SM100_MINIMAL[:1], 128) + _SM100_FP8_BLOCK_MINIMAL}),
+                       _SM100_16BIT_MINIMAL, _SM100_FP8_MINIMAL,
+                       {"sm90": (_SM90_16BIT_MINIMAL, _SM90_FP8_MINIMAL[1:] + _SM90_FP8_BLOCK_MINIMAL[1:]),
+                        "sm100": ([], [])}),
 }
 
 

@@ -175,8 +175,8 @@ def test_built_registry_matches_build_info_and_catalog():
 
 def test_fp8_kernels_come_in_both_output_types():
     # The FP8 modes take bf16 or fp16 hidden states: in the release catalog every FP8 kernel has an
-    # fp16-output twin; the minimal one has a prefill tile and the decode kernels of each mode in
-    # fp16 on every arch, and the contiguous kernel in both types.
+    # fp16-output twin; the minimal one has the decode kernels of each mode in fp16 on every arch,
+    # a prefill tile too on SM90 (where it runs here), and the contiguous kernel in both types.
     for subset in catalog.CATALOG:
         rows = catalog.select(subset, list(catalog.ARCHS))
         fp8 = [c for c in rows if c.act_dtype == "e4m3"]
@@ -189,7 +189,9 @@ def test_fp8_kernels_come_in_both_output_types():
         for arch in catalog.ARCHS:
             for quant in ("fp8", "fp8_block"):
                 fp16 = {c.schedule for c in fp8 if c.arch == arch and c.quant == quant and c.out == "fp16"}
-                assert "decode" in fp16 and len(fp16) > 1, (subset, arch, quant, fp16)
+                assert "decode" in fp16, (subset, arch, quant, fp16)
+                if subset == "full" or arch == "90a":
+                    assert len(fp16) > 1, (subset, arch, quant, fp16)
         assert len({(c.arch, c.name) for c in fp8}) == len(fp8)
 
 
