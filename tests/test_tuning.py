@@ -210,7 +210,7 @@ def test_tuning_picks_a_tactic_that_passes_the_reference():
     rec = res[SPEC.signature]["16"]
     assert rec["us"] > 0 and rec["default_us"] >= rec["us"] * 0.5
     assert rec["candidates"] >= 1 and not rec["rejected"] and not rec["faulted"]
-    assert rec["default"] in rec["finalists"], rec  # the pick beat the default rule's pair
+    assert rec["default"] in rec["finalists"], rec  # re-timed with the others, whatever it ranked
     _check_tactic(Tactic(rec["gemm1"], rec["gemm2"]))
 
 
