@@ -21,7 +21,8 @@ import subprocess
 import sys
 
 from . import _native
-from .profiling import ROUTINGS, GpuSampler, kernel_times, load_histogram, make_weights, routing, time_graph
+from .profiling import (ROUTINGS, GpuSampler, kernel_times, load_histogram, make_weights, round_robin, routing,
+                        time_graph)
 from .tactic import ONE_TOKEN
 
 PRESETS = {  # DESIGN.md section 8: experts, top_k, hidden, intermediate
@@ -506,19 +507,9 @@ def _timer(ours, timed):
     return t
 
 
-def _round_robin(tactics: dict, t, rounds: int):
-    """Time each named tactic in turn, `rounds` times over (drift hits all alike): the medians
-    and every time, per name."""
-    times = {n: [] for n in tactics}
-    for _ in range(rounds):
-        for n, tactic in tactics.items():
-            times[n].append(t(tactic))
-    return {n: statistics.median(v) for n, v in times.items()}, times
-
-
 def _compare(pairs, ours, timed, rounds=1):
     """--compare: the given GEMM1+GEMM2 pairs timed round-robin (e.g. two tuned picks)."""
-    us, times = _round_robin({str(p): p for p in pairs}, _timer(ours, timed), rounds)
+    us, times = round_robin({str(p): p for p in pairs}, _timer(ours, timed), rounds)
     return {"rounds": rounds, "us": us, "times_us": times}
 
 
@@ -532,8 +523,8 @@ def _sweep(moe_kernels, default, quant, out_dtype, ours, timed, only=None, round
              if not only or re.search(only, k.name) or k.name in (d1, d2)]
 
     t = _timer(ours, timed)
-    g1, g1_times = _round_robin({n: Tactic(n, d2) for n in names}, t, rounds)
-    g2, g2_times = _round_robin({n: Tactic(d1, n) for n in names}, t, rounds)
+    g1, g1_times = round_robin({n: Tactic(n, d2) for n in names}, t, rounds)
+    g2, g2_times = round_robin({n: Tactic(d1, n) for n in names}, t, rounds)
     best = Tactic(min(g1, key=g1.get), min(g2, key=g2.get))
     out = {"default": default, "default_us": g1[d1], "best": str(best), "best_us": t(best),
            "gemm1_us": g1, "gemm2_us": g2}

@@ -108,6 +108,15 @@ def time_graph(fn, replays, per_graph, warmup_s=0.025):
     return statistics.median(times), min(times), max(times)
 
 
+def round_robin(candidates: dict, time_one, rounds: int):
+    """Time each named candidate in turn, `rounds` times over, so slow drift (clocks, heat) hits
+    all alike: ({name: median}, {name: [every time]})."""
+    times = {n: [] for n in candidates}
+    for _ in range(rounds):
+        for n, c in candidates.items():
+            times[n].append(time_one(c))
+    return {n: statistics.median(v) for n, v in times.items()}, times
+
 
 def kernel_times(fn, calls):
     """Mean GPU microseconds per call of fn of each kernel it launches, from torch.profiler over

@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import warnings
 
 from . import _native
 from .modes import Activation, QuantMode
+from .profiling import round_robin
 from .tactic import ONE_TOKEN, Tactic
 
 # Token buckets: powers of two. A forward of T tokens uses the smallest bucket >= T (the
@@ -349,11 +349,7 @@ def confirm(timings: dict, time_again, finalists: int = FINALISTS, rounds: int =
         top.append(default)
     if len(top) == 1:
         return {top[0]: timings[top[0]]}
-    times = {k: [] for k in top}
-    for _ in range(rounds):
-        for k in top:
-            times[k].append(time_again(k))
-    scored = {k: statistics.median(v) for k, v in times.items()}
+    scored, _ = round_robin({k: k for k in top}, time_again, rounds)
     return dict(sorted(scored.items(), key=lambda kv: kv[1]))
 
 
