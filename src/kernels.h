@@ -57,8 +57,6 @@ struct Fp8Scales {
 // The one-token forward (src/one_token.cuh): the whole forward as one cooperative kernel, the
 // tactic "one_token". 0 if `s` fits it on a device with these limits, else 1 and why.
 int one_token_problem(const moek_shape& s, int sm_count, int smem_optin, char* why, size_t n);
-// w13 tiles in flight for such a problem: the most that fit in shared memory (0: none fit).
-int one_token_ring(int hidden, int inter, int units2, bool block, int smem_optin);
 // Launches it; y: workspace for top_k * inter_size floats (GEMM1's activated output).
 cudaError_t launch_one_token(const moek_args& a, float* y, int sm_count, int smem_optin, cudaStream_t stream);
 

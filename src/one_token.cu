@@ -52,6 +52,11 @@ size_t static_smem() {
   return bytes;
 }
 
+// Dynamic shared memory a launch may take: the device's opt-in limit less the static part.
+size_t dynamic_smem(int smem_optin) {
+  return size_t(smem_optin) > static_smem() ? size_t(smem_optin) - static_smem() : 0;
+}
+
 }  // namespace
 
 int one_token_problem(const moek_shape& s, int sm_count, int smem_optin, char* why, size_t n) {
@@ -64,26 +69,21 @@ int one_token_problem(const moek_shape& s, int sm_count, int smem_optin, char* w
   if (k > kMaxSlots) return why_not(why, n, "one_token takes top_k <= %d, not %lld", kMaxSlots, k);
   if (H % 64 || I % 64)
     return why_not(why, n, "one_token needs hidden_size (%lld) and intermediate_size (%lld) multiples of 64", H, I);
-  if (H / 8 > kThreads) return why_not(why, n, "one_token: hidden_size %lld is over %d", H, 8 * kThreads);
   // fp8_block: a w13 tile's row of block scales comes by bulk copy (16-byte multiples).
   if (block && H % 512)
     return why_not(why, n, "one_token with fp8_block needs hidden_size (%lld) a multiple of 512", H);
+  if (block && H / 128 > kMaxKBlocks1)
+    return why_not(why, n, "one_token with fp8_block takes hidden_size <= %d, not %lld", 128 * kMaxKBlocks1, H);
   if (block && I / 128 > kMaxKBlocks2)
     return why_not(why, n, "one_token with fp8_block takes intermediate_size <= %d, not %lld", 128 * kMaxKBlocks2, I);
   const long long units1 = (k * I / kCols + sm_count - 1) / sm_count, units2 = (H / kCols + sm_count - 1) / sm_count;
   if (units1 > kMaxUnits1)
     return why_not(why, n, "one_token: top_k x intermediate_size = %lld is more than %d SMs hold", k * I, sm_count);
-  if (units2 > kMaxUnits2 || units2 * k > kWarps)
-    return why_not(why, n, "one_token: hidden_size %lld with top_k %lld is more than %d SMs hold", H, k, sm_count);
-  if (!one_token_ring(int(H), int(I), int(units2), block, smem_optin))
-    return why_not(why, n, "one_token needs %zu bytes of shared memory, the device allows %d",
-                   smem_bytes(int(H), int(I), int(units2), 2, block) + static_smem(), smem_optin);
-  return 0;
-}
-
-int one_token_ring(int hidden, int inter, int units2, bool block, int smem_optin) {
-  for (int ring = one_token::kMaxRing; ring >= 2; --ring)
-    if (one_token::smem_bytes(hidden, inter, units2, ring, block) + static_smem() <= size_t(smem_optin)) return ring;
+  if (units2 > kMaxUnits2)
+    return why_not(why, n, "one_token: hidden_size %lld is more than %d SMs hold", H, sm_count);
+  if (!plan(int(H), int(I), int(k), int(units2), block, dynamic_smem(smem_optin)).ring)
+    return why_not(why, n, "one_token: hidden_size %lld and intermediate_size %lld need more shared memory than "
+                   "the device's %d bytes", H, I, smem_optin);
   return 0;
 }
 
@@ -146,9 +146,13 @@ cudaError_t launch_one_token(const moek_args& a, float* y, int sm_count, int sme
   p.units1 = int((s.top_k * s.inter_size / one_token::kCols + sm_count - 1) / sm_count);
   p.units2 = int((s.hidden_size / one_token::kCols + sm_count - 1) / sm_count);
   const bool block = s.quant == MOEK_QUANT_FP8_BLOCK;
-  p.ring = one_token_ring(p.hidden_size, p.inter, p.units2, block, smem_optin);
+  const one_token::Plan pl = one_token::plan(p.hidden_size, p.inter, p.top_k, p.units2, block, dynamic_smem(smem_optin));
+  p.ring = pl.ring;
+  p.stream2 = pl.stream2;
+  p.pieces1 = pl.pieces1;
+  p.pieces2 = pl.pieces2;
   p.w2_after = 1 << 30;  // with the last w13 tile (earlier was slower in the probe)
-  const size_t smem = one_token::smem_bytes(p.hidden_size, p.inter, p.units2, p.ring, block);
+  const size_t smem = one_token::smem_bytes(p.hidden_size, p.inter, p.units2, pl, block);
   const bool fp16 = s.dtype == MOEK_DTYPE_FP16;
 #define MOEK_ONE_TOKEN_ACT(A)                                                                  \
   case A:                                                                                      \

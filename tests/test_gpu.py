@@ -284,8 +284,12 @@ def test_fp8_shapes(T, E, k, mode, error_log):
 
 ONE_TOKEN = Tactic(moe_kernels.ONE_TOKEN, moe_kernels.ONE_TOKEN)
 # (E, k, H, I): Qwen3-30B-A3B's shape (three GEMM1 units per CTA on 132 SMs); two GEMM2 units per
-# CTA (H = 4096); a top-k of 1. All also fit fp8_block (H % 512, I % 128).
+# CTA (H = 4096); a top-k of 1. All also fit fp8_block (H % 512, I % 128). Those hold their w2
+# share in shared memory; the last three stream w2 through the ring ("stream2"), with w13 in K
+# pieces: DeepSeek-V3's H and I (eight GEMM1 units and four GEMM2 units per CTA on 132 SMs;
+# fp8_block's w13 in 7 pieces, fp8's in 4), Qwen3-235B-A22B's, and a top-k of 2 at H = 7168.
 ONE_TOKEN_SHAPES = [(128, 8, 2048, 768), (16, 8, 4096, 256), (8, 1, 512, 1024)]
+ONE_TOKEN_STREAM_SHAPES = [(8, 8, 7168, 2048), (16, 8, 4096, 1536), (8, 2, 7168, 512)]
 
 
 def chosen_tactic(p, **kw):
@@ -296,7 +300,7 @@ def chosen_tactic(p, **kw):
 
 @pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("quant", ["fp8", "fp8_block"])
-@pytest.mark.parametrize("E,k,H,I", ONE_TOKEN_SHAPES)
+@pytest.mark.parametrize("E,k,H,I", ONE_TOKEN_SHAPES + ONE_TOKEN_STREAM_SHAPES)
 def test_one_token_shapes(E, k, H, I, quant, act_dtype, error_log):
     p = make_problem(T=1, E=E, k=k, H=H, I=I, dtype=quant, act_dtype=act_dtype)
     assert chosen_tactic(p) == ONE_TOKEN
@@ -323,6 +327,20 @@ def test_one_token_activations_and_scales(act, static, granularity, error_log):
           activation=act, ref_kw=dict(activation=act, **kw), **kw)
 
 
+@pytest.mark.parametrize("granularity", ["tensor", "channel"])
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_one_token_stream_scales_and_bias(static, granularity, error_log):
+    # w2 streamed (Qwen3-235B-A22B's shape): GEMM2's per-channel scales and biases per pair.
+    p = make_problem(T=1, E=16, k=8, H=4096, I=1536, dtype="fp8", granularity=granularity, bias=True)
+    if static:
+        p["a13_scale"] = (p["hidden_states"].float().abs().max() / 448).reshape(1)
+        p["a2_scale"] = torch.full((1,), 0.02, device="cuda")
+    kw = {"swiglu_alpha": 1.5, "swiglu_limit": 1.0}
+    assert chosen_tactic(p, activation="swiglu_oai") == ONE_TOKEN
+    check(p, error_log, f"fp8/one_token/stream/{granularity}/{'static' if static else 'dynamic'}", "fp8",
+          activation="swiglu_oai", ref_kw=dict(activation="swiglu_oai", **kw), **kw)
+
+
 @pytest.mark.parametrize("act", ["swiglu", "geglu", "swiglu_oai"])
 def test_one_token_fp8_block_activations_and_bias(act, error_log):
     p = make_problem(T=1, E=16, k=4, H=1024, I=384, dtype="fp8_block", bias=True)
@@ -333,6 +351,11 @@ def test_one_token_fp8_block_activations_and_bias(act, error_log):
     name = moe_kernels.list_kernels(quant="fp8_block")[0].name
     grouped = run(p, tactic=Tactic(name, name), activation=act, **kw)
     assert rel_error(out, grouped) < TOLERANCE["fp8_block"]
+    # w2 streamed (DeepSeek-V3's H and I), with biases.
+    p = make_problem(T=1, E=8, k=8, H=7168, I=2048, dtype="fp8_block", bias=True)
+    assert chosen_tactic(p, activation=act) == ONE_TOKEN
+    check(p, error_log, f"fp8_block/one_token/stream/bias/{act}", "fp8_block", activation=act,
+          ref_kw=dict(activation=act, **kw), **kw)
 
 
 def test_one_token_fp8_block_extreme_rows(error_log):
@@ -344,11 +367,13 @@ def test_one_token_fp8_block_extreme_rows(error_log):
     check(p, error_log, "fp8_block/one_token/extreme", "fp8_block")
 
 
+@pytest.mark.parametrize("H,I", [(512, 256), (7168, 2048)], ids=["share", "stream"])
 @pytest.mark.parametrize("quant", ["fp8", "fp8_block"])
-def test_one_token_expert_parallel_and_int64_ids(quant, error_log):
+def test_one_token_expert_parallel_and_int64_ids(quant, H, I, error_log):
     E, ep = 16, 2
-    p = make_problem(T=1, E=E, k=8, H=512, I=256, dtype=quant, ids_dtype=torch.int64, bias=True)
-    full = check(p, error_log, f"{quant}/one_token/int64", quant).float()
+    p = make_problem(T=1, E=E, k=8, H=H, I=I, dtype=quant, ids_dtype=torch.int64, bias=True)
+    assert chosen_tactic(p) == ONE_TOKEN
+    full = check(p, error_log, f"{quant}/one_token/int64/H{H}", quant).float()
     total = torch.zeros_like(full)
     for r in range(ep):  # each rank holds some of the token's experts
         q = dict(p)
@@ -364,20 +389,21 @@ def test_one_token_expert_parallel_and_int64_ids(quant, error_log):
     assert torch.equal(run(q, ep_rank=1, ep_size=ep), torch.zeros_like(p["hidden_states"]))
 
 
+@pytest.mark.parametrize("E,H,I", [(128, 2048, 768), (8, 7168, 2048)], ids=["share", "stream"])
 @pytest.mark.parametrize("quant", ["fp8", "fp8_block"])
-def test_one_token_graph_replay(quant, error_log):
-    p = make_problem(T=1, E=128, k=8, H=2048, I=768, dtype=quant)
-    ws = torch.empty(moe_kernels.workspace_size(1, 8, 128, 2048, 768, quant=quant), dtype=torch.uint8,
-                     device="cuda")
+def test_one_token_graph_replay(quant, E, H, I, error_log):
+    p = make_problem(T=1, E=E, k=8, H=H, I=I, dtype=quant)
+    ws = torch.empty(moe_kernels.workspace_size(1, 8, E, H, I, quant=quant), dtype=torch.uint8, device="cuda")
     out = torch.empty_like(p["hidden_states"])
     args = (p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"])
     kw = dict(w13_scale=p["w13_scale"], w2_scale=p["w2_scale"], workspace=ws, out=out, quant=quant)
+    assert chosen_tactic(p) == ONE_TOKEN
     fused_moe(*args, **kw)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for _ in range(2):  # back to back, one workspace
             fused_moe(*args, **kw)
-    fresh = make_problem(T=1, E=128, k=8, H=2048, I=768)
+    fresh = make_problem(T=1, E=E, k=8, H=H, I=I)
     p["hidden_states"].copy_(fresh["hidden_states"])
     p["topk_ids"].copy_(fresh["topk_ids"])
     out.fill_(float("nan"))
@@ -405,6 +431,11 @@ def test_one_token_tactic_errors():
     assert chosen_tactic(b) != ONE_TOKEN
     with pytest.raises(ValueError, match="multiple of 512"):
         run(b, tactic=ONE_TOKEN)
+    # fp8_block: the token's K-block scales are held for at most 64 blocks (H <= 8192).
+    h = make_problem(T=1, E=8, k=2, H=8704, I=128, dtype="fp8_block")
+    assert chosen_tactic(h) != ONE_TOKEN
+    with pytest.raises(ValueError, match="hidden_size <= 8192, not 8704"):
+        run(h, tactic=ONE_TOKEN)
     c = make_problem(T=1, E=8, k=2, H=512, I=128, dtype="fp8_block")
     assert chosen_tactic(c) == ONE_TOKEN
     shifted = torch.empty(c["w13_scale"].numel() + 1, device="cuda")[1:].view_as(c["w13_scale"])

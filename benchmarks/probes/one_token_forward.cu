@@ -83,7 +83,10 @@ int main() {
   p.units1 = (K * I / one_token::kCols + sms - 1) / sms;
   p.units2 = (H / one_token::kCols + sms - 1) / sms;
   p.ring = RING;
-  const size_t smem = one_token::smem_bytes(H, I, p.units2, p.ring, false);
+  p.pieces1 = p.pieces2 = 1;  // Qwen3-30B-A3B: whole-K w13 tiles, the w2 share in shared memory
+  one_token::Plan pl;
+  pl.ring = RING;
+  const size_t smem = one_token::smem_bytes(H, I, p.units2, pl, false);
   printf("grid %d, units1 %d, units2 %d, ring %d, smem %zu\n", sms, p.units1, p.units2, p.ring, smem);
   cudaStream_t st; CK(cudaStreamCreate(&st));
 
