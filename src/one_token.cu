@@ -21,10 +21,10 @@ int why_not(char* why, size_t n, const char* fmt, ...) {
   return 1;
 }
 
-template <typename T, int kAct>
+template <typename T, int kAct, bool kStream>
 const void* kernel_of(bool block) {
-  return block ? reinterpret_cast<const void*>(one_token::forward_kernel<T, kAct, true>)
-               : reinterpret_cast<const void*>(one_token::forward_kernel<T, kAct, false>);
+  return block ? reinterpret_cast<const void*>(one_token::forward_kernel<T, kAct, true, kStream>)
+               : reinterpret_cast<const void*>(one_token::forward_kernel<T, kAct, false, kStream>);
 }
 
 // The kernel's static shared memory (the epilogues' scales and terms, barriers), the most of its
@@ -40,12 +40,18 @@ size_t static_smem() {
         cudaGetLastError();  // no image for this device: its launch reports that
     };
     for (bool block : {false, true}) {
-      take(kernel_of<__half, MOEK_ACT_SWIGLU>(block));
-      take(kernel_of<__half, MOEK_ACT_GEGLU>(block));
-      take(kernel_of<__half, MOEK_ACT_SWIGLU_OAI>(block));
-      take(kernel_of<__nv_bfloat16, MOEK_ACT_SWIGLU>(block));
-      take(kernel_of<__nv_bfloat16, MOEK_ACT_GEGLU>(block));
-      take(kernel_of<__nv_bfloat16, MOEK_ACT_SWIGLU_OAI>(block));
+      take(kernel_of<__half, MOEK_ACT_SWIGLU, false>(block));
+      take(kernel_of<__half, MOEK_ACT_GEGLU, false>(block));
+      take(kernel_of<__half, MOEK_ACT_SWIGLU_OAI, false>(block));
+      take(kernel_of<__nv_bfloat16, MOEK_ACT_SWIGLU, false>(block));
+      take(kernel_of<__nv_bfloat16, MOEK_ACT_GEGLU, false>(block));
+      take(kernel_of<__nv_bfloat16, MOEK_ACT_SWIGLU_OAI, false>(block));
+      take(kernel_of<__half, MOEK_ACT_SWIGLU, true>(block));
+      take(kernel_of<__half, MOEK_ACT_GEGLU, true>(block));
+      take(kernel_of<__half, MOEK_ACT_SWIGLU_OAI, true>(block));
+      take(kernel_of<__nv_bfloat16, MOEK_ACT_SWIGLU, true>(block));
+      take(kernel_of<__nv_bfloat16, MOEK_ACT_GEGLU, true>(block));
+      take(kernel_of<__nv_bfloat16, MOEK_ACT_SWIGLU_OAI, true>(block));
     }
     return most;
   }();
@@ -77,21 +83,21 @@ int one_token_problem(const moek_shape& s, int sm_count, int smem_optin, char* w
   if (block && I / 128 > kMaxKBlocks2)
     return why_not(why, n, "one_token with fp8_block takes intermediate_size <= %d, not %lld", 128 * kMaxKBlocks2, I);
   const long long units1 = (k * I / kCols + sm_count - 1) / sm_count, units2 = (H / kCols + sm_count - 1) / sm_count;
-  if (units1 > kMaxUnits1)
+  if (units1 > max_units1(true))
     return why_not(why, n, "one_token: top_k x intermediate_size = %lld is more than %d SMs hold", k * I, sm_count);
-  if (units2 > kMaxUnits2)
+  if (units2 > max_units2(true))
     return why_not(why, n, "one_token: hidden_size %lld is more than %d SMs hold", H, sm_count);
-  if (!plan(int(H), int(I), int(k), int(units2), block, dynamic_smem(smem_optin)).ring)
-    return why_not(why, n, "one_token: hidden_size %lld and intermediate_size %lld need more shared memory than "
-                   "the device's %d bytes", H, I, smem_optin);
+  if (!plan(int(H), int(I), int(k), int(units1), int(units2), block, dynamic_smem(smem_optin)).ring)
+    return why_not(why, n, "one_token: hidden_size %lld with intermediate_size %lld fits neither the w2 share in "
+                   "%d bytes of shared memory nor streaming (intermediate_size <= hidden_size)", H, I, smem_optin);
   return 0;
 }
 
 namespace {
 
-template <typename T, int kAct, bool kBlock>
+template <typename T, int kAct, bool kBlock, bool kStream>
 cudaError_t launch_typed(const one_token::Params& p, int sm_count, size_t smem, cudaStream_t stream) {
-  auto kernel = one_token::forward_kernel<T, kAct, kBlock>;
+  auto kernel = one_token::forward_kernel<T, kAct, kBlock, kStream>;
   // The largest shared memory asked of this instantiation so far (set again only to grow).
   static std::atomic<size_t> allowed{0};
   if (smem > allowed.load()) {
@@ -146,21 +152,25 @@ cudaError_t launch_one_token(const moek_args& a, float* y, int sm_count, int sme
   p.units1 = int((s.top_k * s.inter_size / one_token::kCols + sm_count - 1) / sm_count);
   p.units2 = int((s.hidden_size / one_token::kCols + sm_count - 1) / sm_count);
   const bool block = s.quant == MOEK_QUANT_FP8_BLOCK;
-  const one_token::Plan pl = one_token::plan(p.hidden_size, p.inter, p.top_k, p.units2, block, dynamic_smem(smem_optin));
+  const one_token::Plan pl =
+      one_token::plan(p.hidden_size, p.inter, p.top_k, p.units1, p.units2, block, dynamic_smem(smem_optin));
   p.ring = pl.ring;
-  p.stream2 = pl.stream2;
-  p.pieces1 = pl.pieces1;
-  p.pieces2 = pl.pieces2;
+  p.rows2 = pl.rows2;
   p.w2_after = 1 << 30;  // with the last w13 tile (earlier was slower in the probe)
   const size_t smem = one_token::smem_bytes(p.hidden_size, p.inter, p.units2, pl, block);
   const bool fp16 = s.dtype == MOEK_DTYPE_FP16;
-#define MOEK_ONE_TOKEN_ACT(A)                                                                  \
-  case A:                                                                                      \
-    if (block)                                                                                 \
-      return fp16 ? launch_typed<__half, A, true>(p, sm_count, smem, stream)                   \
-                  : launch_typed<__nv_bfloat16, A, true>(p, sm_count, smem, stream);           \
-    return fp16 ? launch_typed<__half, A, false>(p, sm_count, smem, stream)                    \
-                : launch_typed<__nv_bfloat16, A, false>(p, sm_count, smem, stream);
+#define MOEK_ONE_TOKEN_BLOCK(A, B)                                                    \
+  if (pl.stream)                                                                      \
+    return fp16 ? launch_typed<__half, A, B, true>(p, sm_count, smem, stream)         \
+                : launch_typed<__nv_bfloat16, A, B, true>(p, sm_count, smem, stream); \
+  return fp16 ? launch_typed<__half, A, B, false>(p, sm_count, smem, stream)          \
+              : launch_typed<__nv_bfloat16, A, B, false>(p, sm_count, smem, stream);
+#define MOEK_ONE_TOKEN_ACT(A)       \
+  case A:                           \
+    if (block) {                    \
+      MOEK_ONE_TOKEN_BLOCK(A, true) \
+    }                               \
+    MOEK_ONE_TOKEN_BLOCK(A, false)
   switch (s.activation) {
     MOEK_ONE_TOKEN_ACT(MOEK_ACT_SWIGLU)
     MOEK_ONE_TOKEN_ACT(MOEK_ACT_GEGLU)
@@ -168,6 +178,7 @@ cudaError_t launch_one_token(const moek_args& a, float* y, int sm_count, int sme
     default: return cudaErrorInvalidValue;
   }
 #undef MOEK_ONE_TOKEN_ACT
+#undef MOEK_ONE_TOKEN_BLOCK
 }
 
 }  // namespace moe_kernels

@@ -2,11 +2,12 @@
 // times it and prints a timeline of its phases; docs/fp8-performance.md, "One kernel for one
 // token").
 //
-// The whole forward of one token in one kernel (quant fp8 or fp8_block, gated activations), for models
-// whose one-token expert weights fit on chip across the SMs (Qwen3-30B-A3B: 8 experts,
-// 25.2 MB of w13 and 12.6 MB of w2 over 132 SMs). At one token the forward is a stream of
-// weights, and the grouped path's six launches (routing, expand, GEMM1, activation, GEMM2,
-// finalize) cost more than the stream itself.
+// The whole forward of one token in one kernel (quant fp8 or fp8_block, gated activations). At
+// one token the forward is a stream of weights, and the grouped path's six launches (routing,
+// expand, GEMM1, activation, GEMM2, finalize) cost more than the stream itself (Qwen3-30B-A3B:
+// 8 experts, 25.2 MB of w13 and 12.6 MB of w2 over 132 SMs). Two forms (Plan, below): the w2
+// share held in shared memory, and, for larger models (DeepSeek-V3), w2 streamed after w13
+// (kStream).
 //
 // One CTA per SM, all resident (a cooperative launch: grid barrier between the GEMMs, since
 // GEMM2's per-token (fp8) or per-128-column (fp8_block) activation scales need GEMM1 columns
@@ -53,13 +54,13 @@ constexpr int kWarps = 16;                   // compute warps
 constexpr int kThreads = (kWarps + 1) * 32;  // + the producer: copies, epilogue scales, activation
 constexpr int kCols = 16;      // rows per weight tile: GEMM1 intermediate, GEMM2 output columns
 constexpr int kMaxSlots = 8;
-constexpr int kMaxUnits1 = 8;  // GEMM1 units (16 gate + 16 up rows of one slot's w13) per CTA
-constexpr int kMaxUnits2 = 4;  // GEMM2 units (16 rows of every slot's w2) per CTA
-constexpr int kMaxUnits2Share = 2;  // ... where the w2 share is held in shared memory
-constexpr int kMaxRing = 8;    // tiles in flight per CTA
-constexpr int kMaxRingShare = 3;  // ... with whole-K w13 tiles: 3 where shared memory holds them, else 2
-// Streamed tiles (below): at most kStreamTile bytes, about kStreamInFlight of them in flight per SM.
-constexpr size_t kStreamTile = 32 * 1024, kStreamInFlight = 128 * 1024;
+// GEMM1 units (16 gate + 16 up rows of one slot's w13) and GEMM2 units (16 rows of every slot's
+// w2) per CTA, with the w2 share in shared memory or streamed (kStream, below).
+__host__ __device__ constexpr int max_units1(bool stream) { return stream ? 8 : 6; }
+__host__ __device__ constexpr int max_units2(bool stream) { return stream ? 4 : 2; }
+constexpr int kMaxRing = 8;       // ring entries in flight per CTA
+constexpr int kMaxRingShare = 3;  // ... with the share: 3 where shared memory holds them, else 2
+constexpr size_t kStreamInFlight = 128 * 1024;  // streamed: about this many bytes in flight per SM
 constexpr int kStamps = 32;    // trace entries per CTA
 constexpr int kMaxKBlocks1 = 64;  // fp8_block: hidden_size / 128
 constexpr int kMaxKBlocks2 = 16;  // fp8_block: intermediate_size / 128 (the launcher checks)
@@ -83,63 +84,48 @@ struct Params {
   int ids64, w13_per_channel, w2_per_channel;
   float alpha, limit;
   int units1, units2;         // per CTA, at most: <= kMaxUnits1, kMaxUnits2 (the launcher checks)
-  int ring;                   // tiles in flight, <= kMaxRing
-  int stream2;                // w2 streamed through the ring after w13 (else the share, below)
-  int pieces1, pieces2;       // K pieces of a 16-row w13 / (streamed) w2 tile
+  int ring;                   // ring entries in flight, <= kMaxRing
+  int rows2;                  // streamed: w2 rows per ring entry (16: a whole pair, or 8)
   int w2_after;               // the w2 share is requested with w13 tile min(w2_after, last)
   unsigned long long* trace;  // or null: [grid, kStamps] clock64 stamps of the phases, globaltimer at 30, 31
 };
 
 // How a problem runs. Where shared memory holds it (Qwen3-30B-A3B), each CTA's GEMM2 share (16
 // rows of each slot's w2 per unit) is copied in once, to land during the grid barrier, and w13
-// comes through a ring of whole-K tiles (16 rows x hidden_size). Where it does not
-// (DeepSeek-V3: 3.5 MB of w2 rows per CTA), w2 streams through the same ring after w13
-// ("stream2"; its first tiles are in flight across the barrier), and both come in K pieces of
-// at most kStreamTile bytes per 16 rows.
+// comes through a ring of 16-row tiles. Where it does not (DeepSeek-V3: 1 MB of w2 rows per CTA),
+// w2 streams through the same ring after w13 ("stream"; its first entries are in flight across
+// the barrier), and a ring entry holds 8 rows of w13 (hidden_size bytes each) and 16 or 8 rows
+// of w2. Every entry is one bulk copy: a copy costs an SM ~0.1 us to issue whatever its size, so
+// K pieces (16 copies of 1 KB per 16-row tile) ran at a third of the bandwidth (H200:
+// DeepSeek-V3 fp8_block one token 288 us).
 struct Plan {
-  int stream2 = 0, pieces1 = 1, pieces2 = 1;
-  int ring = 0;  // tiles in flight; 0: the problem does not fit
+  int stream = 0, rows2 = 16;
+  int ring = 0;  // entries in flight; 0: the problem does not fit
 };
 
-inline size_t slot_bytes(int hidden, int inter, const Plan& pl) {
-  const size_t t1 = size_t(kCols) * (hidden / pl.pieces1), t2 = pl.stream2 ? size_t(kCols) * (inter / pl.pieces2) : 0;
-  return t1 > t2 ? t1 : t2;
-}
+inline size_t slot_bytes(int hidden, const Plan& pl) { return size_t(pl.stream ? 8 : kCols) * hidden; }
 
 // Dynamic shared memory: the ring, the w2 share (not streamed), the token and GEMM2's inputs as
 // f16 MMA fragments (two bytes per value), partial sums; fp8_block: each ring slot's row of
 // w13 block scales.
 inline size_t smem_bytes(int hidden, int inter, int units2, const Plan& pl, bool block) {
-  return pl.ring * slot_bytes(hidden, inter, pl) +
-         (pl.stream2 ? 0 : size_t(units2) * kMaxSlots * kCols * inter) + 2 * size_t(hidden) +
-         2 * size_t(kMaxSlots) * inter +
-         ((pl.ring + 2) * kWarps * kCols + kWarps * kCols + (block ? pl.ring * (hidden / pl.pieces1) / 128 : 0)) *
-             sizeof(float);
+  return pl.ring * slot_bytes(hidden, pl) + (pl.stream ? 0 : size_t(units2) * kMaxSlots * kCols * inter) +
+         2 * size_t(hidden) + 2 * size_t(kMaxSlots) * inter +
+         ((pl.ring + 2) * kWarps * kCols + kWarps * kCols + (block ? pl.ring * hidden / 128 : 0)) * sizeof(float);
 }
 
-// The fewest K pieces that cut a 16-row tile over k bytes to `most` bytes or less, each piece a
-// multiple of `align` bytes; 0 if none does.
-inline int pieces_for(int k, int align, size_t most) {
-  for (int n = 1; n <= k / align; ++n)
-    if (k % n == 0 && (k / n) % align == 0 && size_t(kCols) * (k / n) <= most) return n;
-  return 0;
-}
-
-// The plan for a problem with `units2` GEMM2 units per CTA, given `avail` bytes of dynamic
-// shared memory. fp8_block's w13 pieces are multiples of 512 bytes: their block scales come by
-// bulk copy (16-byte multiples).
-inline Plan plan(int hidden, int inter, int top_k, int units2, bool block, size_t avail) {
+// The plan for a problem with `units1` GEMM1 and `units2` GEMM2 units per CTA, given `avail`
+// bytes of dynamic shared memory (streaming needs intermediate_size <= hidden_size: 8 rows of
+// w2 in an entry).
+inline Plan plan(int hidden, int inter, int top_k, int units1, int units2, bool block, size_t avail) {
   Plan pl;
-  if (units2 <= kMaxUnits2Share && units2 * top_k <= kWarps)
+  if (units1 <= max_units1(false) && units2 <= max_units2(false) && units2 * top_k <= kWarps)
     for (pl.ring = kMaxRingShare; pl.ring >= 2; --pl.ring)
       if (smem_bytes(hidden, inter, units2, pl, block) <= avail) return pl;
-  pl.stream2 = 1;
-  pl.pieces1 = pieces_for(hidden, block ? 512 : 64, kStreamTile);
-  // w2 pieces no larger than w13's where they can be, so that the ring's slots are filled.
-  pl.pieces2 = pl.pieces1 ? pieces_for(inter, 64, size_t(kCols) * (hidden / pl.pieces1)) : 0;
-  if (pl.pieces1 && !pl.pieces2) pl.pieces2 = pieces_for(inter, 64, kStreamTile);
-  if (!pl.pieces1 || !pl.pieces2) return Plan{};
-  const size_t most = kStreamInFlight / slot_bytes(hidden, inter, pl);
+  if (units1 > max_units1(true) || units2 > max_units2(true) || inter > hidden) return Plan{};
+  pl.stream = 1;
+  pl.rows2 = size_t(kCols) * inter <= slot_bytes(hidden, pl) ? kCols : 8;
+  const size_t most = kStreamInFlight / slot_bytes(hidden, pl);
   for (pl.ring = most < kMaxRing ? (most > 2 ? int(most) : 2) : kMaxRing; pl.ring >= 2; --pl.ring)
     if (smem_bytes(hidden, inter, units2, pl, block) <= avail) return pl;
   return Plan{};
@@ -155,6 +141,8 @@ __device__ __forceinline__ uint32_t f16x2(uint16_t e4m3x2) {
 // thread's 16 bytes of each row (r0, r1) and the token's B fragments for them (b: lanes with
 // g == 0; zeros elsewhere). MMA step q takes bytes 4q, 4q + 1 as k slots 2t, 2t + 1 and
 // 4q + 2, 4q + 3 as slots 2t + 8, 2t + 9, in both operands; b holds (b0, b1) of steps 0-3.
+// kHi = false: an 8-row entry, rows g only (row g + 8 of the MMA is zeros, not converted).
+template <bool kHi = true>
 __device__ __forceinline__ void dot64(float (&c)[4], const uint4& r0, const uint4& r1, const uint4& b01,
                                       const uint4& b23) {
   const uint32_t a[4] = {r0.x, r0.y, r0.z, r0.w}, b[4] = {r1.x, r1.y, r1.z, r1.w};
@@ -165,8 +153,8 @@ __device__ __forceinline__ void dot64(float (&c)[4], const uint4& r0, const uint
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(f16x2(a[q] & 0xffff)), "r"(f16x2(b[q] & 0xffff)), "r"(f16x2(a[q] >> 16)),
-          "r"(f16x2(b[q] >> 16)), "r"(x[2 * q]), "r"(x[2 * q + 1]));
+        : "r"(f16x2(a[q] & 0xffff)), "r"(kHi ? f16x2(b[q] & 0xffff) : 0u), "r"(f16x2(a[q] >> 16)),
+          "r"(kHi ? f16x2(b[q] >> 16) : 0u), "r"(x[2 * q]), "r"(x[2 * q + 1]));
   }
 }
 
@@ -242,31 +230,31 @@ struct PairTeam {
 };
 
 // c += (the dot64 of r0, r1 with b01, b23) x scale: one K block's partial sums, promoted.
+template <bool kHi = true>
 __device__ __forceinline__ void dot64_scaled(float (&c)[4], const uint4& r0, const uint4& r1, const uint4& b01,
                                              const uint4& b23, float scale) {
   float d[4] = {0.f, 0.f, 0.f, 0.f};
-  dot64(d, r0, r1, b01, b23);
+  dot64<kHi>(d, r0, r1, b01, b23);
   c[0] = fmaf(d[0], scale, c[0]);  // column 0 (the token): values 0 and 2
   c[2] = fmaf(d[2], scale, c[2]);
 }
 
-template <typename T, int kAct, bool kBlock>
+template <typename T, int kAct, bool kBlock, bool kStream>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ Params p) {
   constexpr int kQuant = kBlock ? MOEK_QUANT_FP8_BLOCK : MOEK_QUANT_FP8;
+  constexpr int kMaxUnits1 = max_units1(kStream), kMaxUnits2 = max_units2(kStream);
+  constexpr int kRows1 = kStream ? 8 : kCols, kPerHalf = kCols / kRows1;  // w13 rows per entry, entries per half
   extern __shared__ __align__(128) uint8_t smem[];
   const int H = p.hidden_size, I = p.inter, ring_n = p.ring, red_n = ring_n + 2;
-  const bool stream2 = p.stream2;
-  const int pieces1 = p.pieces1, pieces2 = p.pieces2;
-  const int k1 = H / pieces1, k2 = I / pieces2;  // bytes per row of a w13 / streamed w2 tile
-  const uint32_t tile1 = kCols * k1, tile2 = kCols * k2;
-  const size_t slot = stream2 && tile2 > tile1 ? tile2 : tile1;
+  const int rows2 = kStream ? p.rows2 : kCols, per_pair = kCols / rows2;  // streamed w2 rows per entry
+  const size_t slot = size_t(kRows1) * H;
   uint8_t* ring = smem;                                        // ring x slot bytes
   uint8_t* w2s = ring + ring_n * slot;                         // the share: pairs x 16 rows x I
-  uint32_t* xq = reinterpret_cast<uint32_t*>(w2s + (stream2 ? 0 : size_t(p.units2) * kMaxSlots * kCols * I));  // [H / 2]
+  uint32_t* xq = reinterpret_cast<uint32_t*>(w2s + (kStream ? 0 : size_t(p.units2) * kMaxSlots * kCols * I));  // [H / 2]
   uint32_t* x2 = xq + H / 2;                                   // [kMaxSlots][I / 2]
   float* red = reinterpret_cast<float*>(x2 + kMaxSlots * I / 2);  // [ring + 2][kWarps][16]
-  float* part = red + red_n * kWarps * kCols;                  // [kWarps][16]
-  float* ring_sc = part + kWarps * kCols;                      // fp8_block: [ring][k1 / 128]
+  float* part_sums = red + red_n * kWarps * kCols;             // [kWarps][16]
+  float* ring_sc = part_sums + kWarps * kCols;                 // fp8_block: [ring][H / 128]
   __shared__ int s_expert[kMaxSlots];
   // The token's and GEMM2's inputs' scales: one per row, or (fp8_block) one per 128 columns.
   __shared__ float s_weight[kMaxSlots], s_scale2[kMaxSlots][kBlock ? kMaxKBlocks2 : 1],
@@ -277,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   static_assert(kMaxKBlocks2 == kCols, "fp8_block's GEMM2 scales take s_wscale2's room and the producer's sc2");
   __shared__ float s_term[kMaxUnits2 * kMaxSlots][kCols];
   __shared__ int s_slots;
-  // full: a tile landed; empty: every compute warp has read it and written its partial sums
+  // full: an entry landed; empty: every compute warp has read it and written its partial sums
   __shared__ __align__(8) uint64_t full[kMaxRing], empty[kMaxRing], w2_full;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -320,47 +308,39 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   }
   __syncthreads();
   stamp(p, 1);
-  const int slots = s_slots, col_blocks = I / kCols, chunks1 = k1 / 64, chunks2 = k2 / 64;
+  const int slots = s_slots, col_blocks = I / kCols, chunks1 = H / 64, chunks2 = I / 64;
   auto unit_at = [&](int i) { return int(blockIdx.x) + i * int(gridDim.x); };
   int units = 0, units2 = 0;  // this CTA's GEMM1 and GEMM2 units
   while (units < p.units1 && unit_at(units) < slots * col_blocks) ++units;
   while (units2 < p.units2 && unit_at(units2) < H / kCols) ++units2;
-  // w13 tiles (unit j / (2 pieces1): gate rows, then up rows, each in K pieces); GEMM2 (unit,
-  // slot) pairs, pair q = unit q / slots of slot q % slots; streamed w2 tiles (pair, K piece).
-  const int tiles = 2 * units * pieces1, pairs = units2 * slots, tiles2 = stream2 ? pairs * pieces2 : 0;
+  // Ring entries: w13 first (unit j / (2 kPerHalf): its gate rows, then its up rows), then the
+  // streamed w2 (pair q = unit q / slots of slot q % slots, in per_pair entries).
+  const int tiles = 2 * kPerHalf * units, pairs = units2 * slots, tiles2 = kStream ? per_pair * pairs : 0;
   const int halves = 2 * units;  // partial sums handed over: one per w13 half, then one per pair
   const bool producer = warp == kWarps;
 
-  // The producer's lane 0: tile j into ring slot j % ring. Without stream2, with w13 tile
+  // The producer's lane 0: entry j into ring slot j % ring. Without kStream, with w13 tile
   // w2_at, the w2 share: 16 rows of each slot's expert per GEMM2 unit.
   const int w2_at = min(p.w2_after, max(tiles, 1) - 1);
   auto issue = [&](int j) {
     uint8_t* dst = ring + (j % ring_n) * slot;
     uint64_t* bar = &full[j % ring_n];
     if (j < tiles) {
-      const int u = unit_at(j / (2 * pieces1)), piece = j % pieces1;
-      const int64_t row = int64_t(s_expert[u / col_blocks]) * 2 * I + (j / pieces1) % 2 * I + (u % col_blocks) * kCols;
-      const uint32_t sc_bytes = kBlock ? k1 / 128 * sizeof(float) : 0;  // the rows' block scales
-      expect_bytes(bar, tile1 + sc_bytes);
-      if (pieces1 == 1) {
-        bulk_copy(dst, p.w13 + row * H, tile1, bar);
-      } else {
-        for (int r = 0; r < kCols; ++r) bulk_copy(dst + r * k1, p.w13 + (row + r) * H + piece * k1, k1, bar);
-      }
-      if constexpr (kBlock)  // row / 128: the tile's 16 rows are in one 128-row block (I % 128 == 0)
-        bulk_copy(ring_sc + (j % ring_n) * (k1 / 128), p.w13_scale + row / 128 * (H / 128) + piece * (k1 / 128),
-                  sc_bytes, bar);
-    } else if (j < tiles + tiles2) {
-      const int q = (j - tiles) / pieces2, piece = (j - tiles) % pieces2;
-      const int64_t row = int64_t(s_expert[q % slots]) * H + unit_at(q / slots) * kCols;
-      expect_bytes(bar, tile2);
-      if (pieces2 == 1) {
-        bulk_copy(dst, p.w2 + row * I, tile2, bar);
-      } else {
-        for (int r = 0; r < kCols; ++r) bulk_copy(dst + r * k2, p.w2 + (row + r) * I + piece * k2, k2, bar);
-      }
+      const int u = unit_at(j / (2 * kPerHalf));
+      const int64_t row = int64_t(s_expert[u / col_blocks]) * 2 * I + (j / kPerHalf) % 2 * I +
+                          (u % col_blocks) * kCols + (j % kPerHalf) * kRows1;
+      const uint32_t sc_bytes = kBlock ? H / 128 * sizeof(float) : 0;  // the rows' block scales
+      expect_bytes(bar, uint32_t(slot) + sc_bytes);
+      bulk_copy(dst, p.w13 + row * H, uint32_t(slot), bar);
+      if constexpr (kBlock)  // row / 128: the entry's rows are in one 128-row block (I % 128 == 0)
+        bulk_copy(ring_sc + (j % ring_n) * (H / 128), p.w13_scale + row / 128 * (H / 128), sc_bytes, bar);
+    } else if (kStream && j < tiles + tiles2) {
+      const int q = (j - tiles) / per_pair;
+      const int64_t row = int64_t(s_expert[q % slots]) * H + unit_at(q / slots) * kCols + (j - tiles) % per_pair * rows2;
+      expect_bytes(bar, rows2 * I);
+      bulk_copy(dst, p.w2 + row * I, rows2 * I, bar);
     }
-    if (!stream2 && j == w2_at && pairs > 0) {
+    if (!kStream && j == w2_at && pairs > 0) {
       expect_bytes(&w2_full, pairs * kCols * I);
       for (int q = 0; q < pairs; ++q) {
         const int64_t row = int64_t(s_expert[q % slots]) * H + unit_at(q / slots) * kCols;
@@ -424,15 +404,15 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     };
     if (tiles == 0) store_scales();
     stamp(p, 12, kWarps * 32);
-    // As each tile is consumed: the slot refilled; after a unit's last tile, the activation of
-    // the unit's 16 columns from the warps' partial sums, to the workspace.
+    // As each entry is consumed: the slot refilled; after a unit's last entry, the activation
+    // of the unit's 16 columns from the warps' partial sums, to the workspace.
     for (int j = 0; j < tiles; ++j) {
       wait_parity(&empty[j % ring_n], (j / ring_n) & 1);
       if (j == 0) stamp(p, 13, kWarps * 32);
       if (lane == 0) issue(j + ring_n);
       if (j == 0) store_scales();
-      if (j % (2 * pieces1) == 2 * pieces1 - 1 && lane < kCols) {
-        const int i = j / (2 * pieces1), u = unit_at(i), r = lane;
+      if (j % (2 * kPerHalf) == 2 * kPerHalf - 1 && lane < kCols) {
+        const int i = j / (2 * kPerHalf), u = unit_at(i), r = lane;
         const float* red_gate = red + ((2 * i) % red_n) * kWarps * kCols;
         const float* red_up = red + ((2 * i + 1) % red_n) * kWarps * kCols;
         float gate = 0.f, up = 0.f;
@@ -465,41 +445,37 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
       bi2[k] = b2[p.w2_bias ? e * H + col : 0];
     }
   } else {
-    // GEMM1, tile by tile as they land: warp w takes K chunks w, w + 16, ... of the tile's 16
-    // rows, in two chains of MMAs, over the K pieces of a half, and hands its partial sums to
-    // the producer. Those have ring + 2 entries: while the warps write the sums of the half
-    // that ends at tile j + ring, the producer may still read the two of the unit that ends
-    // at tile j (at least one tile per half).
-    float c[4], c2[4];
+    // GEMM1, entry by entry as they land: warp w takes K chunks w, w + 16, ... of its rows, in
+    // two chains of MMAs, and hands its partial sums to the producer (per half: rows g, g + 8;
+    // an 8-row entry gives one of the two). Those have ring + 2 entries: while the warps write
+    // the sums of the half that ends at entry j + ring, the producer may still read the two of
+    // the unit that ends at entry j.
     for (int j = 0; j < tiles; ++j) {
       wait_parity(&full[j % ring_n], (j / ring_n) & 1);
       if (j == 0) stamp(p, 10);
-      const int piece = j % pieces1;
-      const uint8_t* rows = ring + (j % ring_n) * slot + g * k1 + 16 * t;
-      const float* tile_sc = ring_sc + (j % ring_n) * (k1 / 128);  // fp8_block
+      const uint8_t* rows = ring + (j % ring_n) * slot + g * H + 16 * t;
+      const float* tile_sc = ring_sc + (j % ring_n) * (H / 128);  // fp8_block
       auto mac = [&](float (&acc)[4], int ch, const uint4& b01, const uint4& b23) {
         const uint4 r0 = *reinterpret_cast<const uint4*>(rows + 64 * ch);
-        const uint4 r1 = *reinterpret_cast<const uint4*>(rows + 8 * k1 + 64 * ch);
-        if constexpr (kBlock)
-          dot64_scaled(acc, r0, r1, b01, b23, s_xscale[(piece * chunks1 + ch) / 2] * tile_sc[ch / 2]);
-        else dot64(acc, r0, r1, b01, b23);
+        const uint4 r1 = kStream ? r0 : *reinterpret_cast<const uint4*>(rows + 8 * H + 64 * ch);
+        if constexpr (kBlock) dot64_scaled<!kStream>(acc, r0, r1, b01, b23, s_xscale[ch / 2] * tile_sc[ch / 2]);
+        else dot64<!kStream>(acc, r0, r1, b01, b23);
       };
-      if (piece == 0)
-        for (int i = 0; i < 4; ++i) c[i] = c2[i] = 0.f;
+      float c[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
       for (int ch = warp; ch < chunks1; ch += 2 * kWarps) {
         uint4 b01, b23;
-        load_frag(xq, piece * chunks1 + ch, t, g == 0, b01, b23);
+        load_frag(xq, ch, t, g == 0, b01, b23);
         mac(c, ch, b01, b23);
         const int ch2 = ch + kWarps;
         if (ch2 < chunks1) {
-          load_frag(xq, piece * chunks1 + ch2, t, g == 0, b01, b23);
+          load_frag(xq, ch2, t, g == 0, b01, b23);
           mac(c2, ch2, b01, b23);
         }
       }
-      if (piece == pieces1 - 1 && t == 0) {
-        float* red_half = red + ((j / pieces1) % red_n) * kWarps * kCols;
-        red_half[warp * kCols + g] = c[0] + c2[0];
-        red_half[warp * kCols + g + 8] = c[2] + c2[2];
+      float* red_half = red + ((j / kPerHalf) % red_n) * kWarps * kCols + warp * kCols;
+      if (t == 0) {
+        red_half[g + (j % kPerHalf) * kRows1] = c[0] + c2[0];
+        if (!kStream) red_half[g + 8] = c[2] + c2[2];
       }
       __syncwarp();  // the warp's reads of the slot and writes of its sums, before lane 0 releases them
       if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[j % ring_n])) : "memory");
@@ -544,16 +520,39 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     for (int s = 0; s < slots; ++s) acc = fmaf(s_weight[s], s_term[u * slots + s][r], acc);
     static_cast<T*>(p.out)[unit_at(u) * kCols + r] = Vec8<T>::from_float(acc);
   };
-  if (stream2) {
-    // GEMM2 through the ring, pair by pair: all compute warps split each tile's K chunks, and
-    // the producer refills, then turns each pair's partial sums into its term and, at a unit's
-    // last slot, the unit's output.
+  // GEMM2 pair q's rows g (and g + 8) at `rows`: warps from `first` on, `stride` apart, take its
+  // K chunks in two chains; c, c2: the sums.
+  auto gemm2 = [&](auto hi, const uint8_t* rows, int q, int first, int stride, float (&c)[4], float (&c2)[4]) {
+    constexpr bool kHi = decltype(hi)::value;
+    const int s = q % slots;
+    const float* pair_sc = &s_wscale2[0][0] + q * kMaxKBlocks2;  // fp8_block
+    auto mac = [&](float (&acc)[4], int ch, const uint4& b01, const uint4& b23) {
+      const uint4 r0 = *reinterpret_cast<const uint4*>(rows + 64 * ch);
+      const uint4 r1 = kHi ? *reinterpret_cast<const uint4*>(rows + 8 * I + 64 * ch) : r0;
+      if constexpr (kBlock) dot64_scaled<kHi>(acc, r0, r1, b01, b23, s_scale2[s][ch / 2] * pair_sc[ch / 2]);
+      else dot64<kHi>(acc, r0, r1, b01, b23);
+    };
+    for (int ch = first; ch < chunks2; ch += 2 * stride) {
+      uint4 b01, b23;
+      load_frag(x2 + s * I / 2, ch, t, g == 0, b01, b23);
+      mac(c, ch, b01, b23);
+      const int ch2 = ch + stride;
+      if (ch2 < chunks2) {
+        load_frag(x2 + s * I / 2, ch2, t, g == 0, b01, b23);
+        mac(c2, ch2, b01, b23);
+      }
+    }
+  };
+  if constexpr (kStream) {
+    // GEMM2 through the ring, entry by entry: all compute warps split each entry's K chunks; the
+    // producer refills, then turns each pair's partial sums into its term and, at a unit's last
+    // slot, the unit's output.
     if (producer) {
       for (int j = tiles; j < tiles + tiles2; ++j) {
         wait_parity(&empty[j % ring_n], (j / ring_n) & 1);
         if (lane == 0) issue(j + ring_n);
-        const int q = (j - tiles) / pieces2;
-        if ((j - tiles) % pieces2 == pieces2 - 1 && lane < kCols) {
+        const int q = (j - tiles) / per_pair;
+        if ((j - tiles) % per_pair == per_pair - 1 && lane < kCols) {
           const float* red_q = red + ((halves + q) % red_n) * kWarps * kCols;
           float d = 0.f;
           for (int w = 0; w < kWarps; ++w) d += red_q[w * kCols + lane];
@@ -564,35 +563,17 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
       if (slots == 0 && lane < kCols)  // none of the token's experts here: zeros
         for (int u = 0; u < units2; ++u) finish(u, lane);
     } else {
-      float c[4], c2[4];
       for (int j = tiles; j < tiles + tiles2; ++j) {
         wait_parity(&full[j % ring_n], (j / ring_n) & 1);
-        const int q = (j - tiles) / pieces2, piece = (j - tiles) % pieces2, s = q % slots;
-        const uint8_t* rows = ring + (j % ring_n) * slot + g * k2 + 16 * t;
-        const float* pair_sc = &s_wscale2[0][0] + q * kMaxKBlocks2;  // fp8_block
-        auto mac = [&](float (&acc)[4], int ch, const uint4& b01, const uint4& b23) {
-          const uint4 r0 = *reinterpret_cast<const uint4*>(rows + 64 * ch);
-          const uint4 r1 = *reinterpret_cast<const uint4*>(rows + 8 * k2 + 64 * ch);
-          const int kb = (piece * chunks2 + ch) / 2;
-          if constexpr (kBlock) dot64_scaled(acc, r0, r1, b01, b23, s_scale2[s][kb] * pair_sc[kb]);
-          else dot64(acc, r0, r1, b01, b23);
-        };
-        if (piece == 0)
-          for (int i = 0; i < 4; ++i) c[i] = c2[i] = 0.f;
-        for (int ch = warp; ch < chunks2; ch += 2 * kWarps) {
-          uint4 b01, b23;
-          load_frag(x2 + s * I / 2, piece * chunks2 + ch, t, g == 0, b01, b23);
-          mac(c, ch, b01, b23);
-          const int ch2 = ch + kWarps;
-          if (ch2 < chunks2) {
-            load_frag(x2 + s * I / 2, piece * chunks2 + ch2, t, g == 0, b01, b23);
-            mac(c2, ch2, b01, b23);
-          }
-        }
-        if (piece == pieces2 - 1 && t == 0) {
-          float* red_q = red + ((halves + q) % red_n) * kWarps * kCols;
-          red_q[warp * kCols + g] = c[0] + c2[0];
-          red_q[warp * kCols + g + 8] = c[2] + c2[2];
+        const int q = (j - tiles) / per_pair, piece = (j - tiles) % per_pair;
+        const uint8_t* rows = ring + (j % ring_n) * slot + g * I + 16 * t;
+        float c[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
+        if (per_pair == 1) gemm2(std::true_type{}, rows, q, warp, kWarps, c, c2);
+        else gemm2(std::false_type{}, rows, q, warp, kWarps, c, c2);
+        float* red_q = red + ((halves + q) % red_n) * kWarps * kCols + warp * kCols;
+        if (t == 0) {
+          red_q[g + piece * rows2] = c[0] + c2[0];
+          if (per_pair == 1) red_q[g + 8] = c[2] + c2[2];
         }
         __syncwarp();
         if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[j % ring_n])) : "memory");
@@ -602,33 +583,16 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   } else {
     // GEMM2 from the share: pair q gets kWarps / pairs warps, each a share of its K chunks
     // (the plan keeps pairs <= kWarps).
-    const int per_pair = pairs > 0 ? kWarps / pairs : 1, q = warp / per_pair;
+    const int warps_per_pair = pairs > 0 ? kWarps / pairs : 1, q = warp / warps_per_pair;
     if (q < pairs) {
       wait_parity(&w2_full, 0);
       stamp(p, 8);
-      const int s = q % slots;
-      const uint8_t* rows = w2s + size_t(q) * kCols * I + g * I + 16 * t;
-      const float* pair_sc = &s_wscale2[0][0] + q * kMaxKBlocks2;  // fp8_block
-      auto mac = [&](float (&acc)[4], int ch, const uint4& b01, const uint4& b23) {
-        const uint4 r0 = *reinterpret_cast<const uint4*>(rows + 64 * ch);
-        const uint4 r1 = *reinterpret_cast<const uint4*>(rows + 8 * I + 64 * ch);
-        if constexpr (kBlock) dot64_scaled(acc, r0, r1, b01, b23, s_scale2[s][ch / 2] * pair_sc[ch / 2]);
-        else dot64(acc, r0, r1, b01, b23);
-      };
       float c[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
-      for (int ch = warp % per_pair; ch < chunks2; ch += 2 * per_pair) {
-        uint4 b01, b23;
-        load_frag(x2 + s * I / 2, ch, t, g == 0, b01, b23);
-        mac(c, ch, b01, b23);
-        const int ch2 = ch + per_pair;
-        if (ch2 < chunks2) {
-          load_frag(x2 + s * I / 2, ch2, t, g == 0, b01, b23);
-          mac(c2, ch2, b01, b23);
-        }
-      }
+      gemm2(std::true_type{}, w2s + size_t(q) * kCols * I + g * I + 16 * t, q, warp % warps_per_pair, warps_per_pair,
+            c, c2);
       if (t == 0) {
-        part[warp * kCols + g] = c[0] + c2[0];
-        part[warp * kCols + g + 8] = c[2] + c2[2];
+        part_sums[warp * kCols + g] = c[0] + c2[0];
+        part_sums[warp * kCols + g + 8] = c[2] + c2[2];
       }
     }
     __syncthreads();
@@ -637,7 +601,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     if (threadIdx.x < pairs * kCols) {
       const int pq = threadIdx.x / kCols, r = threadIdx.x % kCols;
       float d = 0.f;
-      for (int w = 0; w < per_pair; ++w) d += part[(pq * per_pair + w) * kCols + r];
+      for (int w = 0; w < warps_per_pair; ++w) d += part_sums[(pq * warps_per_pair + w) * kCols + r];
       s_term[pq][r] = term(pq, r, d);
     }
     __syncthreads();

@@ -285,11 +285,12 @@ def test_fp8_shapes(T, E, k, mode, error_log):
 ONE_TOKEN = Tactic(moe_kernels.ONE_TOKEN, moe_kernels.ONE_TOKEN)
 # (E, k, H, I): Qwen3-30B-A3B's shape (three GEMM1 units per CTA on 132 SMs); two GEMM2 units per
 # CTA (H = 4096); a top-k of 1. All also fit fp8_block (H % 512, I % 128). Those hold their w2
-# share in shared memory; the last three stream w2 through the ring ("stream2"), with w13 in K
-# pieces: DeepSeek-V3's H and I (eight GEMM1 units and four GEMM2 units per CTA on 132 SMs;
-# fp8_block's w13 in 7 pieces, fp8's in 4), Qwen3-235B-A22B's, and a top-k of 2 at H = 7168.
+# share in shared memory; the stream shapes stream w2 through the ring after w13 (8 rows of
+# w13 per ring entry): DeepSeek-V3's H and I (eight GEMM1 and four GEMM2 units per CTA on 132
+# SMs), Qwen3-235B-A22B's, a top-k of 2 (most CTAs without a GEMM1 unit), and I = H (w2 in
+# 8-row entries).
 ONE_TOKEN_SHAPES = [(128, 8, 2048, 768), (16, 8, 4096, 256), (8, 1, 512, 1024)]
-ONE_TOKEN_STREAM_SHAPES = [(8, 8, 7168, 2048), (16, 8, 4096, 1536), (8, 2, 7168, 512)]
+ONE_TOKEN_STREAM_SHAPES = [(8, 8, 7168, 2048), (16, 8, 4096, 1536), (8, 2, 7168, 512), (8, 4, 2048, 2048)]
 
 
 def chosen_tactic(p, **kw):

@@ -83,8 +83,7 @@ int main() {
   p.units1 = (K * I / one_token::kCols + sms - 1) / sms;
   p.units2 = (H / one_token::kCols + sms - 1) / sms;
   p.ring = RING;
-  p.pieces1 = p.pieces2 = 1;  // Qwen3-30B-A3B: whole-K w13 tiles, the w2 share in shared memory
-  one_token::Plan pl;
+  one_token::Plan pl;  // Qwen3-30B-A3B: the w2 share in shared memory
   pl.ring = RING;
   const size_t smem = one_token::smem_bytes(H, I, p.units2, pl, false);
   printf("grid %d, units1 %d, units2 %d, ring %d, smem %zu\n", sms, p.units1, p.units2, p.ring, smem);
@@ -101,7 +100,7 @@ int main() {
     c.gridDim = sms; c.blockDim = one_token::kThreads; c.dynamicSmemBytes = smem;
     return cudaLaunchKernelEx(&c, kern, q);
   };
-  auto k_coop = one_token::forward_kernel<__nv_bfloat16, MOEK_ACT_SWIGLU, false>;
+  auto k_coop = one_token::forward_kernel<__nv_bfloat16, MOEK_ACT_SWIGLU, false, false>;
 
   // Correctness: every set once with each kernel, against the host reference.
   const int w2_afters[] = {0, 2, 4, 99};  // w13 tile the w2 share is requested with
