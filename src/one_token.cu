@@ -89,7 +89,7 @@ int one_token_problem(const moek_shape& s, int sm_count, int smem_optin, char* w
     return why_not(why, n, "one_token: hidden_size %lld is more than %d SMs hold", H, sm_count);
   if (!plan(int(H), int(I), int(k), int(units1), int(units2), block, dynamic_smem(smem_optin)).ring)
     return why_not(why, n, "one_token: hidden_size %lld with intermediate_size %lld fits neither the w2 share in "
-                   "%d bytes of shared memory nor streaming (intermediate_size <= hidden_size)", H, I, smem_optin);
+                   "%d bytes of shared memory nor streaming (intermediate_size <= hidden_size / 2)", H, I, smem_optin);
   return 0;
 }
 
@@ -155,7 +155,6 @@ cudaError_t launch_one_token(const moek_args& a, float* y, int sm_count, int sme
   const one_token::Plan pl =
       one_token::plan(p.hidden_size, p.inter, p.top_k, p.units1, p.units2, block, dynamic_smem(smem_optin));
   p.ring = pl.ring;
-  p.rows2 = pl.rows2;
   p.w2_after = 1 << 30;  // with the last w13 tile (earlier was slower in the probe)
   const size_t smem = one_token::smem_bytes(p.hidden_size, p.inter, p.units2, pl, block);
   const bool fp16 = s.dtype == MOEK_DTYPE_FP16;

@@ -85,7 +85,6 @@ struct Params {
   float alpha, limit;
   int units1, units2;         // per CTA, at most: <= kMaxUnits1, kMaxUnits2 (the launcher checks)
   int ring;                   // ring entries in flight, <= kMaxRing
-  int rows2;                  // streamed: w2 rows per ring entry (16: a whole pair, or 8)
   int w2_after;               // the w2 share is requested with w13 tile min(w2_after, last)
   unsigned long long* trace;  // or null: [grid, kStamps] clock64 stamps of the phases, globaltimer at 30, 31
 };
@@ -94,12 +93,14 @@ struct Params {
 // rows of each slot's w2 per unit) is copied in once, to land during the grid barrier, and w13
 // comes through a ring of 16-row tiles. Where it does not (DeepSeek-V3: 1 MB of w2 rows per CTA),
 // w2 streams through the same ring after w13 ("stream"; its first entries are in flight across
-// the barrier), and a ring entry holds 8 rows of w13 (hidden_size bytes each) and 16 or 8 rows
-// of w2. Every entry is one bulk copy: a copy costs an SM ~0.1 us to issue whatever its size, so
+// the barrier), and a ring entry holds 8 rows of w13 (hidden_size bytes each) or a pair's 16
+// rows of w2 (hence intermediate_size <= hidden_size / 2; gpt-oss's I = H, w2 in two 8-row
+// entries per pair, ran at 54.9 us against 42.1 for the decode kernels on an H200, and is not
+// planned). Every entry is one bulk copy: a copy costs an SM ~0.1 us to issue whatever its size, so
 // K pieces (16 copies of 1 KB per 16-row tile) ran at a third of the bandwidth (H200:
 // DeepSeek-V3 fp8_block one token 288 us).
 struct Plan {
-  int stream = 0, rows2 = 16;
+  int stream = 0;
   int ring = 0;  // entries in flight; 0: the problem does not fit
 };
 
@@ -115,16 +116,14 @@ inline size_t smem_bytes(int hidden, int inter, int units2, const Plan& pl, bool
 }
 
 // The plan for a problem with `units1` GEMM1 and `units2` GEMM2 units per CTA, given `avail`
-// bytes of dynamic shared memory (streaming needs intermediate_size <= hidden_size: 8 rows of
-// w2 in an entry).
+// bytes of dynamic shared memory.
 inline Plan plan(int hidden, int inter, int top_k, int units1, int units2, bool block, size_t avail) {
   Plan pl;
   if (units1 <= max_units1(false) && units2 <= max_units2(false) && units2 * top_k <= kWarps)
     for (pl.ring = kMaxRingShare; pl.ring >= 2; --pl.ring)
       if (smem_bytes(hidden, inter, units2, pl, block) <= avail) return pl;
-  if (units1 > max_units1(true) || units2 > max_units2(true) || inter > hidden) return Plan{};
+  if (units1 > max_units1(true) || units2 > max_units2(true) || 2 * inter > hidden) return Plan{};
   pl.stream = 1;
-  pl.rows2 = size_t(kCols) * inter <= slot_bytes(hidden, pl) ? kCols : 8;
   const size_t most = kStreamInFlight / slot_bytes(hidden, pl);
   for (pl.ring = most < kMaxRing ? (most > 2 ? int(most) : 2) : kMaxRing; pl.ring >= 2; --pl.ring)
     if (smem_bytes(hidden, inter, units2, pl, block) <= avail) return pl;
@@ -141,7 +140,7 @@ __device__ __forceinline__ uint32_t f16x2(uint16_t e4m3x2) {
 // thread's 16 bytes of each row (r0, r1) and the token's B fragments for them (b: lanes with
 // g == 0; zeros elsewhere). MMA step q takes bytes 4q, 4q + 1 as k slots 2t, 2t + 1 and
 // 4q + 2, 4q + 3 as slots 2t + 8, 2t + 9, in both operands; b holds (b0, b1) of steps 0-3.
-// kHi = false: an 8-row entry, rows g only (row g + 8 of the MMA is zeros, not converted).
+// kHi = false: an 8-row w13 entry (streamed), rows g only (row g + 8 of the MMA is zeros, not converted).
 template <bool kHi = true>
 __device__ __forceinline__ void dot64(float (&c)[4], const uint4& r0, const uint4& r1, const uint4& b01,
                                       const uint4& b23) {
@@ -246,7 +245,6 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   constexpr int kRows1 = kStream ? 8 : kCols, kPerHalf = kCols / kRows1;  // w13 rows per entry, entries per half
   extern __shared__ __align__(128) uint8_t smem[];
   const int H = p.hidden_size, I = p.inter, ring_n = p.ring, red_n = ring_n + 2;
-  const int rows2 = kStream ? p.rows2 : kCols, per_pair = kCols / rows2;  // streamed w2 rows per entry
   const size_t slot = size_t(kRows1) * H;
   uint8_t* ring = smem;                                        // ring x slot bytes
   uint8_t* w2s = ring + ring_n * slot;                         // the share: pairs x 16 rows x I
@@ -314,8 +312,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   while (units < p.units1 && unit_at(units) < slots * col_blocks) ++units;
   while (units2 < p.units2 && unit_at(units2) < H / kCols) ++units2;
   // Ring entries: w13 first (unit j / (2 kPerHalf): its gate rows, then its up rows), then the
-  // streamed w2 (pair q = unit q / slots of slot q % slots, in per_pair entries).
-  const int tiles = 2 * kPerHalf * units, pairs = units2 * slots, tiles2 = kStream ? per_pair * pairs : 0;
+  // streamed w2 (entry tiles + q: pair q, 16 rows of unit q / slots of slot q % slots).
+  const int tiles = 2 * kPerHalf * units, pairs = units2 * slots, tiles2 = kStream ? pairs : 0;
   const int halves = 2 * units;  // partial sums handed over: one per w13 half, then one per pair
   const bool producer = warp == kWarps;
 
@@ -335,10 +333,10 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
       if constexpr (kBlock)  // row / 128: the entry's rows are in one 128-row block (I % 128 == 0)
         bulk_copy(ring_sc + (j % ring_n) * (H / 128), p.w13_scale + row / 128 * (H / 128), sc_bytes, bar);
     } else if (kStream && j < tiles + tiles2) {
-      const int q = (j - tiles) / per_pair;
-      const int64_t row = int64_t(s_expert[q % slots]) * H + unit_at(q / slots) * kCols + (j - tiles) % per_pair * rows2;
-      expect_bytes(bar, rows2 * I);
-      bulk_copy(dst, p.w2 + row * I, rows2 * I, bar);
+      const int q = j - tiles;
+      const int64_t row = int64_t(s_expert[q % slots]) * H + unit_at(q / slots) * kCols;
+      expect_bytes(bar, kCols * I);
+      bulk_copy(dst, p.w2 + row * I, kCols * I, bar);
     }
     if (!kStream && j == w2_at && pairs > 0) {
       expect_bytes(&w2_full, pairs * kCols * I);
@@ -522,15 +520,14 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   };
   // GEMM2 pair q's rows g (and g + 8) at `rows`: warps from `first` on, `stride` apart, take its
   // K chunks in two chains; c, c2: the sums.
-  auto gemm2 = [&](auto hi, const uint8_t* rows, int q, int first, int stride, float (&c)[4], float (&c2)[4]) {
-    constexpr bool kHi = decltype(hi)::value;
+  auto gemm2 = [&](const uint8_t* rows, int q, int first, int stride, float (&c)[4], float (&c2)[4]) {
     const int s = q % slots;
     const float* pair_sc = &s_wscale2[0][0] + q * kMaxKBlocks2;  // fp8_block
     auto mac = [&](float (&acc)[4], int ch, const uint4& b01, const uint4& b23) {
       const uint4 r0 = *reinterpret_cast<const uint4*>(rows + 64 * ch);
-      const uint4 r1 = kHi ? *reinterpret_cast<const uint4*>(rows + 8 * I + 64 * ch) : r0;
-      if constexpr (kBlock) dot64_scaled<kHi>(acc, r0, r1, b01, b23, s_scale2[s][ch / 2] * pair_sc[ch / 2]);
-      else dot64<kHi>(acc, r0, r1, b01, b23);
+      const uint4 r1 = *reinterpret_cast<const uint4*>(rows + 8 * I + 64 * ch);
+      if constexpr (kBlock) dot64_scaled(acc, r0, r1, b01, b23, s_scale2[s][ch / 2] * pair_sc[ch / 2]);
+      else dot64(acc, r0, r1, b01, b23);
     };
     for (int ch = first; ch < chunks2; ch += 2 * stride) {
       uint4 b01, b23;
@@ -551,8 +548,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
       for (int j = tiles; j < tiles + tiles2; ++j) {
         wait_parity(&empty[j % ring_n], (j / ring_n) & 1);
         if (lane == 0) issue(j + ring_n);
-        const int q = (j - tiles) / per_pair;
-        if ((j - tiles) % per_pair == per_pair - 1 && lane < kCols) {
+        const int q = j - tiles;
+        if (lane < kCols) {
           const float* red_q = red + ((halves + q) % red_n) * kWarps * kCols;
           float d = 0.f;
           for (int w = 0; w < kWarps; ++w) d += red_q[w * kCols + lane];
@@ -565,15 +562,14 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     } else {
       for (int j = tiles; j < tiles + tiles2; ++j) {
         wait_parity(&full[j % ring_n], (j / ring_n) & 1);
-        const int q = (j - tiles) / per_pair, piece = (j - tiles) % per_pair;
+        const int q = j - tiles;
         const uint8_t* rows = ring + (j % ring_n) * slot + g * I + 16 * t;
         float c[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
-        if (per_pair == 1) gemm2(std::true_type{}, rows, q, warp, kWarps, c, c2);
-        else gemm2(std::false_type{}, rows, q, warp, kWarps, c, c2);
+        gemm2(rows, q, warp, kWarps, c, c2);
         float* red_q = red + ((halves + q) % red_n) * kWarps * kCols + warp * kCols;
         if (t == 0) {
-          red_q[g + piece * rows2] = c[0] + c2[0];
-          if (per_pair == 1) red_q[g + 8] = c[2] + c2[2];
+          red_q[g] = c[0] + c2[0];
+          red_q[g + 8] = c[2] + c2[2];
         }
         __syncwarp();
         if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[j % ring_n])) : "memory");
@@ -588,7 +584,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
       wait_parity(&w2_full, 0);
       stamp(p, 8);
       float c[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
-      gemm2(std::true_type{}, w2s + size_t(q) * kCols * I + g * I + 16 * t, q, warp % warps_per_pair, warps_per_pair,
+      gemm2(w2s + size_t(q) * kCols * I + g * I + 16 * t, q, warp % warps_per_pair, warps_per_pair,
             c, c2);
       if (t == 0) {
         part_sums[warp * kCols + g] = c[0] + c2[0];

@@ -287,10 +287,9 @@ ONE_TOKEN = Tactic(moe_kernels.ONE_TOKEN, moe_kernels.ONE_TOKEN)
 # CTA (H = 4096); a top-k of 1. All also fit fp8_block (H % 512, I % 128). Those hold their w2
 # share in shared memory; the stream shapes stream w2 through the ring after w13 (8 rows of
 # w13 per ring entry): DeepSeek-V3's H and I (eight GEMM1 and four GEMM2 units per CTA on 132
-# SMs), Qwen3-235B-A22B's, a top-k of 2 (most CTAs without a GEMM1 unit), and I = H (w2 in
-# 8-row entries).
+# SMs), Qwen3-235B-A22B's, and a top-k of 2 (most CTAs without a GEMM1 unit).
 ONE_TOKEN_SHAPES = [(128, 8, 2048, 768), (16, 8, 4096, 256), (8, 1, 512, 1024)]
-ONE_TOKEN_STREAM_SHAPES = [(8, 8, 7168, 2048), (16, 8, 4096, 1536), (8, 2, 7168, 512), (8, 4, 2048, 2048)]
+ONE_TOKEN_STREAM_SHAPES = [(8, 8, 7168, 2048), (16, 8, 4096, 1536), (8, 2, 7168, 512)]
 
 
 def chosen_tactic(p, **kw):
@@ -432,6 +431,12 @@ def test_one_token_tactic_errors():
     assert chosen_tactic(b) != ONE_TOKEN
     with pytest.raises(ValueError, match="multiple of 512"):
         run(b, tactic=ONE_TOKEN)
+    # A w2 share too large for shared memory streams only where a pair's 16 rows fit a ring entry
+    # of 8 w13 rows (I <= H / 2); gpt-oss's I = H (two entries per pair) was slower than decode.
+    big = make_problem(T=1, E=8, k=4, H=2048, I=2048, dtype="fp8")
+    assert chosen_tactic(big) != ONE_TOKEN
+    with pytest.raises(ValueError, match="intermediate_size <= hidden_size / 2"):
+        run(big, tactic=ONE_TOKEN)
     # fp8_block: the token's K-block scales are held for at most 64 blocks (H <= 8192).
     h = make_problem(T=1, E=8, k=2, H=8704, I=128, dtype="fp8_block")
     assert chosen_tactic(h) != ONE_TOKEN
