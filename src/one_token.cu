@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include <atomic>
+#include <type_traits>
 
 #include "kernels.h"
 #include "launch.cuh"
@@ -39,20 +40,19 @@ size_t static_smem() {
       else
         cudaGetLastError();  // no image for this device: its launch reports that
     };
-    for (bool block : {false, true}) {
-      take(kernel_of<__half, MOEK_ACT_SWIGLU, false>(block));
-      take(kernel_of<__half, MOEK_ACT_GEGLU, false>(block));
-      take(kernel_of<__half, MOEK_ACT_SWIGLU_OAI, false>(block));
-      take(kernel_of<__nv_bfloat16, MOEK_ACT_SWIGLU, false>(block));
-      take(kernel_of<__nv_bfloat16, MOEK_ACT_GEGLU, false>(block));
-      take(kernel_of<__nv_bfloat16, MOEK_ACT_SWIGLU_OAI, false>(block));
-      take(kernel_of<__half, MOEK_ACT_SWIGLU, true>(block));
-      take(kernel_of<__half, MOEK_ACT_GEGLU, true>(block));
-      take(kernel_of<__half, MOEK_ACT_SWIGLU_OAI, true>(block));
-      take(kernel_of<__nv_bfloat16, MOEK_ACT_SWIGLU, true>(block));
-      take(kernel_of<__nv_bfloat16, MOEK_ACT_GEGLU, true>(block));
-      take(kernel_of<__nv_bfloat16, MOEK_ACT_SWIGLU_OAI, true>(block));
-    }
+    auto take_form = [&](auto stream) {  // the share form or the streamed one
+      constexpr bool kStream = decltype(stream)::value;
+      for (bool block : {false, true}) {
+        take(kernel_of<__half, MOEK_ACT_SWIGLU, kStream>(block));
+        take(kernel_of<__half, MOEK_ACT_GEGLU, kStream>(block));
+        take(kernel_of<__half, MOEK_ACT_SWIGLU_OAI, kStream>(block));
+        take(kernel_of<__nv_bfloat16, MOEK_ACT_SWIGLU, kStream>(block));
+        take(kernel_of<__nv_bfloat16, MOEK_ACT_GEGLU, kStream>(block));
+        take(kernel_of<__nv_bfloat16, MOEK_ACT_SWIGLU_OAI, kStream>(block));
+      }
+    };
+    take_form(std::false_type{});
+    take_form(std::true_type{});
     return most;
   }();
   return bytes;

@@ -83,7 +83,7 @@ struct Params {
   int hidden_size, inter, top_k, num_experts;
   int ids64, w13_per_channel, w2_per_channel;
   float alpha, limit;
-  int units1, units2;         // per CTA, at most: <= kMaxUnits1, kMaxUnits2 (the launcher checks)
+  int units1, units2;         // per CTA, at most: <= max_units1, max_units2 of the form (the plan checks)
   int ring;                   // ring entries in flight, <= kMaxRing
   int w2_after;               // the w2 share is requested with w13 tile min(w2_after, last)
   unsigned long long* trace;  // or null: [grid, kStamps] clock64 stamps of the phases, globaltimer at 30, 31
