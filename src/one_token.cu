@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include <atomic>
 #include <type_traits>
@@ -152,8 +153,13 @@ cudaError_t launch_one_token(const moek_args& a, float* y, int sm_count, int sme
   p.units1 = int((s.top_k * s.inter_size / one_token::kCols + sm_count - 1) / sm_count);
   p.units2 = int((s.hidden_size / one_token::kCols + sm_count - 1) / sm_count);
   const bool block = s.quant == MOEK_QUANT_FP8_BLOCK;
-  const one_token::Plan pl =
-      one_token::plan(p.hidden_size, p.inter, p.top_k, p.units1, p.units2, block, dynamic_smem(smem_optin));
+  // A probe's setting: the streamed form's ring entries (fewer where shared memory is short).
+  static const int stream_ring = [] {
+    const char* v = getenv("MOE_KERNELS_ONE_TOKEN_RING");
+    return v ? atoi(v) : 0;
+  }();
+  const one_token::Plan pl = one_token::plan(p.hidden_size, p.inter, p.top_k, p.units1, p.units2, block,
+                                             dynamic_smem(smem_optin), stream_ring);
   p.ring = pl.ring;
   p.w2_after = 1 << 30;  // with the last w13 tile (earlier was slower in the probe)
   const size_t smem = one_token::smem_bytes(p.hidden_size, p.inter, p.units2, pl, block);

@@ -43,6 +43,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "act.cuh"
@@ -106,26 +107,29 @@ struct Plan {
 
 inline size_t slot_bytes(int hidden, const Plan& pl) { return size_t(pl.stream ? 8 : kCols) * hidden; }
 
-// Dynamic shared memory: the ring, the w2 share (not streamed), the token and GEMM2's inputs as
-// f16 MMA fragments (two bytes per value), partial sums; fp8_block: each ring slot's row of
-// w13 block scales.
+// Dynamic shared memory: the ring, the w2 share (not streamed), the token or (after the grid
+// barrier, in the same room) GEMM2's inputs as f16 MMA fragments (two bytes per value), partial
+// sums; fp8_block: each ring slot's row of w13 block scales.
 inline size_t smem_bytes(int hidden, int inter, int units2, const Plan& pl, bool block) {
   return pl.ring * slot_bytes(hidden, pl) + (pl.stream ? 0 : size_t(units2) * kMaxSlots * kCols * inter) +
-         2 * size_t(hidden) + 2 * size_t(kMaxSlots) * inter +
+         2 * std::max(size_t(hidden), size_t(kMaxSlots) * inter) +
          ((pl.ring + 2) * kWarps * kCols + kWarps * kCols + (block ? pl.ring * hidden / 128 : 0)) * sizeof(float);
 }
 
 // The plan for a problem with `units1` GEMM1 and `units2` GEMM2 units per CTA, given `avail`
-// bytes of dynamic shared memory.
-inline Plan plan(int hidden, int inter, int top_k, int units1, int units2, bool block, size_t avail) {
+// bytes of dynamic shared memory. Streamed, the ring takes the entries that hold kStreamInFlight
+// bytes, rounded up (DeepSeek-V3: 3 of 56 KB), or `stream_ring` (a probe's setting, when > 0).
+inline Plan plan(int hidden, int inter, int top_k, int units1, int units2, bool block, size_t avail,
+                 int stream_ring = 0) {
   Plan pl;
   if (units1 <= max_units1(false) && units2 <= max_units2(false) && units2 * top_k <= kWarps)
     for (pl.ring = kMaxRingShare; pl.ring >= 2; --pl.ring)
       if (smem_bytes(hidden, inter, units2, pl, block) <= avail) return pl;
   if (units1 > max_units1(true) || units2 > max_units2(true) || 2 * inter > hidden) return Plan{};
   pl.stream = 1;
-  const size_t most = kStreamInFlight / slot_bytes(hidden, pl);
-  for (pl.ring = most < kMaxRing ? (most > 2 ? int(most) : 2) : kMaxRing; pl.ring >= 2; --pl.ring)
+  const size_t most =
+      stream_ring > 0 ? size_t(stream_ring) : (kStreamInFlight + slot_bytes(hidden, pl) - 1) / slot_bytes(hidden, pl);
+  for (pl.ring = int(std::clamp(most, size_t(2), size_t(kMaxRing))); pl.ring >= 2; --pl.ring)
     if (smem_bytes(hidden, inter, units2, pl, block) <= avail) return pl;
   return Plan{};
 }
@@ -249,8 +253,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   uint8_t* ring = smem;                                        // ring x slot bytes
   uint8_t* w2s = ring + ring_n * slot;                         // the share: pairs x 16 rows x I
   uint32_t* xq = reinterpret_cast<uint32_t*>(w2s + (kStream ? 0 : size_t(p.units2) * kMaxSlots * kCols * I));  // [H / 2]
-  uint32_t* x2 = xq + H / 2;                                   // [kMaxSlots][I / 2]
-  float* red = reinterpret_cast<float*>(x2 + kMaxSlots * I / 2);  // [ring + 2][kWarps][16]
+  uint32_t* x2 = xq;  // [kMaxSlots][I / 2], written after the grid barrier, when xq is done with
+  float* red = reinterpret_cast<float*>(xq + max(H, kMaxSlots * I) / 2);  // [ring + 2][kWarps][16]
   float* part_sums = red + red_n * kWarps * kCols;             // [kWarps][16]
   float* ring_sc = part_sums + kWarps * kCols;                 // fp8_block: [ring][H / 128]
   __shared__ int s_expert[kMaxSlots];
