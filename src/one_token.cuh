@@ -61,7 +61,7 @@ __host__ __device__ constexpr int max_units1(bool stream) { return stream ? 8 : 
 __host__ __device__ constexpr int max_units2(bool stream) { return stream ? 4 : 2; }
 constexpr int kMaxRing = 8;       // ring entries in flight per CTA
 constexpr int kMaxRingShare = 3;  // ... with the share: 3 where shared memory holds them, else 2
-constexpr size_t kStreamInFlight = 128 * 1024;  // streamed: about this many bytes in flight per SM
+constexpr size_t kStreamInFlight = 128 * 1024;  // streamed: the ring holds at least this (whole entries)
 constexpr int kStamps = 32;    // trace entries per CTA
 constexpr int kMaxKBlocks1 = 64;  // fp8_block: hidden_size / 128
 constexpr int kMaxKBlocks2 = 16;  // fp8_block: intermediate_size / 128 (the launcher checks)
