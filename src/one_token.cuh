@@ -551,6 +551,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     if (producer) {
       for (int j = tiles; j < tiles + tiles2; ++j) {
         wait_parity(&empty[j % ring_n], (j / ring_n) & 1);
+        if (j == tiles) stamp(p, 15, kWarps * 32);
         if (lane == 0) issue(j + ring_n);
         const int q = j - tiles;
         if (lane < kCols) {
@@ -566,6 +567,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     } else {
       for (int j = tiles; j < tiles + tiles2; ++j) {
         wait_parity(&full[j % ring_n], (j / ring_n) & 1);
+        if (j == tiles) stamp(p, 14);
+        if (j == tiles + tiles2 / 2) stamp(p, 16);
         const int q = j - tiles;
         const uint8_t* rows = ring + (j % ring_n) * slot + g * I + 16 * t;
         float c[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};

@@ -1,11 +1,14 @@
-// Probe for src/one_token.cuh (the one_token tactic): Qwen3-30B-A3B fp8 (E 128, k 8,
-// H 2048, I 768, SwiGLU, dynamic per-token scales, per-tensor weight scales), one token.
+// Probe for src/one_token.cuh (the one_token tactic): one token of fp8 (k 8, SwiGLU, dynamic
+// per-token scales, per-tensor weight scales), Qwen3-30B-A3B's shape by default (E 128, H 2048,
+// I 768); -DPE=, -DPH=, -DPI= set another (Qwen3-235B-A22B: 128, 4096, 1536; DeepSeek-V3's
+// shape: 256, 7168, 2048), and the launcher's plan picks the form (share or streamed).
 // Checks the output against a float64 host reference of the same quantization, then times
 // the kernel in CUDA graphs of 32 launches over 16 expert sets (so the bytes come from HBM),
 // median of 30 replays, PDL on and off; and prints a timeline of the phases (clock64 stamps
 // per CTA, converted with the SM clock measured against globaltimer over the kernel), for each
 // point in the w13 stream at which the w2 share may be requested (the library: after the last
-// tile). ONE_SET=1 repeats one expert set, so that the weights come from L2.
+// tile; the streamed form has one). ONE_SET=1 repeats one expert set, so that the weights come
+// from L2.
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude \
 //     -o /tmp/one_token benchmarks/probes/one_token_forward.cu && /tmp/one_token
 #include <cmath>
@@ -17,9 +20,14 @@
 #include "one_token.cuh"
 
 using namespace moe_kernels;
-constexpr int E = 128, K = 8, H = 2048, I = 768, SETS = 16;
-#ifndef RING  // w13 tiles in flight (-DRING=2: what a problem gets whose 3 do not fit)
-#define RING 3
+#ifndef PE
+#define PE 128
+#define PH 2048
+#define PI 768
+#endif
+constexpr int E = PE, K = 8, H = PH, I = PI, SETS = 16;
+#ifndef RING  // ring entries in flight; 0: the plan's
+#define RING 0
 #endif
 
 __global__ void fill_e4m3(uint8_t* w, size_t n, uint32_t seed) {
@@ -82,11 +90,19 @@ int main() {
   p.alpha = 1.702f; p.limit = 7.f;
   p.units1 = (K * I / one_token::kCols + sms - 1) / sms;
   p.units2 = (H / one_token::kCols + sms - 1) / sms;
-  p.ring = RING;
-  one_token::Plan pl;  // Qwen3-30B-A3B: the w2 share in shared memory
-  pl.ring = RING;
+  auto k_share = one_token::forward_kernel<__nv_bfloat16, MOEK_ACT_SWIGLU, false, false>;
+  auto k_stream = one_token::forward_kernel<__nv_bfloat16, MOEK_ACT_SWIGLU, false, true>;
+  int optin; CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  cudaFuncAttributes fa1, fa2; CK(cudaFuncGetAttributes(&fa1, k_share)); CK(cudaFuncGetAttributes(&fa2, k_stream));
+  const size_t avail = optin - std::max(fa1.sharedSizeBytes, fa2.sharedSizeBytes);
+  one_token::Plan pl = one_token::plan(H, I, K, p.units1, p.units2, false, avail, RING);
+  if (!pl.ring) { printf("the plan does not fit\n"); return 1; }
+  if (RING && !pl.stream) pl.ring = RING;  // the share form's ring, as asked
+  p.ring = pl.ring;
   const size_t smem = one_token::smem_bytes(H, I, p.units2, pl, false);
-  printf("grid %d, units1 %d, units2 %d, ring %d, smem %zu\n", sms, p.units1, p.units2, p.ring, smem);
+  printf("E %d H %d I %d: grid %d, units1 %d, units2 %d, %s, ring %d, smem %zu\n", E, H, I, sms, p.units1, p.units2,
+         pl.stream ? "streamed" : "share", p.ring, smem);
+  const double floor_us = double(K) * 3 * I * H / 4.23e12 * 1e6;  // at the copy rate of session 45's H200
   cudaStream_t st; CK(cudaStreamCreate(&st));
 
   auto launch = [&](auto kern, int set, bool pdl, bool coop) {
@@ -100,12 +116,13 @@ int main() {
     c.gridDim = sms; c.blockDim = one_token::kThreads; c.dynamicSmemBytes = smem;
     return cudaLaunchKernelEx(&c, kern, q);
   };
-  auto k_coop = one_token::forward_kernel<__nv_bfloat16, MOEK_ACT_SWIGLU, false, false>;
+  auto k_coop = pl.stream ? k_stream : k_share;
 
   // Correctness: every set once with each kernel, against the host reference.
-  const int w2_afters[] = {0, 2, 4, 99};  // w13 tile the w2 share is requested with
+  const int w2_afters[] = {99, 0, 2, 4};  // w13 tile the w2 share is requested with
+  const int variants = pl.stream ? 1 : 4;  // the streamed form has no share
   std::vector<double> worst(4, 0.0);
-  for (int v = 0; v < 4; ++v) {
+  for (int v = 0; v < variants; ++v) {
     p.w2_after = w2_afters[v];
     CK(cudaMemset(out, 0xff, SETS * H * 2));  // poison (NaN)
     for (int s = 0; s < SETS; ++s)
@@ -167,7 +184,7 @@ int main() {
   // ONE_SET=1: every launch the same experts, whose weights then stay in L2.
   const int sets_used = getenv("ONE_SET") ? 1 : SETS;
   for (int round = 0; round < 2; ++round)
-    for (int v = 0; v < 4; ++v)
+    for (int v = 0; v < variants; ++v)
       for (int pdl = 1; pdl >= 0; --pdl) {
         if (!coop_ok) continue;
         p.w2_after = w2_afters[v];
@@ -177,15 +194,15 @@ int main() {
           cudaError_t e = launch(k_coop, i % sets_used, pdl, true);
           if (e != cudaSuccess) { ok = false; printf("  launch: %s\n", cudaGetErrorString(e)); cudaGetLastError(); }
         }, ts);
-        if (ok) printf("ring %d, w2 with tile %-2d pdl %d: %.2f us (min %.2f)  = %.0f%% of the 8.9 us floor\n", p.ring, w2_afters[v], pdl, ts[15], ts[0], 100 * 8.9 / ts[15]);
+        if (ok) printf("ring %d, w2 with tile %-2d pdl %d: %.2f us (min %.2f)  = %.0f%% of the %.1f us floor\n", p.ring, w2_afters[v], pdl, ts[15], ts[0], 100 * floor_us / ts[15], floor_us);
       }
   // Timeline: clock64 stamps per CTA, one launch after warm-up (each set's weights cold
   // in L2 as far as 16 sets allow), relative to the earliest start.
   {
     constexpr int S = one_token::kStamps;
     unsigned long long* tr; CK(cudaMalloc(&tr, sms * S * 8));
-    const char* what[] = {"start", "ids", "token quantized", "gemm1 done", "post-sync", "y quantized", "gemm2 mma", "end", "w2 landed", "first tiles issued", "tile 0 landed", "terms", "producer ready", "tile 0 consumed"};
-    for (int rep = 0; rep < 4; ++rep) {
+    const char* what[] = {"start", "ids", "token quantized", "gemm1 done", "post-sync", "y quantized", "gemm2 mma", "end", "w2 landed", "first tiles issued", "tile 0 landed", "terms", "producer ready", "tile 0 consumed", "w2 entry 0 landed", "w2 entry 0 consumed", "gemm2 half"};
+    for (int rep = 0; rep < variants; ++rep) {
       p.w2_after = w2_afters[rep];
       for (int i = 0; i < 40; ++i) CK(launch(k_coop, i % sets_used, true, true));
       CK(cudaMemset(tr, 0, sms * S * 8));
@@ -199,7 +216,7 @@ int main() {
       for (int b = 0; b < sms; ++b) ghz += double(h[b * S + 7] - h[b * S]) / double(h[b * S + 31] - h[b * S + 30]);
       ghz /= sms;
       printf("timeline, w2 with tile %d (us from each CTA's own start, by clock64 at %.2f GHz: mean / max over CTAs that have the point)\n", w2_afters[rep], ghz);
-      for (int k = 0; k < 14; ++k) {
+      for (int k = 0; k < 17; ++k) {
         double sum = 0, mx = 0; int n = 0;
         for (int b = 0; b < sms; ++b) if (h[b * S + k]) { double v = (h[b * S + k] - h[b * S]) / ghz / 1000.0; sum += v; mx = std::max(mx, v); ++n; }
         if (n) printf("  %-12s %6.2f / %6.2f  (%d)\n", what[k], sum / n, mx, n);
