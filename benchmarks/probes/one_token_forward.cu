@@ -1,7 +1,8 @@
 // Probe for src/one_token.cuh (the one_token tactic): one token of fp8 (k 8, SwiGLU, dynamic
 // per-token scales, per-tensor weight scales), Qwen3-30B-A3B's shape by default (E 128, H 2048,
 // I 768); -DPE=, -DPH=, -DPI= set another (Qwen3-235B-A22B: 128, 4096, 1536; DeepSeek-V3's
-// shape: 256, 7168, 2048), and the launcher's plan picks the form (share or streamed).
+// shape: 256, 7168, 2048), and the launcher's plan picks the form (share or streamed; -DSTREAM:
+// streamed).
 // Checks the output against a float64 host reference of the same quantization, then times
 // the kernel in CUDA graphs of 32 launches over 16 expert sets (so the bytes come from HBM),
 // median of 30 replays, PDL on and off; and prints a timeline of the phases (clock64 stamps
@@ -96,6 +97,9 @@ int main() {
   cudaFuncAttributes fa1, fa2; CK(cudaFuncGetAttributes(&fa1, k_share)); CK(cudaFuncGetAttributes(&fa2, k_stream));
   const size_t avail = optin - std::max(fa1.sharedSizeBytes, fa2.sharedSizeBytes);
   one_token::Plan pl = one_token::plan(H, I, K, p.units1, p.units2, false, avail, RING);
+#ifdef STREAM  // -DSTREAM: the streamed form where the share would fit
+  if (!pl.stream) pl = one_token::plan(H, I, K, one_token::max_units1(false) + 1, p.units2, false, avail, RING);
+#endif
   if (!pl.ring) { printf("the plan does not fit\n"); return 1; }
   if (RING && !pl.stream) pl.ring = RING;  // the share form's ring, as asked
   p.ring = pl.ring;
