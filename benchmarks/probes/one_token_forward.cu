@@ -3,7 +3,8 @@
 // I 768); -DPE=, -DPH=, -DPI= set another (Qwen3-235B-A22B: 128, 4096, 1536; DeepSeek-V3's
 // shape: 256, 7168, 2048), and the launcher's plan picks the form (share or streamed; -DSTREAM:
 // streamed).
-// Checks the output against a float64 host reference of the same quantization, then times
+// Checks the output against a float64 host reference of the same quantization (exit status 2
+// where a set is off by more than 5% of the output's largest magnitude), then times
 // the kernel in CUDA graphs of 32 launches over 16 expert sets (so the bytes come from HBM),
 // median of 30 replays, PDL on and off; and prints a timeline of the phases (clock64 stamps
 // per CTA, converted with the SM clock measured against globaltimer over the kernel), for each
@@ -166,7 +167,8 @@ int main() {
       }
       worst[v] = std::max(worst[v], err / amax);
     }
-    printf("w2_after %d: worst |out - ref| / max|ref| over 3 sets = %.3g\n", w2_afters[v], worst[v]);
+    printf("w2_after %d: worst |out - ref| / max|ref| over 3 sets = %.3g%s\n", w2_afters[v], worst[v],
+           worst[v] > 0.05 ? "  MISMATCH (exit status 2)" : "");
   }
 
   // Can a cooperative launch be captured into a graph (with PDL)?
@@ -227,5 +229,5 @@ int main() {
       }
     }
   }
-  return 0;
+  return *std::max_element(worst.begin(), worst.end()) > 0.05 ? 2 : 0;  // the E4M3 rounding stays near 2%
 }
