@@ -9,6 +9,23 @@ Stdlib only: CMake runs this with whatever Python it finds.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
+import sys
+
+
+def _load_modes():
+    """The mode table (python/moe_kernels/modes.py, stdlib only), loaded by path."""
+    if "moe_kernels_modes" not in sys.modules:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "moe_kernels", "modes.py")
+        spec = importlib.util.spec_from_file_location("moe_kernels_modes", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
+        spec.loader.exec_module(module)
+    return sys.modules["moe_kernels_modes"]
+
+
+modes = _load_modes()
 
 # Archs a build can target (CMake CUDA_ARCHITECTURES spelling).
 ARCHS = {
@@ -25,17 +42,24 @@ ARCHS = {
 # Element types by the name used in kernel names, with their CUTLASS spelling.
 DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cutlass::float_e4m3_t"}
 
-# Schedules by arch family: the names used in kernel names and the catalog. "decode" is our
-# own kernel for a few rows per expert (src/gemm/decode_gemm.cuh: mma.sync with the weights
-# as the 16-row operand, tile_m tokens per pass; tile_n output columns per block: 16 with
-# K split over its 4 warps, or 64, 16 per warp), the same source for both families; the
-# others are CUTLASS's. "coop_swapab": CUTLASS's cooperative schedule with the weights as the
-# wgmma's A operand (M = tile_n) and the tile_m tokens as its N, for a few rows per expert.
-# "contig": our own TMA + wgmma kernel for fp8_block at many rows per expert
-# (src/gemm/sm90/contiguous_gemm.cuh: one descriptor per operand for all experts, tiles taken
-# from a counter, an expert's last M tile cut to the 64-row half with rows in it).
-SCHEDULES = {"sm90": ("pingpong", "coop", "coop_swapab", "decode", "contig"),
-             "sm100": ("1sm", "2sm", "decode")}
+# Schedules: (kind, swap_ab) by name, the names used in kernel names and the catalog. Kinds:
+# "grouped": CUTLASS's ptr-array grouped GEMM; "coop_swapab" is its cooperative schedule with
+# the weights as the wgmma's A operand (M = tile_n) and the tile_m tokens as its N, for a few
+# rows per expert. "decode": our own kernel for a few rows per expert
+# (src/gemm/decode_gemm.cuh: mma.sync with the weights as the 16-row operand, tile_m tokens
+# per pass; tile_n output columns per block: 16 with K split over its 4 warps, or 64, 16 per
+# warp), the same source for both families. "contiguous": our own TMA + wgmma kernel for
+# fp8_block at many rows per expert (src/gemm/sm90/contiguous_gemm.cuh: one descriptor per
+# operand for all experts, tiles taken from a counter, an expert's last M tile cut to the
+# 64-row half with rows in it). "forward": the whole forward of one token as one kernel
+# (src/one_token.cuh), a tactic of its own rather than a GEMM.
+SCHEDULE_KINDS = {"pingpong": ("grouped", False), "coop": ("grouped", False),
+                  "coop_swapab": ("grouped", True), "1sm": ("grouped", False),
+                  "2sm": ("grouped", False), "decode": ("decode", False),
+                  "contig": ("contiguous", False), "one_token": ("forward", False)}
+KINDS = ("grouped", "decode", "contiguous", "forward")  # C codes: positions here
+SCHEDULES = {"sm90": ("pingpong", "coop", "coop_swapab", "decode", "contig", "one_token"),
+             "sm100": ("1sm", "2sm", "decode", "one_token")}
 DECODE_TILE_N = (16, 64)
 
 # FP8 mainloops (SM90). "": partial sums promoted to fp32 every few k-blocks (accurate for
@@ -45,39 +69,58 @@ DECODE_TILE_N = (16, 64)
 MAINLOOPS = ("", "fastaccum", "blockwise")
 
 
-@dataclasses.dataclass(frozen=True, order=True)
+@dataclasses.dataclass(frozen=True)
 class GemmConfig:
     arch: str          # "90a"
-    act_dtype: str     # activation (A) element type, key of DTYPES
-    weight_dtype: str  # weight (B) element type, key of DTYPES
+    mode: str          # the QuantMode value it serves, a key of modes.MODES
     tile_m: int
     tile_n: int
     tile_k: int
     cluster_m: int
     cluster_n: int
-    schedule: str      # "pingpong" | "coop"
-    out_dtype: str = ""  # D element type; "" means the activation type
-    mainloop: str = ""   # FP8 only: one of MAINLOOPS
-
-    @property
-    def out(self) -> str:
-        return self.out_dtype or self.act_dtype
-
-    @property
-    def swapped(self) -> bool:
-        return self.schedule.endswith("_swapab")
+    schedule: str      # a key of SCHEDULE_KINDS
+    out: str = "bf16"  # D element type, one of the mode's hidden dtypes
+    mainloop: str = ""  # FP8 only: one of MAINLOOPS
 
     @property
     def quant(self) -> str:
-        """The quantization mode (moe_kernels.QuantMode value) this kernel serves."""
-        if self.act_dtype == "e4m3":
-            return "fp8_block" if self.mainloop == "blockwise" else "fp8"
-        return self.act_dtype
+        return self.mode
+
+    @property
+    def spec(self):
+        return modes.MODES[self.mode]
+
+    @property
+    def act_dtype(self) -> str:
+        """The activation (A) element type, a key of DTYPES."""
+        return self.spec.element_names(self.out)[0]
+
+    @property
+    def weight_dtype(self) -> str:
+        return self.spec.element_names(self.out)[1]
+
+    @property
+    def kind(self) -> str:
+        return SCHEDULE_KINDS.get(self.schedule, ("?", False))[0]
+
+    @property
+    def swapped(self) -> bool:
+        return SCHEDULE_KINDS.get(self.schedule, ("?", False))[1]
+
+    @property
+    def sort_key(self) -> tuple:
+        """Registry order: by arch, element types, tile, cluster, schedule, output, mainloop."""
+        out = "" if self.out == self.act_dtype else self.out
+        return (self.arch, self.kind == "forward", self.act_dtype, self.weight_dtype, self.tile_m,
+                self.tile_n, self.tile_k, self.cluster_m, self.cluster_n, self.schedule, out, self.mainloop)
 
     @property
     def name(self) -> str:
-        out = f"_{self.out_dtype}" if self.out_dtype and self.out_dtype != self.act_dtype else ""
-        return (f"{ARCHS[self.arch]['family']}_{self.act_dtype}x{self.weight_dtype}{out}_"
+        family = ARCHS[self.arch]["family"]
+        if self.kind == "forward":
+            return f"{family}_{self.mode}_{self.out}_{self.schedule}"
+        out = f"_{self.out}" if self.out != self.act_dtype else ""
+        return (f"{family}_{self.act_dtype}x{self.weight_dtype}{out}_"
                 f"{self.tile_m}x{self.tile_n}x{self.tile_k}_"
                 f"{self.cluster_m}x{self.cluster_n}_{self.schedule}"
                 + (f"_{self.mainloop}" if self.mainloop else ""))
@@ -85,15 +128,24 @@ class GemmConfig:
     def check(self) -> None:
         """Legality rules, each with its reason; a row that breaks one is a catalog bug."""
         assert self.arch in ARCHS, self
-        assert self.act_dtype in DTYPES and self.weight_dtype in DTYPES, self
+        assert self.mode in modes.MODES, f"{self}: not a mode of modes.MODES"
+        assert self.arch in self.spec.archs, f"{self.name}: modes.py does not build {self.mode} for {self.arch}"
         # Outputs are 16-bit: the runner's activation and finalize kernels read them.
-        assert self.out in ("bf16", "fp16"), f"{self.name}: output must be bf16 or fp16"
-        # wgmma reads 32 bytes of K per instruction: K tiles of 64 (16-bit) or 128 (8-bit).
-        assert self.tile_k * (1 if self.act_dtype == "e4m3" else 2) == 128, f"{self.name}: tile_k"
+        assert self.out in self.spec.hidden, f"{self.name}: output must be one of {self.spec.hidden}"
+        assert self.act_dtype in DTYPES and self.weight_dtype in DTYPES, self
         family = ARCHS[self.arch]["family"]
         assert self.schedule in SCHEDULES[family], f"{self.name}: not a {family} schedule"
         assert self.mainloop in MAINLOOPS, f"{self.name}: mainloop"
+        # The block-scaled mainloop is what the 128x128 weight blocks need, and only they.
+        assert (self.mainloop == "blockwise") == (self.spec.weight == "e4m3_block128"), \
+            f"{self.name}: blockwise mainloop iff 128x128 weight blocks"
         assert not self.mainloop or self.act_dtype == "e4m3", f"{self.name}: mainloops are for E4M3"
+        if self.kind == "forward":
+            assert self.mode in ("fp8", "fp8_block") and (self.tile_m, self.tile_n, self.tile_k) == (0, 0, 0), \
+                f"{self.name}: one_token is an fp8/fp8_block forward without tiles"
+            return
+        # wgmma reads 32 bytes of K per instruction: K tiles of 64 (16-bit) or 128 (8-bit).
+        assert self.tile_k * (1 if self.act_dtype == "e4m3" else 2) == 128, f"{self.name}: tile_k"
         # SM100's FP8 MMA accumulates in fp32 (no fast-accumulation variant); blockwise is
         # CUTLASS's block-scaled mainloop there as on SM90.
         assert family == "sm90" or self.mainloop in ("", "blockwise"), f"{self.name}: SM90 mainloop"
@@ -127,9 +179,11 @@ class GemmConfig:
         assert self.cluster_m * self.cluster_n <= 2, f"{self.name}: cluster too large"
 
 
-def _rows(arch: str, dtype: str, tiles, out: str = "") -> list[GemmConfig]:
-    """Rows from (tile_m, tile_n, tile_k, cluster_m, cluster_n, schedule[, mainloop]) tuples."""
-    return [GemmConfig(arch, dtype, dtype, *t[:6], out, *t[6:]) for t in tiles]
+def _rows(arch: str, mode: str, tiles, out: str) -> list[GemmConfig]:
+    """Rows from (tile_m, tile_n, tile_k, cluster_m, cluster_n, schedule[, mainloop]) tuples;
+    mode "fp8" rows with the blockwise mainloop serve fp8_block."""
+    return [GemmConfig(arch, "fp8_block" if mode == "fp8" and t[6:] == ("blockwise",) else mode,
+                       *t[:6], out, *t[6:]) for t in tiles]
 
 
 def _k(tiles, k):
@@ -245,10 +299,12 @@ def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16):
     rows = []
     for arch, v in ARCHS.items():
         (bf16_16bit, bf16_fp8), (fp16_16bit, fp16_fp8) = families[v["family"]], fp16[v["family"]]
-        rows += _rows(arch, "e4m3", bf16_fp8 + fp8_decode, out="bf16")
-        rows += _rows(arch, "e4m3", fp16_fp8 + fp8_decode, out="fp16")
-        rows += _rows(arch, "bf16", _k(bf16_16bit + _DECODE, 64))
-        rows += _rows(arch, "fp16", _k(fp16_16bit + _DECODE, 64))
+        rows += _rows(arch, "fp8", bf16_fp8 + fp8_decode, out="bf16")
+        rows += _rows(arch, "fp8", fp16_fp8 + fp8_decode, out="fp16")
+        rows += _rows(arch, "bf16", _k(bf16_16bit + _DECODE, 64), out="bf16")
+        rows += _rows(arch, "fp16", _k(fp16_16bit + _DECODE, 64), out="fp16")
+        rows += [GemmConfig(arch, mode, 0, 0, 0, 1, 1, "one_token", out, "blockwise" if mode == "fp8_block" else "")
+                 for mode in ("fp8", "fp8_block") for out in ("bf16", "fp16")]
     return rows
 
 
@@ -273,7 +329,7 @@ def select(subset: str, archs: list[str]) -> list[GemmConfig]:
     unknown = [a for a in archs if a not in ARCHS]
     if unknown:
         raise ValueError(f"unknown archs {unknown}; this catalog knows {sorted(ARCHS)}")
-    configs = sorted(c for c in CATALOG[subset] if c.arch in archs)
+    configs = sorted((c for c in CATALOG[subset] if c.arch in archs), key=lambda c: c.sort_key)
     for c in configs:
         c.check()
     # Names are unique per arch (a library); archs of one family share them.

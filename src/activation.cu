@@ -3,6 +3,7 @@
 
 #include <type_traits>
 
+#include "dispatch.cuh"
 #include "kernels.h"
 #include "act.cuh"
 #include "launch.cuh"
@@ -22,7 +23,7 @@ constexpr int64_t kWarpRowsFrom = 4096;  // rows (tokens x top_k) for warp teams
 
 // Warp teams: at most 80 registers, so 3 blocks (24 warps) fit on an SM; the block-team
 // FP8 variants would spill at that limit.
-template <int kAct, typename T, typename IdT, int kQuant, class Team>
+template <int kAct, typename T, typename IdT, int kFormat, class Team>
 __global__ void __launch_bounds__(256, std::is_same_v<Team, WarpTeam> ? 3 : 1)
 activation_kernel(const T* g, const T* bias, void* out, int64_t inter, const IdT* ids,
                   int64_t expert_offset, const int32_t* offsets, const int32_t* row_src,
@@ -60,7 +61,7 @@ activation_kernel(const T* g, const T* bias, void* out, int64_t inter, const IdT
       res[i] = activate<kAct>(gate.v[i], kGated ? up.v[i] : 0.0f, alpha, limit);
   };
 
-  if constexpr (kQuant == MOEK_QUANT_NONE) {
+  if constexpr (kFormat == MOEK_ACT_FORMAT_A16) {
     T* orow = static_cast<T*>(out) + r * inter;
     const int64_t step = int64_t(team.size()) * 8;
     for (int64_t j0 = team.rank() * 8; j0 < inter; j0 += kKeep * step) {
@@ -76,8 +77,8 @@ activation_kernel(const T* g, const T* bias, void* out, int64_t inter, const IdT
       }
     }
   } else {
-    const int64_t scales_per_row = kQuant == MOEK_QUANT_FP8_BLOCK ? inter / 128 : 1;
-    quantize_row<kQuant>(team, compute, inter, q.static_out,
+    const int64_t scales_per_row = kFormat == MOEK_ACT_FORMAT_FP8_ROW128 ? inter / 128 : 1;
+    quantize_row<kFormat>(team, compute, inter, q.static_out,
                          RowSink{static_cast<uint8_t*>(out) + r * inter,
                                  q.row_out + r * scales_per_row});
   }
@@ -183,13 +184,13 @@ activation_cols_kernel(const T* g, const T* bias, uint8_t* out, int64_t inter, c
   }
 }
 
-template <int kAct, typename T, typename IdT, int kQuant>
+template <int kAct, typename T, typename IdT, int kFormat>
 cudaError_t run(const void* g, const void* bias, void* out, int64_t max_rows, int64_t inter,
                    const void* ids, int64_t expert_offset, const RoutingBuffers& rb,
                    int num_experts, float alpha, float limit, const Fp8Scales& q,
                    cudaStream_t stream) {
   auto go = [&](auto team, unsigned blocks, int threads) {
-    return launch(activation_kernel<kAct, T, IdT, kQuant, decltype(team)>, blocks, threads, 0,
+    return launch(activation_kernel<kAct, T, IdT, kFormat, decltype(team)>, blocks, threads, 0,
                   stream, static_cast<const T*>(g), static_cast<const T*>(bias), out, inter,
                   static_cast<const IdT*>(ids), expert_offset, rb.offsets, rb.row_src,
                   num_experts, alpha, limit, q);
@@ -201,7 +202,7 @@ cudaError_t run(const void* g, const void* bias, void* out, int64_t max_rows, in
   // kWarpRowCols twice in a warp (for the amax, then to store), and still gains from many
   // rows on: a block per row holds one block per SM (156 registers); DeepSeek-V3's shape at
   // 16384 tokens, fp8: 3.0 ms with a block per row, 0.75 ms with a warp.
-  if constexpr (kQuant == MOEK_QUANT_FP8) {
+  if constexpr (kFormat == MOEK_ACT_FORMAT_FP8_ROW) {
     if (bias && max_rows >= kWarpRowsFrom && inter <= kColMaxInter) {
       const int threads = static_cast<int>((inter / 8 + 31) / 32 * 32);
       return launch(activation_cols_kernel<kAct, T, IdT>, static_cast<unsigned>((max_rows + kColRows - 1) / kColRows),
@@ -219,27 +220,17 @@ cudaError_t run(const void* g, const void* bias, void* out, int64_t max_rows, in
   return go(BlockTeam{}, static_cast<unsigned>(max_rows), threads);
 }
 
-template <typename T, typename IdT, int kQuant>
+template <typename T, typename IdT, int kFormat>
 cudaError_t dispatch_act(int activation, const void* g, const void* bias, void* out,
                          int64_t max_rows, int64_t inter, const void* ids, int64_t expert_offset,
                          const RoutingBuffers& rb, int num_experts, float alpha, float limit,
                          const Fp8Scales& q, cudaStream_t stream) {
-#define MOEK_ACT_CASE(A)                                                                   \
-  case A:                                                                                  \
-    return run<A, T, IdT, kQuant>(g, bias, out, max_rows, inter, ids, expert_offset, rb,  \
-                                   num_experts, alpha, limit, q, stream);
-  switch (activation) {
-    MOEK_ACT_CASE(MOEK_ACT_SWIGLU)
-    MOEK_ACT_CASE(MOEK_ACT_GEGLU)
-    MOEK_ACT_CASE(MOEK_ACT_SWIGLU_OAI)
-    MOEK_ACT_CASE(MOEK_ACT_SILU)
-    MOEK_ACT_CASE(MOEK_ACT_GELU)
-    MOEK_ACT_CASE(MOEK_ACT_RELU2)
-    MOEK_ACT_CASE(MOEK_ACT_IDENTITY)
-    default:
-      return cudaErrorInvalidValue;
-  }
-#undef MOEK_ACT_CASE
+  cudaError_t err = cudaErrorInvalidValue;  // not an activation
+  with_activation(activation, [&](auto act) {
+    err = run<decltype(act)::value, T, IdT, kFormat>(g, bias, out, max_rows, inter, ids, expert_offset,
+                                                      rb, num_experts, alpha, limit, q, stream);
+  });
+  return err;
 }
 
 }  // namespace
@@ -249,19 +240,16 @@ cudaError_t launch_activation(int activation, bool fp16, const void* g, const vo
                               const void* topk_ids, bool ids_int64, int64_t expert_offset,
                               const RoutingBuffers& rb, int num_experts, float alpha,
                               float limit, const Fp8Scales& q, cudaStream_t stream) {
-  auto go = [&](auto t, auto id, auto quant) {
-    return dispatch_act<decltype(t), decltype(id), decltype(quant)::value>(
-        activation, g, bias, out, max_rows, inter_size, topk_ids, expert_offset, rb, num_experts,
-        alpha, limit, q, stream);
+  auto by_format = [&](auto t, auto id) {
+    cudaError_t err = cudaErrorInvalidValue;  // an activation format this kernel does not write
+    with_act_format(q.act_format, [&](auto format) {
+      err = dispatch_act<decltype(t), decltype(id), decltype(format)::value>(
+          activation, g, bias, out, max_rows, inter_size, topk_ids, expert_offset, rb, num_experts,
+          alpha, limit, q, stream);
+    });
+    return err;
   };
-  auto by_quant = [&](auto t, auto id) {
-    switch (q.quant) {
-      case MOEK_QUANT_FP8: return go(t, id, std::integral_constant<int, MOEK_QUANT_FP8>{});
-      case MOEK_QUANT_FP8_BLOCK: return go(t, id, std::integral_constant<int, MOEK_QUANT_FP8_BLOCK>{});
-      default: return go(t, id, std::integral_constant<int, MOEK_QUANT_NONE>{});
-    }
-  };
-  auto by_type = [&](auto id) { return fp16 ? by_quant(__half{}, id) : by_quant(__nv_bfloat16{}, id); };
+  auto by_type = [&](auto id) { return fp16 ? by_format(__half{}, id) : by_format(__nv_bfloat16{}, id); };
   return ids_int64 ? by_type(int64_t{}) : by_type(int32_t{});
 }
 

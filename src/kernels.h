@@ -5,14 +5,10 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "dispatch.cuh"
 #include "moe_kernels/c_api.h"
 
 namespace moe_kernels {
-
-// Gated activations read 2 * I columns of GEMM1's output (gate, then up) per row.
-__host__ __device__ constexpr bool is_gated(int act) {
-  return act == MOEK_ACT_SWIGLU || act == MOEK_ACT_GEGLU || act == MOEK_ACT_SWIGLU_OAI;
-}
 
 // Device-side description of one grouped GEMM's per-expert arguments, filled by the
 // routing kernels: A_e = a_base + offsets[e] rows, B_e = b_base + e * n * k, D_e likewise.
@@ -44,18 +40,19 @@ struct GroupSetup {
                             // (the contiguous schedule); routing zeroes it every forward
 };
 
-// How a step quantizes a GEMM's input to E4M3 (dequantized = q * scale); `quant` is the
-// problem's moek_quant. The GEMMs dequantize their outputs themselves (FP8: in the epilogue,
-// FP8_BLOCK: in the mainloop). FP8: per row, or with a static per-tensor scale; FP8_BLOCK: per
-// row per 128 columns. `row_out` gets the scales ([rows] or [rows, cols / 128]) either way.
+// How a step writes a GEMM's input (dequantized = q * scale): `act_format` is the problem's
+// moek_act_format. The GEMMs dequantize their outputs themselves (E4M3 weights: in the
+// epilogue, 128x128 blocks: in the mainloop). FP8_ROW: per row, or with a static per-tensor
+// scale; FP8_ROW128: per row per 128 columns. `row_out` gets the scales ([rows] or
+// [rows, cols / 128]) either way.
 struct Fp8Scales {
-  int quant = 0;
-  const float* static_out = nullptr;  // FP8: static per-tensor scale to quantize with, or NULL
+  int act_format = MOEK_ACT_FORMAT_A16;
+  const float* static_out = nullptr;  // FP8_ROW: static per-tensor scale to quantize with, or NULL
   float* row_out = nullptr;         // scales written when quantizing
 };
 
 // The one-token forward (src/one_token.cuh): the whole forward as one cooperative kernel, the
-// tactic "one_token". 0 if `s` fits it on a device with these limits, else 1 and why.
+// registry's FORWARD kernels. 0 if `s` fits it on a device with these limits, else 1 and why.
 int one_token_problem(const moek_shape& s, int sm_count, int smem_optin, char* why, size_t n);
 // Launches it; y: workspace for top_k * inter_size floats (GEMM1's activated output).
 cudaError_t launch_one_token(const moek_args& a, float* y, int sm_count, int smem_optin, cudaStream_t stream);

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <type_traits>
 
+#include "dispatch.cuh"
 #include "kernels.h"
 #include "launch.cuh"
 #include "one_token.cuh"
@@ -70,8 +71,9 @@ int one_token_problem(const moek_shape& s, int sm_count, int smem_optin, char* w
   using namespace one_token;
   const long long H = s.hidden_size, I = s.inter_size, k = s.top_k;
   if (s.num_tokens != 1) return why_not(why, n, "one_token runs 1 token, not %lld", (long long)s.num_tokens);
-  const bool block = s.quant == MOEK_QUANT_FP8_BLOCK;
-  if (s.quant != MOEK_QUANT_FP8 && !block) return why_not(why, n, "one_token is for quant fp8 and fp8_block only");
+  const bool block = s.act_format == MOEK_ACT_FORMAT_FP8_ROW128 && s.weight_format == MOEK_WEIGHT_FORMAT_E4M3_BLOCK128;
+  if (!block && !(s.act_format == MOEK_ACT_FORMAT_FP8_ROW && s.weight_format == MOEK_WEIGHT_FORMAT_E4M3))
+    return why_not(why, n, "one_token is for quant fp8 and fp8_block only");
   if (!is_gated(s.activation)) return why_not(why, n, "one_token needs a gated activation (swiglu, geglu, swiglu_oai)");
   if (k > kMaxSlots) return why_not(why, n, "one_token takes top_k <= %d, not %lld", kMaxSlots, k);
   if (H % 64 || I % 64)
@@ -134,8 +136,8 @@ cudaError_t launch_one_token(const moek_args& a, float* y, int sm_count, int sme
   p.w2 = static_cast<const uint8_t*>(a.w2);
   p.w13_bias = a.w13_bias;
   p.w2_bias = a.w2_bias;
-  p.w13_scale = a.w13_scale;
-  p.w2_scale = a.w2_scale;
+  p.w13_scale = static_cast<const float*>(a.w13_scale);
+  p.w2_scale = static_cast<const float*>(a.w2_scale);
   p.a13_scale = a.a13_scale;
   p.a2_scale = a.a2_scale;
   p.out = a.out;
@@ -152,7 +154,7 @@ cudaError_t launch_one_token(const moek_args& a, float* y, int sm_count, int sme
   p.limit = s.act_limit;
   p.units1 = int((s.top_k * s.inter_size / one_token::kCols + sm_count - 1) / sm_count);
   p.units2 = int((s.hidden_size / one_token::kCols + sm_count - 1) / sm_count);
-  const bool block = s.quant == MOEK_QUANT_FP8_BLOCK;
+  const bool block = s.act_format == MOEK_ACT_FORMAT_FP8_ROW128;
   // A probe's setting: the streamed form's ring entries (fewer where shared memory is short).
   static const int stream_ring = [] {
     const char* v = getenv("MOE_KERNELS_ONE_TOKEN_RING");
@@ -164,26 +166,19 @@ cudaError_t launch_one_token(const moek_args& a, float* y, int sm_count, int sme
   p.w2_after = 1 << 30;  // with the last w13 tile (earlier was slower in the probe)
   const size_t smem = one_token::smem_bytes(p.hidden_size, p.inter, p.units2, pl, block);
   const bool fp16 = s.dtype == MOEK_DTYPE_FP16;
-#define MOEK_ONE_TOKEN_BLOCK(A, B)                                                    \
-  if (pl.stream)                                                                      \
-    return fp16 ? launch_typed<__half, A, B, true>(p, sm_count, smem, stream)         \
-                : launch_typed<__nv_bfloat16, A, B, true>(p, sm_count, smem, stream); \
-  return fp16 ? launch_typed<__half, A, B, false>(p, sm_count, smem, stream)          \
-              : launch_typed<__nv_bfloat16, A, B, false>(p, sm_count, smem, stream);
-#define MOEK_ONE_TOKEN_ACT(A)       \
-  case A:                           \
-    if (block) {                    \
-      MOEK_ONE_TOKEN_BLOCK(A, true) \
-    }                               \
-    MOEK_ONE_TOKEN_BLOCK(A, false)
-  switch (s.activation) {
-    MOEK_ONE_TOKEN_ACT(MOEK_ACT_SWIGLU)
-    MOEK_ONE_TOKEN_ACT(MOEK_ACT_GEGLU)
-    MOEK_ONE_TOKEN_ACT(MOEK_ACT_SWIGLU_OAI)
-    default: return cudaErrorInvalidValue;
-  }
-#undef MOEK_ONE_TOKEN_ACT
-#undef MOEK_ONE_TOKEN_BLOCK
+  cudaError_t err = cudaErrorInvalidValue;  // one_token_problem admits gated activations only
+  with_gated_activation(s.activation, [&](auto act) {
+    constexpr int A = decltype(act)::value;
+    auto typed = [&](auto t, auto blockwise, auto streamed) {
+      err = launch_typed<decltype(t), A, decltype(blockwise)::value, decltype(streamed)::value>(p, sm_count, smem, stream);
+    };
+    auto by_form = [&](auto t, auto blockwise) {
+      pl.stream ? typed(t, blockwise, std::true_type{}) : typed(t, blockwise, std::false_type{});
+    };
+    auto by_block = [&](auto t) { block ? by_form(t, std::true_type{}) : by_form(t, std::false_type{}); };
+    fp16 ? by_block(__half{}) : by_block(__nv_bfloat16{});
+  });
+  return err;
 }
 
 }  // namespace moe_kernels

@@ -248,7 +248,7 @@ __device__ __forceinline__ void dot64_scaled(float (&c)[4], const uint4& r0, con
 
 template <typename T, int kAct, bool kBlock, bool kStream>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ Params p) {
-  constexpr int kQuant = kBlock ? MOEK_QUANT_FP8_BLOCK : MOEK_QUANT_FP8;
+  constexpr int kFormat = kBlock ? MOEK_ACT_FORMAT_FP8_ROW128 : MOEK_ACT_FORMAT_FP8_ROW;
   constexpr int kMaxUnits1 = max_units1(kStream), kMaxUnits2 = max_units2(kStream);
   constexpr int kRows1 = kStream ? 8 : kCols, kPerHalf = kCols / kRows1;  // w13 rows per entry, entries per half
   extern __shared__ __align__(128) uint8_t smem[];
@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   stamp(p, 9, kWarps * 32);
 
   // The token in E4M3 (expand's quantization: a static scale, one per token or per 128 columns).
-  quantize_row<kQuant>(
+  quantize_row<kFormat>(
       BlockTeam{}, [&](int64_t j, float* v) {
         uint4 raw = xr;  // a copy: xr stays in registers
         if (j != 8 * threadIdx.x) raw = *reinterpret_cast<const uint4*>(x + j);
@@ -501,7 +501,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   // kernel's quantization), read past L1: other CTAs wrote them.
   if (warp < 2 * slots) {
     const float* yr = p.y + (warp / 2) * I;
-    quantize_row<kQuant>(
+    quantize_row<kFormat>(
         PairTeam{s_amax}, [&](int64_t j, float* v) {
           const float4 a = __ldcg(reinterpret_cast<const float4*>(yr + j));
           const float4 b = __ldcg(reinterpret_cast<const float4*>(yr + j + 4));

@@ -2,6 +2,7 @@
 // device in three launches with no host sync, plus the expand/permute of hidden rows.
 #include <type_traits>
 
+#include "dispatch.cuh"
 #include "kernels.h"
 #include "launch.cuh"
 #include "vec.cuh"
@@ -171,14 +172,14 @@ struct TokenRowsSink {
 };
 
 // The block reads columns [c0, c1) of token row `src` (H % 8 == 0) once and writes them to
-// each of the token's rows of x: as is (kQuant NONE), or quantized to E4M3 once
+// each of the token's rows of x: as is (A16), or quantized to E4M3 once
 // (quantize_row in vec.cuh says how, per mode; FP8 with a dynamic scale needs the whole
 // row, FP8_BLOCK 128-column multiples). `rows` is in shared memory.
-template <typename T, int kQuant>
+template <typename T, int kFormat>
 __device__ __forceinline__ void expand_token(const T* src, void* x, const int32_t* rows,
                                              int top_k, int64_t hidden, int64_t c0, int64_t c1,
                                              const Fp8Scales& q) {
-  if constexpr (kQuant == MOEK_QUANT_NONE) {
+  if constexpr (kFormat == MOEK_ACT_FORMAT_A16) {
     const uint4* s4 = reinterpret_cast<const uint4*>(src);
     uint4* x4 = reinterpret_cast<uint4*>(x);
     const int64_t vecs = hidden / 8;
@@ -188,8 +189,8 @@ __device__ __forceinline__ void expand_token(const T* src, void* x, const int32_
         if (rows[s] >= 0) x4[int64_t(rows[s]) * vecs + i] = v;
     }
   } else {
-    constexpr bool kBlock = kQuant == MOEK_QUANT_FP8_BLOCK;
-    quantize_row<kQuant>(
+    constexpr bool kBlock = kFormat == MOEK_ACT_FORMAT_FP8_ROW128;
+    quantize_row<kFormat>(
         BlockTeam{},
         [&](int64_t j, float* v) {
           Vec8<T> in;
@@ -214,13 +215,13 @@ int expand_threads(int64_t hidden) {
 // while one block per token walks its whole row. FP8 with a dynamic per-token scale needs
 // the whole row in one block.
 constexpr int64_t kExpandChunk = 1024;  // 128 threads x 8 columns; a multiple of 128
-bool expand_splits(int quant, const Fp8Scales& q) {
-  return quant != MOEK_QUANT_FP8 || q.static_out != nullptr;
+bool expand_splits(int format, const Fp8Scales& q) {
+  return format != MOEK_ACT_FORMAT_FP8_ROW || q.static_out != nullptr;
 }
 
 // Block (t, c): token t, columns [c * kExpandChunk, ...) (c = 0 only: the whole row when
 // the mode cannot split); rows already assigned by route_small_kernel.
-template <typename T, int kQuant>
+template <typename T, int kFormat>
 __global__ void __launch_bounds__(256)
 expand_kernel(const int32_t* pair_dst, int top_k, const T* hidden, void* x, int64_t hidden_size,
               Fp8Scales q) {
@@ -231,12 +232,12 @@ expand_kernel(const int32_t* pair_dst, int top_k, const T* hidden, void* x, int6
   __syncthreads();
   const int64_t c0 = gridDim.y > 1 ? blockIdx.y * kExpandChunk : 0;
   const int64_t c1 = gridDim.y > 1 && c0 + kExpandChunk < hidden_size ? c0 + kExpandChunk : hidden_size;
-  expand_token<T, kQuant>(hidden + t * hidden_size, x, s_rows, top_k, hidden_size, c0, c1, q);
+  expand_token<T, kFormat>(hidden + t * hidden_size, x, s_rows, top_k, hidden_size, c0, c1, q);
 }
 
 // One block per token: its slots' threads claim their rows in the experts' blocks, then
 // the block expands the token's hidden row to them.
-template <typename IdT, typename T, int kQuant>
+template <typename IdT, typename T, int kFormat>
 __global__ void __launch_bounds__(256)
 scatter_expand_kernel(const IdT* ids, int top_k, int64_t expert_offset, int num_experts,
                       const int32_t* offsets, int32_t* cursors, int32_t* row_src,
@@ -257,11 +258,11 @@ scatter_expand_kernel(const IdT* ids, int top_k, int64_t expert_offset, int num_
     s_rows[s] = row;
   }
   __syncthreads();
-  expand_token<T, kQuant>(hidden + t * hidden_size, x, s_rows, top_k, hidden_size, 0,
+  expand_token<T, kFormat>(hidden + t * hidden_size, x, s_rows, top_k, hidden_size, 0,
                           hidden_size, q);
 }
 
-template <typename IdT, typename T, int kQuant>
+template <typename IdT, typename T, int kFormat>
 cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert_offset,
                     int num_experts, const T* hidden, int64_t hidden_size, void* x,
                     const Fp8Scales& q, RoutingBuffers rb, GroupSetup g1, GroupSetup g2,
@@ -275,9 +276,9 @@ cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert
                  ids, num_pairs, expert_offset, num_experts, rb.offsets, rb.row_src, rb.pair_dst,
                  g1, g2);
     if (err != cudaSuccess) return err;
-    const bool split = expand_splits(kQuant, q) && hidden_size > kExpandChunk;
+    const bool split = expand_splits(kFormat, q) && hidden_size > kExpandChunk;
     const dim3 grid(tokens, split ? static_cast<unsigned>((hidden_size + kExpandChunk - 1) / kExpandChunk) : 1);
-    return launch(expand_kernel<T, kQuant>, grid, split ? int(kExpandChunk / 8) : threads, rows_smem,
+    return launch(expand_kernel<T, kFormat>, grid, split ? int(kExpandChunk / 8) : threads, rows_smem,
                   stream, rb.pair_dst, top_k, hidden, x, hidden_size, q);
   }
   // A memset is not a kernel (no PDL): the histogram after it is launched plainly.
@@ -297,7 +298,7 @@ cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert
   err = launch(build_groups_kernel, 1, kScanThreads, 0, stream, rb.counts, num_experts,
                rb.offsets, g1, g2);
   if (err != cudaSuccess) return err;
-  return launch(scatter_expand_kernel<IdT, T, kQuant>, tokens, threads, rows_smem, stream, ids,
+  return launch(scatter_expand_kernel<IdT, T, kFormat>, tokens, threads, rows_smem, stream, ids,
                 top_k, expert_offset, num_experts, rb.offsets, rb.cursors, rb.row_src,
                 rb.pair_dst, hidden, x, hidden_size, q);
 }
@@ -309,24 +310,21 @@ cudaError_t launch_routing(const void* topk_ids, bool ids_int64, int64_t num_pai
                            bool hidden_fp16, int64_t hidden_size, void* x,
                            const Fp8Scales& q, RoutingBuffers rb, GroupSetup gemm1,
                            GroupSetup gemm2, int sm_count, cudaStream_t stream) {
-  auto go = [&](auto id, auto t, auto quant) {
+  auto by_type = [&](auto id, auto t) {
     using IdT = decltype(id);
     using T = decltype(t);
-    return routing<IdT, T, decltype(quant)::value>(
-        static_cast<const IdT*>(topk_ids), num_pairs, top_k, expert_offset, num_experts,
-        static_cast<const T*>(hidden), hidden_size, x, q, rb, gemm1, gemm2, sm_count, stream);
+    cudaError_t err = cudaErrorInvalidValue;  // an activation format routing does not implement
+    with_act_format(q.act_format, [&](auto format) {
+      err = routing<IdT, T, decltype(format)::value>(
+          static_cast<const IdT*>(topk_ids), num_pairs, top_k, expert_offset, num_experts,
+          static_cast<const T*>(hidden), hidden_size, x, q, rb, gemm1, gemm2, sm_count, stream);
+    });
+    return err;
   };
-  auto by_quant = [&](auto id, auto t) {
-    switch (q.quant) {
-      case MOEK_QUANT_FP8: return go(id, t, std::integral_constant<int, MOEK_QUANT_FP8>{});
-      case MOEK_QUANT_FP8_BLOCK: return go(id, t, std::integral_constant<int, MOEK_QUANT_FP8_BLOCK>{});
-      default: return go(id, t, std::integral_constant<int, MOEK_QUANT_NONE>{});
-    }
+  auto by_id = [&](auto id) {
+    return hidden_fp16 ? by_type(id, __half{}) : by_type(id, __nv_bfloat16{});
   };
-  auto by_type = [&](auto id) {
-    return hidden_fp16 ? by_quant(id, __half{}) : by_quant(id, __nv_bfloat16{});
-  };
-  return ids_int64 ? by_type(int64_t{}) : by_type(int32_t{});
+  return ids_int64 ? by_id(int64_t{}) : by_id(int32_t{});
 }
 
 }  // namespace moe_kernels

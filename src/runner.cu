@@ -74,18 +74,28 @@ int device_limits(int device, DeviceLimits* out, char* err, size_t errlen) {
 }
 
 const char* dtype_name(int dtype) { return dtype == MOEK_DTYPE_FP16 ? "fp16" : "bf16"; }
-bool is_fp8(const moek_shape& s) { return s.quant == MOEK_QUANT_FP8 || s.quant == MOEK_QUANT_FP8_BLOCK; }
-bool is_block(const moek_shape& s) { return s.quant == MOEK_QUANT_FP8_BLOCK; }
-// The registry's quant name of the kernels a problem can use.
-const char* quant_name(const moek_shape& s) {
-  return s.quant == MOEK_QUANT_FP8 ? "fp8" : is_block(s) ? "fp8_block" : dtype_name(s.dtype);
+// The problem's formats (validate_shape has checked the codes).
+const ActFormatInfo& act_format(const moek_shape& s) { return kActFormats[s.act_format]; }
+bool quantized(const moek_shape& s) { return act_format(s).quantized; }
+bool weight_scaled(const moek_shape& s) { return kWeightFormats[s.weight_format].bits < 16; }
+// The mode of a problem: its (act_format, weight_format) pair with its hidden dtype, or NULL.
+const ModeInfo* mode_of(const moek_shape& s) {
+  for (const ModeInfo& m : kModes)
+    if (m.act_format == s.act_format && m.weight_format == s.weight_format &&
+        (s.dtype == MOEK_DTYPE_FP16 ? m.fp16 : m.bf16))
+      return &m;
+  return nullptr;
 }
+// A kernel serves the problems whose formats and output type are its own.
 bool kernel_fits(const KernelEntry& k, const moek_shape& s) {
-  return strcmp(k.info.quant, quant_name(s)) == 0 &&
-         strcmp(k.info.out_dtype, dtype_name(s.dtype)) == 0;
+  return k.info.act_format == s.act_format && k.info.weight_format == s.weight_format &&
+         k.info.out_dtype == s.dtype;
 }
-// Scales per row of a quantized GEMM input of `cols` columns (fp8_block: one per 128).
-int64_t scales_per_row(const moek_shape& s, int64_t cols) { return is_block(s) ? cols / 128 : 1; }
+// Scales per row of a quantized GEMM input of `cols` columns (one per row, or per group).
+int64_t scales_per_row(const moek_shape& s, int64_t cols) {
+  const int group = act_format(s).group;
+  return group ? (cols + group - 1) / group : 1;
+}
 
 const KernelEntry* find_kernel(const char* name) {
   if (!name) return nullptr;
@@ -98,10 +108,24 @@ int check_kernel(const KernelEntry& k, const DeviceLimits& d, char* err, size_t 
   if (d.major != kArchMajor || d.minor != kArchMinor)
     return fail(err, errlen, MOEK_UNSUPPORTED, "%s is built for sm_%d%d, the device is sm_%d%d",
                 k.info.name, kArchMajor, kArchMinor, d.major, d.minor);
-  if (k.ops->smem_bytes > d.smem_optin)
+  if (k.info.smem_bytes > d.smem_optin)
     return fail(err, errlen, MOEK_UNSUPPORTED,
                 "%s needs %d bytes of shared memory, the device allows %d per block",
-                k.info.name, k.ops->smem_bytes, d.smem_optin);
+                k.info.name, k.info.smem_bytes, d.smem_optin);
+  return MOEK_OK;
+}
+
+// Why kernel `k` cannot serve problem `s` (validated) on a device with limits `d`, or MOEK_OK.
+int check_for_problem(const KernelEntry& k, const moek_shape& s, const DeviceLimits& d, char* err,
+                      size_t errlen) {
+  if (!kernel_fits(k, s))
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "kernel %s is for %s with %s out; the problem is %s with %s out",
+                k.info.name, k.info.mode, dtype_name(k.info.out_dtype), mode_of(s)->name, dtype_name(s.dtype));
+  if (k.info.kind == MOEK_KERNEL_FORWARD) {
+    char why[256];
+    if (one_token_problem(s, d.sm_count, d.smem_optin, why, sizeof(why)))
+      return fail(err, errlen, MOEK_UNSUPPORTED, "%s", why);
+  }
   return MOEK_OK;
 }
 
@@ -144,27 +168,37 @@ int validate_shape(const moek_shape& s, char* err, size_t errlen) {
                 (long long)(s.num_tokens * s.top_k), (long long)s.num_experts);
   if (s.dtype != MOEK_DTYPE_BF16 && s.dtype != MOEK_DTYPE_FP16)
     return fail(err, errlen, MOEK_UNSUPPORTED, "unknown dtype %d", s.dtype);
-  if (s.activation < MOEK_ACT_SWIGLU || s.activation > MOEK_ACT_IDENTITY)
+  if (!is_activation(s.activation))
     return fail(err, errlen, MOEK_INVALID_ARGUMENT, "unknown activation %d", s.activation);
   if (s.index_dtype != MOEK_INDEX_INT32 && s.index_dtype != MOEK_INDEX_INT64)
     return fail(err, errlen, MOEK_INVALID_ARGUMENT, "unknown index dtype %d", s.index_dtype);
-  if (s.quant != MOEK_QUANT_NONE && s.quant != MOEK_QUANT_FP8 && s.quant != MOEK_QUANT_FP8_BLOCK)
-    return fail(err, errlen, MOEK_UNSUPPORTED, "unknown quant mode %d", s.quant);
-  const int64_t align = is_block(s) ? 128 : is_fp8(s) ? 16 : 8;
-  if (s.hidden_size % align || s.inter_size % align)
+  const int num_act = sizeof(kActFormats) / sizeof(kActFormats[0]);
+  const int num_weight = sizeof(kWeightFormats) / sizeof(kWeightFormats[0]);
+  if (s.act_format < 0 || s.act_format >= num_act || s.weight_format < 0 || s.weight_format >= num_weight)
+    return fail(err, errlen, MOEK_UNSUPPORTED, "unknown activation format %d or weight format %d",
+                s.act_format, s.weight_format);
+  const ModeInfo* mode = mode_of(s);
+  if (!mode)
+    return fail(err, errlen, MOEK_UNSUPPORTED,
+                "no mode pairs activation format %s with weight format %s for %s hidden states",
+                kActFormats[s.act_format].name, kWeightFormats[s.weight_format].name, dtype_name(s.dtype));
+  if (!runner_has_act_format(s.act_format))
+    return fail(err, errlen, MOEK_UNSUPPORTED, "%s: this build has no routing for activation format %s",
+                mode->name, kActFormats[s.act_format].name);
+  if (s.hidden_size % mode->align || s.inter_size % mode->align)
     return fail(err, errlen, MOEK_INVALID_ARGUMENT,
-                "%s: hidden_size=%lld and inter_size=%lld must be multiples of %lld",
-                quant_name(s), (long long)s.hidden_size, (long long)s.inter_size, (long long)align);
+                "%s: hidden_size=%lld and inter_size=%lld must be multiples of %d (%s)", mode->name,
+                (long long)s.hidden_size, (long long)s.inter_size, mode->align, mode->why_align);
   return MOEK_OK;
 }
 
 Layout plan(const moek_shape& s, int sm_count) {
   const int64_t rows = s.num_tokens * s.top_k, e = s.num_experts, eb = 2;
-  const int64_t in_bytes = is_fp8(s) ? 1 : 2;  // GEMM inputs
+  const int64_t in_bytes = act_format(s).bits / 8;  // GEMM inputs
   const int64_t n1 = is_gated(s.activation) ? 2 * s.inter_size : s.inter_size;
   size_t gemm_ws = 0;
   for (int i = 0; i < kNumKernels; ++i)
-    if (kernel_fits(kKernels[i], s))
+    if (kKernels[i].ops && kernel_fits(kKernels[i], s))  // GEMM kernels (FORWARD ones have no ops)
       gemm_ws = std::max(gemm_ws, kKernels[i].ops->workspace_size(static_cast<int>(e), sm_count));
   Layout L{};
   size_t at = 0;
@@ -180,8 +214,8 @@ Layout plan(const moek_shape& s, int sm_count) {
   L.x = take(rows * s.hidden_size * eb);
   L.g = take(rows * n1 * eb);
   L.a = take(rows * s.inter_size * in_bytes);
-  L.x_scale = is_fp8(s) ? take(sizeof(float) * rows * scales_per_row(s, s.hidden_size)) : 0;
-  L.a_scale = is_fp8(s) ? take(sizeof(float) * rows * scales_per_row(s, s.inter_size)) : 0;
+  L.x_scale = quantized(s) ? take(sizeof(float) * rows * scales_per_row(s, s.hidden_size)) : 0;
+  L.a_scale = quantized(s) ? take(sizeof(float) * rows * scales_per_row(s, s.inter_size)) : 0;
   L.total = at;
   return L;
 }
@@ -209,23 +243,27 @@ GroupSetup group_setup(char* ws, size_t at, const moek_shape& s, const void* a, 
   g.ptr_sfa = reinterpret_cast<const float**>(next());
   g.ptr_sfb = reinterpret_cast<const float**>(next());
   g.tile_counter = reinterpret_cast<int32_t*>(p);
-  if (!is_fp8(s)) g.ptr_sfa = g.ptr_sfb = nullptr;  // routing leaves them alone
+  if (!quantized(s)) g.ptr_sfa = g.ptr_sfb = nullptr;  // routing leaves them alone
   g.sfa_base = sfa;
   g.sfb_base = sfb;
-  if (is_block(s)) {
-    g.sfa_per_row = (k + 127) / 128;
-    g.sfb_per_group = (n + 127) / 128 * g.sfa_per_row;
-  } else {
-    g.sfa_per_row = 1;
-    g.sfb_per_group = sfb_per_channel ? n : 1;
-    g.sfb_per_channel = sfb_per_channel;
+  g.sfa_per_row = scales_per_row(s, k);
+  switch (s.weight_format) {  // the weights' scales per expert
+    case MOEK_WEIGHT_FORMAT_E4M3_BLOCK128:
+      g.sfb_per_group = (n + 127) / 128 * ((k + 127) / 128);
+      break;
+    case MOEK_WEIGHT_FORMAT_E4M3:
+      g.sfb_per_group = sfb_per_channel ? n : 1;
+      g.sfb_per_channel = sfb_per_channel;
+      break;
+    default:  // unscaled (16-bit); formats without kernels never get here (kernel_fits)
+      g.sfb_per_group = 0;
   }
   g.a_base = static_cast<const char*>(a);
   g.b_base = static_cast<const char*>(b);
   g.d_base = static_cast<char*>(d);
   g.n = n;
   g.k = k;
-  g.a_bytes = g.b_bytes = is_fp8(s) ? 1 : 2;
+  g.a_bytes = g.b_bytes = act_format(s).bits / 8;
   g.d_bytes = 2;
   return g;
 }
@@ -292,12 +330,16 @@ const moek_kernel_info* moek_kernel(int index) {
   return index >= 0 && index < kNumKernels ? &kKernels[index].info : nullptr;
 }
 
-int moek_check_kernel(const char* name, int32_t device, char* err, size_t errlen) {
+int moek_check_kernel(const char* name, const moek_shape* shape, int32_t device, char* err,
+                      size_t errlen) {
   const KernelEntry* k = find_kernel(name);
   if (!k) return fail(err, errlen, MOEK_INVALID_ARGUMENT, "no kernel named '%s' in %s", name ? name : "(null)", kArchName);
+  if (shape)
+    if (int st = validate_shape(*shape, err, errlen)) return st;
   DeviceLimits d;
   if (int st = device_limits(device, &d, err, errlen)) return st;
-  return check_kernel(*k, d, err, errlen);
+  if (int st = check_kernel(*k, d, err, errlen)) return st;
+  return shape ? check_for_problem(*k, *shape, d, err, errlen) : MOEK_OK;
 }
 
 int moek_workspace_size(const moek_shape* shape, int32_t device, size_t* bytes, char* err,
@@ -307,17 +349,6 @@ int moek_workspace_size(const moek_shape* shape, int32_t device, size_t* bytes, 
   DeviceLimits d;
   if (int st = device_limits(device, &d, err, errlen)) return st;
   *bytes = plan(*shape, d.sm_count).total;
-  return MOEK_OK;
-}
-
-int moek_one_token_check(const moek_shape* shape, int32_t device, char* err, size_t errlen) {
-  if (!shape) return fail(err, errlen, MOEK_INVALID_ARGUMENT, "null argument");
-  if (int st = validate_shape(*shape, err, errlen)) return st;
-  DeviceLimits d;
-  if (int st = device_limits(device, &d, err, errlen)) return st;
-  char why[256];
-  if (one_token_problem(*shape, d.sm_count, d.smem_optin, why, sizeof(why)))
-    return fail(err, errlen, MOEK_UNSUPPORTED, "%s", why);
   return MOEK_OK;
 }
 
@@ -333,8 +364,8 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
       {a->w2, 16, "w2", true}, {a->w13_bias, 16, "w13_bias", false},
       {a->w2_bias, 16, "w2_bias", false}, {a->out, 16, "out", true},
       // Per-channel scales: 16-byte aligned as the Python layer asks (api.py: _weight_scale).
-      {a->w13_scale, s.w13_scale_per_channel ? 16u : 4u, "w13_scale", is_fp8(s)},
-      {a->w2_scale, s.w2_scale_per_channel ? 16u : 4u, "w2_scale", is_fp8(s)},
+      {a->w13_scale, s.w13_scale_per_channel ? 16u : 4u, "w13_scale", weight_scaled(s)},
+      {a->w2_scale, s.w2_scale_per_channel ? 16u : 4u, "w2_scale", weight_scaled(s)},
       {a->a13_scale, 4, "a13_scale", false}, {a->a2_scale, 4, "a2_scale", false},
       {a->workspace, kAlign, "workspace", true}};
   for (const auto& p : ptrs) {
@@ -344,29 +375,32 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
       return fail(err, errlen, MOEK_INVALID_ARGUMENT, "%s at %p is not %zu-byte aligned",
                   p.name, p.p, p.align);
   }
-  if (is_block(s) && (a->a13_scale || a->a2_scale))
+  if (!act_format(s).static_scale && (a->a13_scale || a->a2_scale))
     return fail(err, errlen, MOEK_INVALID_ARGUMENT,
-                "fp8_block quantizes activations per token per 128 columns: a13_scale and "
-                "a2_scale must be NULL");
-  const bool one_token = a->gemm1 && strcmp(a->gemm1, MOEK_ONE_TOKEN) == 0;
-  if (one_token != (a->gemm2 && strcmp(a->gemm2, MOEK_ONE_TOKEN) == 0))
-    return fail(err, errlen, MOEK_INVALID_ARGUMENT,
-                "%s is a whole forward: gemm1 and gemm2 must both name it (got '%s' and '%s')",
-                MOEK_ONE_TOKEN, a->gemm1 ? a->gemm1 : "(null)", a->gemm2 ? a->gemm2 : "(null)");
-  if (one_token && a->last_step != 0)
-    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "%s has no separate steps (last_step %d)",
-                MOEK_ONE_TOKEN, a->last_step);
-  const KernelEntry* k1 = one_token ? nullptr : find_kernel(a->gemm1);
-  const KernelEntry* k2 = one_token ? nullptr : find_kernel(a->gemm2);
-  if (!one_token && (!k1 || !k2))
-    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "no kernel named '%s' in %s",
-                !k1 ? (a->gemm1 ? a->gemm1 : "(null)") : (a->gemm2 ? a->gemm2 : "(null)"),
-                kArchName);
-  for (const KernelEntry* k : {k1, k2})
-    if (k && !kernel_fits(*k, s))
-      return fail(err, errlen, MOEK_INVALID_ARGUMENT,
-                  "kernel %s is for %s with %s out; the problem is %s with %s out", k->info.name,
-                  k->info.quant, k->info.out_dtype, quant_name(s), dtype_name(s.dtype));
+                "%s: activation format %s takes no static scale: a13_scale and a2_scale must be NULL",
+                mode_of(s)->name, act_format(s).name);
+  // A whole-forward kernel, or a GEMM kernel for each GEMM: each serving this problem's formats.
+  const bool forward = a->forward != nullptr;
+  if (forward && (a->gemm1 || a->gemm2))
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "forward '%s' is the whole forward: gemm1 and gemm2 must be NULL",
+                a->forward);
+  if (forward && a->last_step != 0)
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "forward '%s' has no separate steps (last_step %d)",
+                a->forward, a->last_step);
+  const char* wanted[3] = {a->forward, a->gemm1, a->gemm2};
+  const KernelEntry* kernels[3] = {nullptr, nullptr, nullptr};
+  for (int i = forward ? 0 : 1; i < (forward ? 1 : 3); ++i) {
+    kernels[i] = find_kernel(wanted[i]);
+    if (!kernels[i])
+      return fail(err, errlen, MOEK_INVALID_ARGUMENT, "no kernel named '%s' in %s",
+                  wanted[i] ? wanted[i] : "(null)", kArchName);
+    if ((kernels[i]->info.kind == MOEK_KERNEL_FORWARD) != forward)
+      return fail(err, errlen, MOEK_INVALID_ARGUMENT, "kernel %s is a %s kernel, not one for %s",
+                  wanted[i], kKernelKinds[kernels[i]->info.kind], forward ? "the whole forward" : "a GEMM");
+  }
+  const KernelEntry* fwd = kernels[0];
+  const KernelEntry* k1 = kernels[1];
+  const KernelEntry* k2 = kernels[2];
 
   // Run on the tensors' device and leave the caller's current device as it was.
   int prev_device = -1;
@@ -378,23 +412,22 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   } restore{prev_device, a->device};
   DeviceLimits d;
   if (int st = device_limits(a->device, &d, err, errlen)) return st;
-  char why[256];
-  if (one_token && one_token_problem(s, d.sm_count, d.smem_optin, why, sizeof(why)))
-    return fail(err, errlen, MOEK_UNSUPPORTED, "%s", why);
-  if (one_token && is_block(s) && misaligned(a->w13_scale, 16))  // its rows come by bulk copy
-    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "%s with fp8_block needs w13_scale 16-byte aligned, got %p",
-                MOEK_ONE_TOKEN, static_cast<const void*>(a->w13_scale));
-  for (const KernelEntry* k : {k1, k2})
-    if (k)
+  for (const KernelEntry* k : kernels)
+    if (k) {
       if (int st = check_kernel(*k, d, err, errlen)) return st;
+      if (int st = check_for_problem(*k, s, d, err, errlen)) return st;
+    }
+  if (fwd && s.weight_format == MOEK_WEIGHT_FORMAT_E4M3_BLOCK128 && misaligned(a->w13_scale, 16))
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT,  // its rows come by bulk copy
+                "%s needs w13_scale 16-byte aligned, got %p", fwd->info.name, a->w13_scale);
   const Layout L = plan(s, d.sm_count);
   if (a->workspace_bytes < L.total)
     return fail(err, errlen, MOEK_INVALID_ARGUMENT, "workspace has %zu bytes, needs %zu",
                 a->workspace_bytes, L.total);
-  if (one_token) {  // GEMM1's output region (T * k * 2I 16-bit values) holds its k * I floats
+  if (fwd) {  // GEMM1's output region (T * k * 2I 16-bit values) holds its k * I floats
     MOEK_CUDA_TRY(launch_one_token(*a, reinterpret_cast<float*>(static_cast<char*>(a->workspace) + L.g),
                                    d.sm_count, d.smem_optin, static_cast<cudaStream_t>(a->stream)),
-                  MOEK_ONE_TOKEN);
+                  fwd->info.name);
     return MOEK_OK;
   }
 
@@ -405,8 +438,7 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   const int64_t rows = s.num_tokens * s.top_k;
   const bool ids64 = s.index_dtype == MOEK_INDEX_INT64;
   const bool fp16 = s.dtype == MOEK_DTYPE_FP16;
-  const bool fp8 = is_fp8(s);
-  const bool block = is_block(s);
+  const bool fp8 = quantized(s);
   const int64_t n1 = is_gated(s.activation) ? 2 * s.inter_size : s.inter_size;
 
   RoutingBuffers rb{};
@@ -423,20 +455,21 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   // GEMM1: x[rows, H] x w13^T -> g[rows, N1];  GEMM2: a[rows, I] x w2^T -> y (in x's space).
   int32_t* active = reinterpret_cast<int32_t*>(ws + L.active);
   GroupSetup g1 = group_setup(ws, L.groups[0], s, ws + L.x, a->w13, ws + L.g, n1, s.hidden_size,
-                              x_scale, a->w13_scale, s.w13_scale_per_channel != 0, active);
+                              x_scale, static_cast<const float*>(a->w13_scale),
+                              s.w13_scale_per_channel != 0, active);
   GroupSetup g2 = group_setup(ws, L.groups[1], s, ws + L.a, a->w2, ws + L.x, s.hidden_size,
-                              s.inter_size, a_scale, a->w2_scale, s.w2_scale_per_channel != 0,
-                              active);
+                              s.inter_size, a_scale, static_cast<const float*>(a->w2_scale),
+                              s.w2_scale_per_channel != 0, active);
   Fp8Scales q_in, q_mid;
-  q_in.quant = q_mid.quant = s.quant;
+  q_in.act_format = q_mid.act_format = s.act_format;
   q_in.static_out = a->a13_scale;
   q_in.row_out = x_scale;
   q_mid.static_out = a->a2_scale;
   q_mid.row_out = a_scale;
 
-  // fp8_block with a gated activation: a GEMM1 kernel that can apply it in its epilogue
-  // and writes GEMM2's quantized input itself (no activation launch).
-  const bool fuse_act = block && is_gated(s.activation) && k1->ops->fuses_activation;
+  // A gated activation that GEMM1 applies in its epilogue, writing GEMM2's quantized input
+  // itself (no activation launch): the contiguous fp8_block kernel.
+  const bool fuse_act = is_gated(s.activation) && k1->ops->fuses_activation;
   GroupedGemmArgs args1 = gemm_args(g1, e, rows, rb.offsets, ws + L.gemm_ws, a->device, d.sm_count, stream);
   if (fuse_act) {
     args1.act_out = ws + L.a;

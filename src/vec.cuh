@@ -132,17 +132,17 @@ __device__ __forceinline__ void compute_vectors(F value, int64_t j0, int64_t ste
 // Quantizes one row of n values to E4M3, the team striding it 8 columns per thread;
 // value(j, v) computes the 8 floats of columns j..j+7 into v, sink stores them (a RowSink,
 // or anything with its two methods).
-//   MOEK_QUANT_FP8: one scale for the row, *static_scale or amax / 448 over the row; stored as
+//   MOEK_ACT_FORMAT_FP8_ROW: one scale for the row, *static_scale or amax / 448 over the row; stored as
 //     scale 0. A dynamic scale needs the whole row first: each thread keeps its first kKeep
 //     vectors in registers, and only columns beyond those are computed twice.
-//   MOEK_QUANT_FP8_BLOCK: a dynamic scale per 128 columns, i.e. per 16 consecutive lanes,
+//   MOEK_ACT_FORMAT_FP8_ROW128: a dynamic scale per 128 columns, i.e. per 16 consecutive lanes,
 //     stored as scale j / 128. Needs n % 128 == 0 and a team size that is a multiple of 16.
-template <int kQuant, class Team, class F, class Sink>
+template <int kFormat, class Team, class F, class Sink>
 __device__ __forceinline__ void quantize_row(Team team, F value, int64_t n,
                                              const float* static_scale, const Sink& sink) {
   const int64_t step = int64_t(team.size()) * 8;
   const int64_t first = team.rank() * 8;
-  if constexpr (kQuant == MOEK_QUANT_FP8_BLOCK) {
+  if constexpr (kFormat == MOEK_ACT_FORMAT_FP8_ROW128) {
     for (int64_t j0 = first; j0 < n; j0 += kKeep * step) {
       float v[kKeep][8];
       compute_vectors(value, j0, step, n, v);

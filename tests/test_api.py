@@ -115,7 +115,7 @@ def test_fp8_validation():
     p.update(w13=q["w13"], w2=q["w2"])
     with pytest.raises(TypeError, match="w13_scale: got NoneType, expected a torch.Tensor"):
         call(p)  # quant inferred from the float8 weights
-    with pytest.raises(ValueError, match=r"w2_scale: got shape \(4, 63\), expected \[E\] = \(4,\)"):
+    with pytest.raises(ValueError, match=r"w2_scale: got shape \(4, 63\), expected one of \[\(4,\), .*\(4, 64\)"):
         call(p, w13_scale=q["w13_scale"], w2_scale=q["w2_scale"][:, :63].contiguous())
     with pytest.raises(ValueError, match="a13_scale: got shape \\(2,\\), expected one element"):
         call(p, w13_scale=q["w13_scale"], w2_scale=q["w2_scale"], a13_scale=torch.ones(2))
@@ -146,21 +146,26 @@ def test_fp8_takes_bf16_or_fp16_hidden_states():
     with pytest.raises(ValueError, match="hidden_states: got device cpu"):  # valid, but not on a GPU
         call(half, w13_bias=torch.zeros(4, 64, dtype=torch.float16), out=torch.empty(5, 64, dtype=torch.float16), **kw)
     # Kernel lists by output type: checked before any device is looked at.
-    with pytest.raises(ValueError, match=r"out_dtype: got 'fp32', expected 'bf16', 'fp16'"):
+    with pytest.raises(ValueError, match=r"out_dtype: got 'fp32', expected one of \['bf16', 'fp16'\]"):
         moe_kernels.list_kernels(quant="fp8", out_dtype="fp32")
-    with pytest.raises(ValueError, match=r"out_dtype: got 'fp16', expected 'bf16' \(or None\) for quant='bf16'"):
+    with pytest.raises(ValueError, match=r"out_dtype: got 'fp16', expected one of \['bf16'\] \(or None\) for quant='bf16'"):
         moe_kernels.list_kernels(quant="bf16", out_dtype="fp16")
     with pytest.raises(ValueError, match=r"out_dtype: got torch.float32"):
         moe_kernels.list_tactics("fp8_block", out_dtype=torch.float32)
 
 
 def test_tactic_is_typed_by_name():
-    with pytest.raises(TypeError, match="Tactic.gemm1=3"):
+    with pytest.raises(TypeError, match="gemm1=3"):
         Tactic(3, "x")
     t = Tactic("a", "b")
-    assert str(t) == "a+b"
+    assert str(t) == "a+b" and Tactic.parse("a+b") == t and t.kernels == ("a", "b")
     with pytest.raises(Exception):
         t.gemm1 = "c"
+    f = Tactic(forward="whole")
+    assert str(f) == "whole" and Tactic.parse("whole") == f and f.kernels == ("whole",)
+    for bad in (dict(gemm1="a"), dict(gemm1="a", gemm2="b", forward="c"), dict(forward="c", gemm2="b"), {}):
+        with pytest.raises(TypeError, match="two GEMM kernel names, or one forward kernel name"):
+            Tactic(**bad)
 
 
 def test_no_integer_tactic_in_public_signatures():
@@ -173,8 +178,20 @@ def test_no_integer_tactic_in_public_signatures():
                 assert sig.parameters["tactic"].default is None
 
 
+_KINDS = {"decode": ("decode", False), "contig": ("contiguous", False), "coop_swapab": ("grouped", True),
+          "one_token": ("forward", False)}
+
+
+def _info(name, mode, tile, sched, cluster=(1, 1), mainloop=""):
+    """A registry entry as the library would describe it (no kernel behind it)."""
+    kind, swap = _KINDS.get(sched, ("grouped", False))
+    spec = QuantMode.parse(mode).spec
+    return KernelInfo(name, "sm90a", mode, spec.act, spec.weight, "bf16", kind, sched, mainloop, swap, tile,
+                      cluster, 1000)
+
+
 def _k(name, tm, tn, sched="pingpong", cluster=(1, 1)):
-    return KernelInfo(name, "sm90a", "bf16", "bf16", "bf16", "bf16", (tm, tn, 64), cluster, sched, 1000)
+    return _info(name, "bf16", (tm, tn, 64), sched, cluster)
 
 
 def test_default_rule():
@@ -197,16 +214,16 @@ def test_default_rule():
 
 
 def test_default_rule_fp8():
-    def k(name, tm, tn, sched, quant):
-        return KernelInfo(name, "sm90a", quant, "e4m3", "e4m3", "bf16", (tm, tn, 128), (1, 1), sched, 1000)
-    fp8 = [k("p64x128", 64, 128, "pingpong", "fp8"), k("p64x128_fastaccum", 64, 128, "pingpong", "fp8")]
+    def k(name, tm, tn, sched, quant, mainloop=""):
+        return _info(name, quant, (tm, tn, 128), sched, mainloop=mainloop or ("blockwise" if quant == "fp8_block" else ""))
+    fp8 = [k("p64x128", 64, 128, "pingpong", "fp8"), k("p64x128_fastaccum", 64, 128, "pingpong", "fp8", "fastaccum")]
     # Same tile: fast accumulation first, wherever it sits in the registry order.
     for ks in (fp8, fp8[::-1]):
         t = default_tactic(ks, num_tokens=16, top_k=8, num_experts=128, hidden_size=2048,
                            gemm1_n=1536, sm_count=132)
         assert t == Tactic("p64x128_fastaccum", "p64x128_fastaccum")
     # per-tensor fp8 keeps M=64 up to 384 rows per expert (Qwen3-30B-A3B: 128 experts, top 8)
-    fp8 += [k("c128x128_fastaccum", 128, 128, "coop", "fp8")]
+    fp8 += [k("c128x128_fastaccum", 128, 128, "coop", "fp8", "fastaccum")]
     qwen3 = dict(top_k=8, num_experts=128, hidden_size=2048, gemm1_n=1536, sm_count=132)
     assert default_tactic(fp8, num_tokens=6144, **qwen3).gemm1 == "p64x128_fastaccum"  # 384 rows
     assert default_tactic(fp8, num_tokens=6160, **qwen3).gemm1 == "c128x128_fastaccum"  # 385
@@ -236,6 +253,10 @@ def test_default_rule_fp8():
     mixtral = dict(top_k=2, num_experts=8, hidden_size=4096, gemm1_n=28672, sm_count=132)
     assert default_tactic(dec, num_tokens=8, **mixtral) == Tactic("d8w", "d8")     # 2 rows per expert
     assert default_tactic(dec, num_tokens=32, **mixtral) == Tactic("d16w", "d16")  # 8
+    # A whole-forward kernel (the caller passes those that serve the problem): one token only.
+    whole = dec + [k("fwd", 0, 0, "one_token", "fp8")]
+    assert default_tactic(whole, num_tokens=1, **mixtral) == Tactic(forward="fwd")
+    assert default_tactic(whole, num_tokens=2, **mixtral) == default_tactic(dec, num_tokens=2, **mixtral)
 
 
 def test_default_rule_decode_kernels():
@@ -336,7 +357,7 @@ def test_layer_validation():
     from moe_kernels import FusedMoE
     with pytest.raises(ValueError, match="num_experts: got 10, expected a multiple of ep_size=4"):
         FusedMoE(10, 64, 32, ep_size=4)
-    with pytest.raises(ValueError, match=r"hidden_size=7168, intermediate_size=1000: expected multiples of 128 for quant='fp8_block'"):
+    with pytest.raises(ValueError, match=r"hidden_size=7168, intermediate_size=1000, expected both multiples of 128 for quant='fp8_block'"):
         FusedMoE(8, 7168, 1000, quant="fp8_block")
     layer = FusedMoE(8, 64, 32, ep_rank=1, ep_size=2)
     with pytest.raises(RuntimeError, match="load_weights"):

@@ -56,22 +56,27 @@ def test_full_catalog_is_deliberate_size():
 
 def test_names_are_stable():
     # Names are an API: tuned tables and user code refer to them.
-    c = catalog.GemmConfig("90a", "bf16", "bf16", 128, 256, 64, 2, 1, "coop")
+    c = catalog.GemmConfig("90a", "bf16", 128, 256, 64, 2, 1, "coop")
     assert c.name == "sm90_bf16xbf16_128x256x64_2x1_coop"
-    f = catalog.GemmConfig("90a", "e4m3", "e4m3", 128, 128, 128, 1, 1, "coop", "bf16", "blockwise")
+    f = catalog.GemmConfig("90a", "fp8_block", 128, 128, 128, 1, 1, "coop", "bf16", "blockwise")
     assert f.name == "sm90_e4m3xe4m3_bf16_128x128x128_1x1_coop_blockwise"
-    assert (c.quant, f.quant, dataclasses.replace(f, mainloop="fastaccum").quant) == ("bf16", "fp8_block", "fp8")
+    h = catalog.GemmConfig("90a", "fp8", 64, 128, 128, 1, 1, "pingpong", "fp16", "fastaccum")
+    assert h.name == "sm90_e4m3xe4m3_fp16_64x128x128_1x1_pingpong_fastaccum"
+    assert (c.quant, f.quant, h.quant) == ("bf16", "fp8_block", "fp8")
     s = dataclasses.replace(f, tile_m=8, schedule="coop_swapab")
     assert s.name == "sm90_e4m3xe4m3_bf16_8x128x128_1x1_coop_swapab_blockwise" and s.swapped
+    w = catalog.GemmConfig("90a", "fp8_block", 0, 0, 0, 1, 1, "one_token", "fp16", "blockwise")
+    assert w.name == "sm90_fp8_block_fp16_one_token" and w.kind == "forward"
 
 
-_SM90_ROW = dict(arch="90a", act_dtype="bf16", weight_dtype="bf16", tile_m=128, tile_n=128,
-                tile_k=64, cluster_m=1, cluster_n=1, schedule="coop")
+_SM90_ROW = dict(arch="90a", mode="bf16", tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1,
+                schedule="coop")
 _SM100_ROW = dict(_SM90_ROW, arch="100a", tile_n=256, schedule="1sm")
-_E4M3 = dict(act_dtype="e4m3", weight_dtype="e4m3", out_dtype="bf16")
+_E4M3 = dict(mode="fp8", out="bf16")
+_BLOCK = dict(mode="fp8_block", out="bf16", tile_k=128, mainloop="blockwise")
 _DECODE_ROW = dict(_SM90_ROW, tile_m=8, tile_n=16, schedule="decode")
-_SWAP_ROW = dict(_SM90_ROW, **_E4M3, tile_k=128, tile_m=8, tile_n=128, schedule="coop_swapab",
-                 mainloop="blockwise")
+_SWAP_ROW = dict(_SM90_ROW, **_BLOCK, tile_m=8, tile_n=128, schedule="coop_swapab")
+_FORWARD_ROW = dict(_SM90_ROW, mode="fp8", tile_m=0, tile_n=0, tile_k=0, schedule="one_token")
 
 
 @pytest.mark.parametrize("base,bad", [
@@ -80,7 +85,13 @@ _SWAP_ROW = dict(_SM90_ROW, **_E4M3, tile_k=128, tile_m=8, tile_n=128, schedule=
     (_SM90_ROW, dict(cluster_m=2, cluster_n=2)),
     (_SM90_ROW, dict(schedule="swizzle")),
     (_SM90_ROW, dict(mainloop="fastaccum")),                 # FP8 mainloops are for E4M3 only
-    (_SM90_ROW, dict(_E4M3, tile_k=128, tile_n=64, mainloop="blockwise")),  # splits a 128-column block
+    (_SM90_ROW, dict(_BLOCK, tile_n=64)),                    # splits a 128-column block
+    (_SM90_ROW, dict(_E4M3, tile_k=128, mainloop="blockwise")),  # blockwise is for 128x128 weight blocks
+    (_SM90_ROW, dict(_BLOCK, mainloop="")),                  # ... and they need it
+    (_SM90_ROW, dict(mode="w4a16_int4")),                    # modes.py builds it for no arch yet
+    (_SM90_ROW, dict(mode="bf16", out="fp16")),              # not one of the mode's hidden dtypes
+    (_FORWARD_ROW, dict(mode="bf16")),                       # one_token is fp8/fp8_block
+    (_FORWARD_ROW, dict(tile_m=64)),                         # and has no tiles
     (_SM100_ROW, dict(schedule="coop")),                     # an SM90 schedule
     (_SM100_ROW, dict(schedule="2sm", tile_m=256, cluster_m=1)),  # a CTA pair needs cluster M of 2
     (_SM100_ROW, dict(schedule="2sm", tile_m=64, cluster_m=2)),   # 32 rows per CTA
@@ -91,7 +102,7 @@ _SWAP_ROW = dict(_SM90_ROW, **_E4M3, tile_k=128, tile_m=8, tile_n=128, schedule=
     (_DECODE_ROW, dict(cluster_n=2)),
     (_DECODE_ROW, dict(_E4M3, tile_k=128, mainloop="fastaccum")),  # it accumulates in fp32
     (_SM100_ROW, dict(_E4M3, tile_k=128, mainloop="fastaccum")),  # an SM90 mainloop
-    (_SM100_ROW, dict(_E4M3, tile_k=128, mainloop="blockwise", tile_n=64)),  # splits a block
+    (_SM100_ROW, dict(_BLOCK, tile_n=64)),                   # splits a block
     (_SWAP_ROW, dict(tile_n=64)),                            # wgmma M = tile_n: coop needs 128
     (_SWAP_ROW, dict(tile_m=12)),                            # wgmma N = tile_m: multiples of 8
     (_SM100_ROW, dict(_E4M3, tile_k=128, tile_m=8, tile_n=128, schedule="coop_swapab")),  # SM90 only
@@ -118,16 +129,31 @@ def test_unknown_subset_or_arch():
 
 def test_generator_output(tmp_path):
     assert generate.main(["--archs", "90a", "--catalog", "minimal", "--out", str(tmp_path)]) == 0
-    names = [c.name for c in catalog.select("minimal", ["90a"])]
+    rows = catalog.select("minimal", ["90a"])
+    names = [c.name for c in rows]
+    gemms = [c.name for c in rows if c.kind != "forward"]  # forward kernels: src/one_token.cu
+    assert len(gemms) < len(names)
     files = sorted(p.stem for p in (tmp_path / "90a").glob("*.cu"))
-    assert files == sorted(names)
+    assert files == sorted(gemms)
     registry = (tmp_path / "90a" / "registry.cpp").read_text()
     for n in names:
         assert f'"{n}"' in registry
     manifest = (tmp_path / "manifest.cmake").read_text()
-    assert manifest.count(".cu\"") == len(names)
+    assert manifest.count(".cu\"") == len(gemms)
     info = json.loads((tmp_path / "build_info.json").read_text())
     assert info == {"catalog": "minimal", "archs": {"sm90a": names}}
+    # The C view of the mode table: every format and mode, codes in the table's order.
+    header = (tmp_path / "include" / "moe_kernels" / "modes.h").read_text()
+    modes = catalog.modes
+    for code, name in enumerate(modes.ACT_FORMATS):
+        assert f"MOEK_ACT_FORMAT_{name.upper()} = {code}," in header
+    for code, name in enumerate(modes.WEIGHT_FORMATS):
+        assert f"MOEK_WEIGHT_FORMAT_{name.upper()} = {code}," in header
+    for a in modes.Activation:
+        assert f"MOEK_ACT_{a.value.upper()} = {a.code}," in header
+    for m in modes.MODES.values():
+        assert (f'{{"{m.name}", MOEK_ACT_FORMAT_{m.act.upper()}, MOEK_WEIGHT_FORMAT_{m.weight.upper()}, '
+                f'{str("bf16" in m.hidden).lower()}, {str("fp16" in m.hidden).lower()}, {m.align},') in header
     # re-running rewrites nothing (no spurious rebuilds)
     mtimes = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
     generate.main(["--archs", "90a", "--catalog", "minimal", "--out", str(tmp_path)])
@@ -140,6 +166,9 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
     for arch in archs:
         family = catalog.ARCHS[arch]["family"]
         for c in catalog.select("full", [arch]):
+            if c.kind == "forward":
+                assert not (tmp_path / arch / f"{c.name}.cu").exists()
+                continue
             text = (tmp_path / arch / f"{c.name}.cu").read_text()
             if c.schedule == "decode":
                 blockwise = "true" if c.mainloop == "blockwise" else "false"
@@ -153,7 +182,7 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
                 continue
             assert f'#include "gemm/{family}/grouped_gemm.cuh"' in text
             assert generate.SCHEDULE_TYPES[c.schedule] + generate.MAINLOOP_SUFFIX[c.mainloop] + ">" in text
-    assert set(generate.SCHEDULE_TYPES) == {s for v in catalog.SCHEDULES.values() for s in v}
+    assert set(generate.SCHEDULE_TYPES) == {s for v in catalog.SCHEDULES.values() for s in v} - {"one_token"}
     assert set(generate.MAINLOOP_SUFFIX) == set(catalog.MAINLOOPS)
 
 
@@ -167,10 +196,12 @@ def test_built_registry_matches_build_info_and_catalog():
     for lib in _native.libraries():
         for k in lib["kernels"]:
             c = expected[lib["arch"], k.name]
-            assert (k.tile, k.cluster, k.schedule, k.act_dtype, k.quant, k.out_dtype) == (
-                (c.tile_m, c.tile_n, c.tile_k), (c.cluster_m, c.cluster_n), c.schedule, c.act_dtype,
-                c.quant, c.out)
-            assert 0 < k.smem_bytes <= 232448  # SM90's per-block opt-in limit
+            assert (k.tile, k.cluster, k.schedule, k.mode, k.out_dtype, k.act_format, k.weight_format,
+                    k.kind, k.mainloop, k.swap_ab) == (
+                (c.tile_m, c.tile_n, c.tile_k), (c.cluster_m, c.cluster_n), c.schedule, c.mode, c.out,
+                c.spec.act, c.spec.weight, c.kind, c.mainloop, c.swapped)
+            if k.gemm:
+                assert 0 < k.smem_bytes <= 232448  # SM90's per-block opt-in limit
 
 
 def test_fp8_kernels_come_in_both_output_types():
@@ -181,7 +212,7 @@ def test_fp8_kernels_come_in_both_output_types():
         rows = catalog.select(subset, list(catalog.ARCHS))
         fp8 = [c for c in rows if c.act_dtype == "e4m3"]
         assert {c.out for c in fp8} == {"bf16", "fp16"}
-        twins = {dataclasses.replace(c, out_dtype="bf16") for c in fp8 if c.out == "fp16"}
+        twins = {dataclasses.replace(c, out="bf16") for c in fp8 if c.out == "fp16"}
         assert twins <= set(fp8), "an fp16-output FP8 kernel without its bf16 form"
         assert {c.out for c in fp8 if c.schedule == "contig"} == {"bf16", "fp16"}
         if subset == "full":
@@ -205,9 +236,10 @@ def test_shipped_tables_name_full_catalog_kernels():
         for sig, buckets in json.loads(path.read_text())["entries"].items():
             quant = sig.split("/")[0]
             for b, rec in buckets.items():
-                for name in (rec["gemm1"], rec["gemm2"]):
-                    if name == "one_token":
-                        assert b == "1" and quant in ("fp8", "fp8_block"), (path.name, sig, b)
-                        continue
+                kernels = rec["tactic"].split("+")
+                for name in kernels:
                     assert name in sm90, f"{path.name} {sig} bucket {b}: {name} is not in the full catalog"
-                    assert sm90[name].quant == quant, (path.name, sig, b, name)
+                    assert sm90[name].mode == quant, (path.name, sig, b, name)
+                    # a pair of GEMM kernels, or one forward kernel alone (at one token)
+                    assert (sm90[name].kind == "forward") == (len(kernels) == 1), (path.name, sig, b, name)
+                    assert sm90[name].kind != "forward" or b == "1", (path.name, sig, b, name)

@@ -115,7 +115,7 @@ def test_fused_moe_layer_module(error_log):
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_every_built_kernel(dtype, error_log):
-    kernels = moe_kernels.list_kernels(quant=dtype)
+    kernels = [k for k in moe_kernels.list_kernels(quant=dtype) if k.gemm]
     assert kernels, f"no {dtype} kernels usable on this GPU"
     p = make_problem(T=333, E=8, k=2, H=520, I=264, dtype=dtype)
     ref = reference_out(p)
@@ -282,7 +282,13 @@ def test_fp8_shapes(T, E, k, mode, error_log):
 
 # ---- one token as one kernel (the "one_token" tactic: fp8 and fp8_block, gated activations) ----
 
-ONE_TOKEN = Tactic(moe_kernels.ONE_TOKEN, moe_kernels.ONE_TOKEN)
+def one_token(p):
+    """The whole-forward kernel (kind "forward") of p's mode and output type, as a tactic."""
+    out = "fp16" if p["hidden_states"].dtype == torch.float16 else "bf16"
+    return Tactic(forward=next(k.name for k in moe_kernels.list_kernels(quant=p["quant"], out_dtype=out)
+                               if k.kind == "forward"))
+
+
 # (E, k, H, I): Qwen3-30B-A3B's shape (three GEMM1 units per CTA on 132 SMs); two GEMM2 units per
 # CTA (H = 4096); a top-k of 1. All also fit fp8_block (H % 512, I % 128). Those hold their w2
 # share in shared memory; the stream shapes stream w2 through the ring after w13 (8 rows of
@@ -303,11 +309,11 @@ def chosen_tactic(p, **kw):
 @pytest.mark.parametrize("E,k,H,I", ONE_TOKEN_SHAPES + ONE_TOKEN_STREAM_SHAPES)
 def test_one_token_shapes(E, k, H, I, quant, act_dtype, error_log):
     p = make_problem(T=1, E=E, k=k, H=H, I=I, dtype=quant, act_dtype=act_dtype)
-    assert chosen_tactic(p) == ONE_TOKEN
+    assert chosen_tactic(p).forward
     out = check(p, error_log, f"{quant}/{act_dtype}/one_token/E{E}k{k}H{H}I{I}", quant)
     assert out.dtype == p["hidden_states"].dtype
     # The grouped path: the same numerics (scales applied before the one rounding to 16 bits).
-    for name in {k.name for k in moe_kernels.list_kernels(quant=quant, out_dtype=act_dtype)[:2]}:
+    for name in {k.name for k in [x for x in moe_kernels.list_kernels(quant=quant, out_dtype=act_dtype) if x.gemm][:2]}:
         grouped = run(p, tactic=Tactic(name, name))
         error_log.add(f"{quant}/{act_dtype}/one_token/E{E}k{k}H{H}I{I}/vs {name}", rel_error(out, grouped))
         assert rel_error(out, grouped) < TOLERANCE[quant]
@@ -322,7 +328,7 @@ def test_one_token_activations_and_scales(act, static, granularity, error_log):
         p["a13_scale"] = (p["hidden_states"].float().abs().max() / 448).reshape(1)
         p["a2_scale"] = torch.full((1,), 0.02, device="cuda")
     kw = {"swiglu_alpha": 1.5, "swiglu_limit": 1.0} if act == "swiglu_oai" else {}
-    assert chosen_tactic(p, activation=act) == ONE_TOKEN
+    assert chosen_tactic(p, activation=act).forward
     check(p, error_log, f"fp8/one_token/{granularity}/{'static' if static else 'dynamic'}/{act}", "fp8",
           activation=act, ref_kw=dict(activation=act, **kw), **kw)
 
@@ -336,7 +342,7 @@ def test_one_token_stream_scales_and_bias(static, granularity, error_log):
         p["a13_scale"] = (p["hidden_states"].float().abs().max() / 448).reshape(1)
         p["a2_scale"] = torch.full((1,), 0.02, device="cuda")
     kw = {"swiglu_alpha": 1.5, "swiglu_limit": 1.0}
-    assert chosen_tactic(p, activation="swiglu_oai") == ONE_TOKEN
+    assert chosen_tactic(p, activation="swiglu_oai").forward
     check(p, error_log, f"fp8/one_token/stream/{granularity}/{'static' if static else 'dynamic'}", "fp8",
           activation="swiglu_oai", ref_kw=dict(activation="swiglu_oai", **kw), **kw)
 
@@ -345,7 +351,7 @@ def test_one_token_stream_scales_and_bias(static, granularity, error_log):
 def test_one_token_fp8_block_activations_and_bias(act, error_log):
     p = make_problem(T=1, E=16, k=4, H=1024, I=384, dtype="fp8_block", bias=True)
     kw = {"swiglu_alpha": 1.5, "swiglu_limit": 1.0} if act == "swiglu_oai" else {}
-    assert chosen_tactic(p, activation=act) == ONE_TOKEN
+    assert chosen_tactic(p, activation=act).forward
     out = check(p, error_log, f"fp8_block/one_token/bias/{act}", "fp8_block", activation=act,
                 ref_kw=dict(activation=act, **kw), **kw)
     name = moe_kernels.list_kernels(quant="fp8_block")[0].name
@@ -353,7 +359,7 @@ def test_one_token_fp8_block_activations_and_bias(act, error_log):
     assert rel_error(out, grouped) < TOLERANCE["fp8_block"]
     # w2 streamed (DeepSeek-V3's H and I), with biases.
     p = make_problem(T=1, E=8, k=8, H=7168, I=2048, dtype="fp8_block", bias=True)
-    assert chosen_tactic(p, activation=act) == ONE_TOKEN
+    assert chosen_tactic(p, activation=act).forward
     check(p, error_log, f"fp8_block/one_token/stream/bias/{act}", "fp8_block", activation=act,
           ref_kw=dict(activation=act, **kw), **kw)
 
@@ -363,7 +369,7 @@ def test_one_token_fp8_block_extreme_rows(error_log):
     p = make_problem(T=1, E=16, k=4, H=1024, I=256, dtype="fp8_block")
     p["hidden_states"][0, :128] *= 1000
     p["hidden_states"][0, 128:256] = 0
-    assert chosen_tactic(p) == ONE_TOKEN
+    assert chosen_tactic(p).forward
     check(p, error_log, "fp8_block/one_token/extreme", "fp8_block")
 
 
@@ -372,7 +378,7 @@ def test_one_token_fp8_block_extreme_rows(error_log):
 def test_one_token_expert_parallel_and_int64_ids(quant, H, I, error_log):
     E, ep = 16, 2
     p = make_problem(T=1, E=E, k=8, H=H, I=I, dtype=quant, ids_dtype=torch.int64, bias=True)
-    assert chosen_tactic(p) == ONE_TOKEN
+    assert chosen_tactic(p).forward
     full = check(p, error_log, f"{quant}/one_token/int64/H{H}", quant).float()
     total = torch.zeros_like(full)
     for r in range(ep):  # each rank holds some of the token's experts
@@ -397,7 +403,7 @@ def test_one_token_graph_replay(quant, E, H, I, error_log):
     out = torch.empty_like(p["hidden_states"])
     args = (p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"])
     kw = dict(w13_scale=p["w13_scale"], w2_scale=p["w2_scale"], workspace=ws, out=out, quant=quant)
-    assert chosen_tactic(p) == ONE_TOKEN
+    assert chosen_tactic(p).forward
     fused_moe(*args, **kw)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -417,38 +423,38 @@ def test_one_token_graph_replay(quant, E, H, I, error_log):
 def test_one_token_tactic_errors():
     p = make_problem(T=2, E=8, k=2, H=256, I=128, dtype="fp8")
     with pytest.raises(ValueError, match="one_token runs 1 token, not 2"):
-        run(p, tactic=ONE_TOKEN)
+        run(p, tactic=one_token(p))
     q = make_problem(T=1, E=8, k=2, H=256, I=128, dtype="fp8")
     other = moe_kernels.list_kernels(quant="fp8")[0].name
-    with pytest.raises(ValueError, match="both gemm1 and gemm2"):
-        run(q, tactic=Tactic(moe_kernels.ONE_TOKEN, other))
+    with pytest.raises(ValueError, match="expected a GEMM kernel"):
+        run(q, tactic=Tactic(one_token(q).forward, other))
     r = make_problem(T=1, E=8, k=2, H=256, I=128, dtype="fp8", gated=False)
     with pytest.raises(ValueError, match="gated activation"):
-        run(r, tactic=ONE_TOKEN, activation="silu")
-    assert chosen_tactic(r, activation="silu") != ONE_TOKEN
+        run(r, tactic=one_token(r), activation="silu")
+    assert not chosen_tactic(r, activation="silu").forward
     # fp8_block: hidden_size a multiple of 512, and w13_scale 16-byte aligned (bulk copies).
     b = make_problem(T=1, E=8, k=2, H=384, I=128, dtype="fp8_block")
-    assert chosen_tactic(b) != ONE_TOKEN
+    assert not chosen_tactic(b).forward
     with pytest.raises(ValueError, match="multiple of 512"):
-        run(b, tactic=ONE_TOKEN)
+        run(b, tactic=one_token(b))
     # A w2 share too large for shared memory streams only where a pair's 16 rows fit a ring entry
     # of 8 w13 rows (I <= H / 2); gpt-oss's I = H (two entries per pair) was slower than decode.
     big = make_problem(T=1, E=8, k=4, H=2048, I=2048, dtype="fp8")
-    assert chosen_tactic(big) != ONE_TOKEN
+    assert not chosen_tactic(big).forward
     with pytest.raises(ValueError, match="intermediate_size <= hidden_size / 2"):
-        run(big, tactic=ONE_TOKEN)
+        run(big, tactic=one_token(big))
     # fp8_block: the token's K-block scales are held for at most 64 blocks (H <= 8192).
     h = make_problem(T=1, E=8, k=2, H=8704, I=128, dtype="fp8_block")
-    assert chosen_tactic(h) != ONE_TOKEN
+    assert not chosen_tactic(h).forward
     with pytest.raises(ValueError, match="hidden_size <= 8192, not 8704"):
-        run(h, tactic=ONE_TOKEN)
+        run(h, tactic=one_token(h))
     c = make_problem(T=1, E=8, k=2, H=512, I=128, dtype="fp8_block")
-    assert chosen_tactic(c) == ONE_TOKEN
+    assert chosen_tactic(c).forward
     shifted = torch.empty(c["w13_scale"].numel() + 1, device="cuda")[1:].view_as(c["w13_scale"])
     c["w13_scale"] = shifted.copy_(c["w13_scale"])  # 4 bytes past a 16-byte boundary
-    assert chosen_tactic(c) != ONE_TOKEN
+    assert not chosen_tactic(c).forward
     with pytest.raises(ValueError, match="16-byte aligned"):
-        run(c, tactic=ONE_TOKEN)
+        run(c, tactic=one_token(c))
     run(c)  # the grouped path takes it
 
 
@@ -557,7 +563,7 @@ def test_fused_moe_layer_static_activation_scales(error_log):
 
 @pytest.mark.parametrize("mode", FP8_MODES)
 def test_fp8_every_built_kernel(mode, error_log):
-    kernels = moe_kernels.list_kernels(quant=mode)
+    kernels = [k for k in moe_kernels.list_kernels(quant=mode) if k.gemm]
     assert kernels, f"no {mode} kernels usable on this GPU"
     H, I = (528, 272) if mode == "fp8" else (768, 384)  # fp8_block: N multiples of 256 (wide tiles)
     # ~175 rows per expert: every tile (up to 128 rows, or 64 tokens swapped) is full at least once and partial once.
@@ -741,12 +747,12 @@ def test_fp8_fp16_out_shapes(T, E, k, mode, error_log):
     assert out.dtype == torch.float16
     fp16_kernels = {x.name for x in moe_kernels.list_kernels(quant=mode, out_dtype="fp16")}
     tactic = chosen_tactic(p)
-    assert tactic == ONE_TOKEN or {tactic.gemm1, tactic.gemm2} <= fp16_kernels, tactic
+    assert set(tactic.kernels) <= fp16_kernels, tactic
 
 
 @pytest.mark.parametrize("mode", FP8_MODES)
 def test_fp8_fp16_out_every_built_kernel(mode, error_log):
-    kernels = moe_kernels.list_kernels(quant=mode, out_dtype="fp16")
+    kernels = [x for x in moe_kernels.list_kernels(quant=mode, out_dtype="fp16") if x.gemm]
     assert kernels, f"no {mode} kernels with fp16 output usable on this GPU"
     assert all(x.out_dtype == "fp16" for x in kernels)
     assert {x.schedule for x in kernels} >= {"decode"} and any(x.schedule != "decode" for x in kernels)

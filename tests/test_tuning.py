@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import moe_kernels
-from moe_kernels import Tactic, fused_moe, tuning
-from moe_kernels.tuning import BUCKETS, ProblemSpec, TuningCache, bucket_for
+from moe_kernels import Tactic, cache, fused_moe, tuning
+from moe_kernels.cache import BUCKETS, ProblemSpec, TuningCache, bucket_for
 from helpers import TOLERANCE, make_problem, reference_out, rel_error
 
 KEY = {"gpu": "NVIDIA H200", "sm_count": 132, "cuda": 13000, "version": "0.1.0"}
@@ -29,7 +29,7 @@ def test_signature_round_trip():
     assert half.signature == "fp8_block/swiglu/E256/k8/H7168/I2048/fp16"
     assert ProblemSpec.parse(half.signature) == half and half.hidden_dtype == torch.float16
     assert ProblemSpec("fp8", "swiglu", 8, 2, 64, 32).hidden_dtype == torch.bfloat16
-    with pytest.raises(ValueError, match="out_dtype: got 'fp16'"):
+    with pytest.raises(ValueError, match="out_dtype: got 'fp16'"):  # bf16 takes bf16 only
         ProblemSpec("bf16", "swiglu", 8, 2, 64, 32, "fp16")
     with pytest.raises(ValueError, match="problem signature"):
         ProblemSpec.parse("fp8/swiglu/E8/k2/H64/I32/fp16/x")
@@ -40,14 +40,15 @@ def test_signature_round_trip():
 def test_cache_round_trip(tmp_path):
     path = str(tmp_path / "tuned.json")
     c = TuningCache(KEY, path)
-    rec = {"gemm1": "a", "gemm2": "b", "us": 1.0}
+    rec = {"tactic": "a+b", "us": 1.0}
     c.put(SPEC, 16, rec)
     c.save()
     again = TuningCache(KEY, path)
-    assert again.get(SPEC, 16) == Tactic("a", "b")
+    assert Tactic.parse(again.get(SPEC, 16)) == Tactic("a", "b")
     assert again.get(SPEC, 32) is None
     data = json.loads(open(path).read())
     assert data["key"] == KEY and data["entries"][SPEC.signature]["16"] == rec
+    assert data["format"] == cache.CACHE_FORMAT
 
 
 @pytest.mark.parametrize("field,value", [("gpu", "NVIDIA H100 80GB HBM3"), ("sm_count", 114),
@@ -55,70 +56,74 @@ def test_cache_round_trip(tmp_path):
 def test_mismatched_key_is_ignored_with_a_warning(tmp_path, field, value):
     path = str(tmp_path / "tuned.json")
     c = TuningCache({**KEY, field: value}, path)
-    c.put(SPEC, 16, {"gemm1": "a", "gemm2": "b"})
+    c.put(SPEC, 16, {"tactic": "a+b"})
     c.save()
     with pytest.warns(UserWarning, match="ignoring tuning cache"):
         mine = TuningCache(KEY, path)
     assert mine.get(SPEC, 16) is None
 
 
-def test_one_token_problems_use_only_records_tuned_with_it(monkeypatch):
-    """CPU check of cached_tactic's rule: where one_token can run, a bucket's record counts
-    only if one_token was among its candidates (ONE_TOKEN_KEY); elsewhere any record does."""
-    c = TuningCache(KEY)
-    monkeypatch.setattr(tuning, "_cache_for", lambda device: c)
-    monkeypatch.setattr(tuning, "_active", [])  # outside autotune(): nothing is tuned here
-    c.put(SPEC, 1, {"gemm1": "a", "gemm2": "b", "us": 1.0})  # tuned before one_token competed
-    assert tuning.cached_tactic(SPEC, 1, 0) == Tactic("a", "b")
-    assert tuning.cached_tactic(SPEC, 1, 0, one_token=True) is None
-    c.put(SPEC, 1, {"gemm1": "a", "gemm2": "b", "us": 1.0, tuning.ONE_TOKEN_KEY: 2.0})
-    assert tuning.cached_tactic(SPEC, 1, 0, one_token=True) == Tactic("a", "b")
+def test_an_older_format_is_ignored_with_a_warning(tmp_path):
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"format": 1, "key": KEY, "entries": {SPEC.signature: {"16": {"gemm1": "a"}}}}))
+    with pytest.warns(UserWarning, match="ignoring tuning cache"):
+        assert TuningCache(KEY, str(path)).entries == {}
 
 
 def test_a_bucket_without_a_record_takes_the_default_rule(monkeypatch):
     """A table made before a bucket existed: T in that bucket gets None (the default rule), not
     the pick of the bucket above (tuned for up to twice the tokens)."""
     c = TuningCache(KEY)
-    monkeypatch.setattr(tuning, "_cache_for", lambda device: c)
-    monkeypatch.setattr(tuning, "_active", [])
-    c.put(SPEC, 16384, {"gemm1": "a", "gemm2": "b"})
-    assert tuning.cached_tactic(SPEC, 6000, 0) is None
-    assert tuning.cached_tactic(SPEC, 9000, 0) == Tactic("a", "b")
+    monkeypatch.setattr(cache, "cache_for", lambda device: c)
+    monkeypatch.setattr(cache, "tuners", [])  # outside autotune(): nothing is tuned here
+    c.put(SPEC, 16384, {"tactic": "a+b"})
+    assert cache.lookup(SPEC, 6000, 0) is None
+    assert cache.lookup(SPEC, 9000, 0) == "a+b"
 
 
-def test_fp16_output_problems_fall_back_to_the_bf16_records_tiles(monkeypatch):
-    """An FP8 problem with fp16 output and no record of its own takes the bf16 record's kernels in
-    their fp16 form (same tiles); its own record, once tuned, comes first."""
+def test_lookup_tunes_a_new_bucket_through_the_innermost_tuner(monkeypatch):
     c = TuningCache(KEY)
-    monkeypatch.setattr(tuning, "_cache_for", lambda device: c)
-    monkeypatch.setattr(tuning, "_active", [])
-    bf16 = ProblemSpec("fp8", "swiglu", 128, 8, 2048, 768)
-    fp16 = ProblemSpec("fp8", "swiglu", 128, 8, 2048, 768, "fp16")
-    assert tuning.cached_tactic(fp16, 16, 0) is None
-    c.put(bf16, 16, {"gemm1": "sm90_e4m3xe4m3_bf16_16x64x128_1x1_decode",
-                     "gemm2": "sm90_e4m3xe4m3_bf16_8x64x128_1x1_decode"})
-    c.put(bf16, 1, {"gemm1": "one_token", "gemm2": "one_token", tuning.ONE_TOKEN_KEY: 17.0})
-    assert tuning.cached_tactic(fp16, 16, 0) == Tactic("sm90_e4m3xe4m3_fp16_16x64x128_1x1_decode",
-                                                       "sm90_e4m3xe4m3_fp16_8x64x128_1x1_decode")
-    assert tuning.cached_tactic(fp16, 1, 0, one_token=True) == Tactic("one_token", "one_token")
-    c.put(fp16, 16, {"gemm1": "x", "gemm2": "y"})
-    assert tuning.cached_tactic(fp16, 16, 0) == Tactic("x", "y")
-    assert tuning.cached_tactic(bf16, 16, 0).gemm1 == "sm90_e4m3xe4m3_bf16_16x64x128_1x1_decode"  # its own
+    monkeypatch.setattr(cache, "cache_for", lambda device: c)
+    asked = []
+    monkeypatch.setattr(cache, "tuners", [lambda *a: pytest.fail("outer"),
+                                          lambda spec, b, d: asked.append(b) or {"tactic": "x+y"}])
+    assert cache.lookup(SPEC, 9, 0) == "x+y" and asked == [16]
+    assert cache.lookup(SPEC, 12, 0) == "x+y" and asked == [16]  # kept: not tuned again
 
 
-def test_report_prints_one_token_and_records_without_a_default(capsys):
-    whole = {"gemm1": "one_token", "gemm2": "one_token", "us": 17.0, "search": None, "search_us": None,
+def test_fp16_output_problems_take_the_bf16_records_kernels_in_their_fp16_form():
+    """An FP8 problem with fp16 output and no record of its own takes the bf16 record's kernels
+    in their fp16 form: the same instantiation by its fields (tile, schedule, mainloop, ...)."""
+    from moe_kernels import _native
+    from moe_kernels.tactic import _other_output
+    kernels = next(lib["kernels"] for lib in _native.libraries() if lib["arch"] == "sm90a")
+    bf16 = [k for k in kernels if k.mode == "fp8" and k.out_dtype == "bf16"]
+    for k in bf16:
+        twin = [o for o in kernels if o.out_dtype == "fp16" and o.same_kernel(k)]
+        if not twin:
+            continue
+        tactic = Tactic(forward=k.name) if not k.gemm else Tactic(k.name, k.name)
+        other = _other_output(tactic, kernels, "fp16")
+        assert other is not None and set(other.kernels) == {twin[0].name}, (k.name, other)
+    forward = next(k for k in bf16 if not k.gemm)
+    assert _other_output(Tactic(forward=forward.name), kernels, "fp16").forward == forward.name.replace("bf16", "fp16")
+    assert _other_output(Tactic("not-a-kernel", bf16[0].name), kernels, "fp16") is None
+
+
+def test_report_prints_forward_kernels_and_records_without_a_default(capsys):
+    from moe_kernels.cli.tune import report
+    whole = {"tactic": "sm90_fp8_bf16_one_token", "us": 17.0, "search": None, "search_us": None,
              "default": None, "default_us": None, "runner_up": None, "runner_up_us": None,
-             "rejected": {}, "faulted": {}, tuning.ONE_TOKEN_KEY: 17.0}
-    grouped = {**whole, "gemm1": "a", "gemm2": "b", "us": 20.0, "search_us": 20.0, "default_us": 25.0,
-               "rejected": {"c+c": "wrong result"}, tuning.ONE_TOKEN_KEY: "not applicable: 2 tokens"}
+             "rejected": {}, "faulted": {}, "forwards": {"sm90_fp8_bf16_one_token": 17.0}}
+    grouped = {**whole, "tactic": "a+b", "us": 20.0, "search_us": 20.0, "default_us": 25.0,
+               "rejected": {"c+c": "wrong result"}, "forwards": {"sm90_fp8_bf16_one_token": "not applicable: 2 tokens"}}
     results = {SPEC.signature: {"1": whole, "16": grouped, "64": None}}
     for exhaustive in (False, True):
-        tuning.report([SPEC], results, "skewed", exhaustive)
+        report([SPEC], results, "skewed", exhaustive)
     out = capsys.readouterr().out
-    assert "one_token: 17.0 us" in out and "one_token: not applicable: 2 tokens" in out
+    assert "sm90_fp8_bf16_one_token: 17.0 us" in out and "sm90_fp8_bf16_one_token: not applicable: 2 tokens" in out
     assert "rejected c+c: wrong result" in out and "no valid tactic" in out
-    assert "     1       17.0           -" in out  # no default where only one_token ran
+    assert "     1       17.0           -" in out  # no default where only the forward kernel ran
     assert "1.250" in out  # default / best at bucket 16, exhaustive table
 
 
@@ -134,13 +139,13 @@ def test_shipped_tables_are_well_formed():
     d = os.path.join(os.path.dirname(moe_kernels.__file__), "tuned")
     for name in (os.listdir(d) if os.path.isdir(d) else []):
         data = json.load(open(os.path.join(d, name)))
-        assert data["format"] == tuning.CACHE_FORMAT and set(data["key"]) == set(KEY)
+        assert data["format"] == cache.CACHE_FORMAT and set(data["key"]) == set(KEY)
         for sig, buckets in data["entries"].items():
             ProblemSpec.parse(sig)
             # every bucket: one left out would fall to the default rule, not to a neighbour's pick
             assert sorted(map(int, buckets)) == list(BUCKETS), (name, sig)
             for b, rec in buckets.items():
-                assert rec["gemm1"] and rec["gemm2"]
+                assert Tactic.parse(rec["tactic"]).kernels
 
 
 # ---- GPU --------------------------------------------------------------------------------------
@@ -211,7 +216,7 @@ def test_tuning_picks_a_tactic_that_passes_the_reference():
     assert rec["us"] > 0 and rec["default_us"] >= rec["us"] * 0.5
     assert rec["candidates"] >= 1 and not rec["rejected"] and not rec["faulted"]
     assert rec["default"] in rec["finalists"], rec  # re-timed with the others, whatever it ranked
-    _check_tactic(Tactic(rec["gemm1"], rec["gemm2"]))
+    _check_tactic(Tactic.parse(rec["tactic"]))
 
 
 @pytest.mark.gpu
@@ -220,9 +225,9 @@ def test_corrupted_candidate_is_rejected_not_chosen():
     res = tuning.tune([SPEC], [16], replays=3, progress=False,
                       env={tuning.TEST_CORRUPT_ENV: bad})
     rec = res[SPEC.signature]["16"]
-    assert bad not in (rec["gemm1"], rec["gemm2"])
+    assert bad not in Tactic.parse(rec["tactic"]).kernels
     assert any(bad in k and "wrong result" in why for k, why in rec["rejected"].items())
-    _check_tactic(Tactic(rec["gemm1"], rec["gemm2"]))  # and this process keeps working
+    _check_tactic(Tactic.parse(rec["tactic"]))  # and this process keeps working
 
 
 @pytest.mark.gpu
@@ -236,8 +241,8 @@ def test_isolated_tuner_survives_a_faulting_kernel():
     for b in ("16", "64"):
         rec = res[SPEC.signature][b]
         assert bad in rec["faulted"], rec["faulted"]
-        assert bad not in (rec["gemm1"], rec["gemm2"])
-    _check_tactic(Tactic(rec["gemm1"], rec["gemm2"]))
+        assert bad not in Tactic.parse(rec["tactic"]).kernels
+    _check_tactic(Tactic.parse(rec["tactic"]))
 
 
 @pytest.mark.gpu
@@ -252,7 +257,7 @@ def test_tuned_choice_is_used_inside_a_cuda_graph(tmp_path):
     with moe_kernels.autotune(cache=path, routing="skewed"):
         fused_moe(*args, workspace=ws, out=out)  # first sight of this bucket: tuned now
         rec = json.load(open(path))["entries"][SPEC.signature][str(bucket_for(T))]
-        tuned = Tactic(rec["gemm1"], rec["gemm2"])
+        tuned = Tactic.parse(rec["tactic"])
         assert moe_kernels.api.choose_tactic(*args) == tuned
         eager = out.clone()
         g = torch.cuda.CUDAGraph()
@@ -267,16 +272,18 @@ def test_tuned_choice_is_used_inside_a_cuda_graph(tmp_path):
     assert moe_kernels.api.choose_tactic(*args) == tuned
 
 
-# One token of this fp8 problem fits the one_token tactic (tests/test_gpu.py ONE_TOKEN_SHAPES).
+# One token of this fp8 problem fits the one-token forward kernel (tests/test_gpu.py ONE_TOKEN_SHAPES).
 ONE_TOKEN_SPEC = ProblemSpec("fp8", "swiglu", 8, 1, 512, 1024)
 
 
 @pytest.mark.gpu
-def test_one_token_tactic_is_a_candidate_at_one_token():
-    whole = Tactic(moe_kernels.ONE_TOKEN, moe_kernels.ONE_TOKEN)
+def test_forward_kernels_are_candidates_at_one_token():
+    ts = moe_kernels.list_tactics("fp8")
+    assert ts.forwards and Tactic(forward=ts.forwards[0]) in ts.tactics
+    whole = Tactic(forward=ts.forwards[0])
     res = tuning.tune([ONE_TOKEN_SPEC], [1], replays=3, progress=False)
     rec = res[ONE_TOKEN_SPEC.signature]["1"]
-    assert isinstance(rec[tuning.ONE_TOKEN_KEY], float) and rec[tuning.ONE_TOKEN_KEY] > 0, rec
+    assert isinstance(rec["forwards"][whole.forward], float) and rec["forwards"][whole.forward] > 0, rec
     assert str(whole) not in rec["rejected"] and not rec["faulted"]
     # One launch against the grouped path's six: among the fastest three on this small problem.
     assert str(whole) in rec["finalists"], rec["finalists"]
@@ -284,24 +291,22 @@ def test_one_token_tactic_is_a_candidate_at_one_token():
                      I=ONE_TOKEN_SPEC.inter, dtype="fp8")
     args = (p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"])
     kw = dict(quant="fp8", w13_scale=p["w13_scale"], w2_scale=p["w2_scale"])
-    grouped = moe_kernels.list_kernels(quant="fp8")[0].name
-    cache = tuning._cache_for(torch.cuda.current_device())
-    saved = cache.entries.get(ONE_TOKEN_SPEC.signature, {}).get("1")
+    grouped = ts.kernels[0]
+    mem = cache.cache_for(torch.cuda.current_device())
+    saved = mem.entries.get(ONE_TOKEN_SPEC.signature, {}).get("1")
     try:
-        # A record tuned with one_token among its candidates is used, whichever pair won.
-        cache.put(ONE_TOKEN_SPEC, 1, {**rec, "gemm1": grouped, "gemm2": grouped})
+        # The record is used, whichever tactic won; without one the default rule takes the forward.
+        mem.put(ONE_TOKEN_SPEC, 1, {**rec, "tactic": f"{grouped}+{grouped}"})
         assert moe_kernels.api.choose_tactic(*args, **kw) == Tactic(grouped, grouped)
-        cache.put(ONE_TOKEN_SPEC, 1, {**rec, "gemm1": whole.gemm1, "gemm2": whole.gemm2})
+        mem.put(ONE_TOKEN_SPEC, 1, {**rec, "tactic": str(whole)})
         assert moe_kernels.api.choose_tactic(*args, **kw) == whole
-        # One tuned before it was a candidate (no ONE_TOKEN_KEY) gives way to one_token.
-        old = {k: v for k, v in rec.items() if k != tuning.ONE_TOKEN_KEY}
-        cache.put(ONE_TOKEN_SPEC, 1, {**old, "gemm1": grouped, "gemm2": grouped})
+        mem.entries.get(ONE_TOKEN_SPEC.signature, {}).pop("1", None)
         assert moe_kernels.api.choose_tactic(*args, **kw) == whole
     finally:
         if saved is None:
-            cache.entries.get(ONE_TOKEN_SPEC.signature, {}).pop("1", None)
+            mem.entries.get(ONE_TOKEN_SPEC.signature, {}).pop("1", None)
         else:
-            cache.put(ONE_TOKEN_SPEC, 1, saved)
+            mem.put(ONE_TOKEN_SPEC, 1, saved)
 
 
 FAKE_WORKER = r'''
@@ -322,7 +327,7 @@ for b in map(int, args.buckets.split(",")):
         if k == "faulty":
             print("CUDA error: an illegal memory access was encountered", file=sys.stderr)
             sys.exit(134)  # what a kernel fault does to the child
-    emit(event="bucket", bucket=b, record={"gemm1": "good", "gemm2": "good", "us": 1.0,
+    emit(event="bucket", bucket=b, record={"tactic": "good+good", "us": 1.0,
                                            "faulted": excluded, "rejected": {}})
 emit(event="done", peak_bytes=1, weight_bytes=1, workspace_bytes=1)
 '''
@@ -337,7 +342,7 @@ def test_parent_survives_a_faulting_child_and_excludes_the_suspect(tmp_path, mon
     res = tuning.tune([SPEC], [16, 64], device="cuda:0", progress=False)
     for b in ("16", "64"):
         rec = res[SPEC.signature][b]
-        assert (rec["gemm1"], rec["gemm2"]) == ("good", "good")
+        assert rec["tactic"] == "good+good"
         assert "faulty" in rec["faulted"] and "illegal memory access" in rec["faulted"]["faulty"]
 
 

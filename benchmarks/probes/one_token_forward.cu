@@ -11,7 +11,8 @@
 // point in the w13 stream at which the w2 share may be requested (the library: after the last
 // tile; the streamed form has one). ONE_SET=1 repeats one expert set, so that the weights come
 // from L2.
-//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude \
+//   python3 cmake/generate_kernels.py --archs 90a --catalog minimal --out /tmp/gen  # modes.h
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude -I/tmp/gen/include \
 //     -o /tmp/one_token benchmarks/probes/one_token_forward.cu && /tmp/one_token
 #include <cmath>
 #include <random>

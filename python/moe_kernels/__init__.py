@@ -5,15 +5,14 @@
 from . import prepare, reference
 from ._native import KernelInfo
 from .api import fused_moe, list_kernels, workspace_size
-from .tuning import autotune, list_tactics
 from .layer import FusedMoE
 from .modes import Activation, QuantMode
-from .tactic import ONE_TOKEN, Tactic
+from .tactic import Tactic
+from .tuning import autotune, list_tactics
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ONE_TOKEN",
     "Activation",
     "FusedMoE",
     "KernelInfo",

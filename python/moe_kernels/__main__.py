@@ -1,30 +1,6 @@
-"""Command line: `python -m moe_kernels info | bench | profile | tune`."""
-from __future__ import annotations
-
-import argparse
+"""`python -m moe_kernels ...`: see moe_kernels.cli."""
 import sys
 
+from .cli import main
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m moe_kernels")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_info = sub.add_parser("info", help="what this build holds and which GPUs it supports")
-    p_info.add_argument("--json", action="store_true", help="machine-readable output")
-    from . import bench, tuning
-    bench.add_arguments(sub.add_parser("bench", help="time the fused layer against its floors and peers"))
-    bench.add_profile_arguments(sub.add_parser(
-        "profile", help="forwards between cudaProfilerStart/Stop, for ncu or nsys"))
-    tuning.add_arguments(sub.add_parser("tune", help="tune tactics per token bucket in a child process"))
-    args = parser.parse_args(argv)
-    if args.command == "info":
-        from . import info
-        return info.main(args)
-    if args.command == "tune":
-        return tuning.main(args)
-    if args.command == "profile":
-        return bench.profile_main(args)
-    return bench.main(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+sys.exit(main())

@@ -34,27 +34,48 @@ def build_info() -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class KernelInfo:
-    """One grouped-GEMM instantiation of the catalog, as the library reports it."""
+    """One registry entry of a per-arch library, as the library reports it: what the kernel
+    is, as fields (selection reads these, never the name)."""
 
     name: str
     arch: str
-    quant: str         # the QuantMode value it serves
-    act_dtype: str
-    weight_dtype: str
-    out_dtype: str
+    mode: str           # the QuantMode value it serves
+    act_format: str     # modes.ACT_FORMATS key
+    weight_format: str  # modes.WEIGHT_FORMATS key
+    out_dtype: str      # "bf16" or "fp16"
+    kind: str           # "grouped" (CUTLASS), "decode", "contiguous" or "forward" (the whole forward)
+    schedule: str
+    mainloop: str       # "", "fastaccum" or "blockwise"
+    swap_ab: bool       # the weights are the MMA's A operand
     tile: tuple
     cluster: tuple
-    schedule: str
     smem_bytes: int
+
+    @property
+    def quant(self) -> str:
+        return self.mode
+
+    @property
+    def gemm(self) -> bool:
+        """A kernel for one GEMM of a tactic (else the whole forward)."""
+        return self.kind != "forward"
+
+    def same_kernel(self, other: "KernelInfo") -> bool:
+        """The same instantiation but for its output type (an FP8 kernel's bf16/fp16 forms)."""
+        return all(getattr(self, f) == getattr(other, f) for f in
+                   ("arch", "mode", "kind", "schedule", "mainloop", "swap_ab", "tile", "cluster"))
 
     def __str__(self) -> str:
         return self.name
 
 
 def _kernels(lib: dict) -> list:
-    return [KernelInfo(name=k["name"], arch=lib["arch"], quant=k["quant"], act_dtype=k["act_dtype"],
-                       weight_dtype=k["weight_dtype"], out_dtype=k["out_dtype"], tile=tuple(k["tile"]),
-                       cluster=tuple(k["cluster"]), schedule=k["schedule"],
+    from .modes import ACT_FORMATS, WEIGHT_FORMATS
+    acts, weights, kinds = list(ACT_FORMATS), list(WEIGHT_FORMATS), C().KERNEL_KINDS
+    return [KernelInfo(name=k["name"], arch=lib["arch"], mode=k["mode"], act_format=acts[k["act_format"]],
+                       weight_format=weights[k["weight_format"]], out_dtype=("bf16", "fp16")[k["out_dtype"]],
+                       kind=kinds[k["kind"]], schedule=k["schedule"], mainloop=k["mainloop"],
+                       swap_ab=k["swap_ab"], tile=tuple(k["tile"]), cluster=tuple(k["cluster"]),
                        smem_bytes=k["smem_bytes"]) for k in lib["kernels"]]
 
 
@@ -80,3 +101,11 @@ def device_info(device: int) -> dict:
 def kernel_problem(device: int, name: str) -> str:
     """Why kernel `name` cannot run on `device`, or "" when it can (cached per device)."""
     return C().check_kernel(device, name)
+
+
+@functools.lru_cache(maxsize=None)
+def usable_kernels(device: int, mode: str, out_dtype: str) -> dict:
+    """{name: KernelInfo} of one mode's kernels with this output type that can run on
+    `device` (GEMM and forward kernels alike). Cached: forwards look it up on every call."""
+    return {k.name: k for k in library_for(device)["kernels"]
+            if k.mode == mode and k.out_dtype == out_dtype and not kernel_problem(device, k.name)}

@@ -6,6 +6,7 @@ import torch
 from . import api
 from .modes import Activation, QuantMode
 from .prepare import prepare_weights
+from .problem import check_alignment
 
 
 class FusedMoE(torch.nn.Module):
@@ -33,11 +34,7 @@ class FusedMoE(torch.nn.Module):
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self.quant = QuantMode.parse(quant)
-        spec = api._SUPPORTED.get(self.quant)  # unsupported modes fail at the first forward
-        if spec and (hidden_size % spec.align or intermediate_size % spec.align):
-            raise ValueError(f"hidden_size={hidden_size}, intermediate_size={intermediate_size}: "
-                             f"expected multiples of {spec.align} for quant={self.quant.value!r} "
-                             f"({spec.why_align})")
+        check_alignment(self.quant.spec, hidden_size, intermediate_size, "hidden_size/intermediate_size")
         self.activation = Activation.parse(activation)
         self.ep_rank, self.ep_size = ep_rank, ep_size
         self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit

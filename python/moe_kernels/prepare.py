@@ -2,20 +2,17 @@
 
 For the 16-bit modes the kernels read nn.Linear-style [out, in] weights as they are, so
 preparing means validating shapes and dtypes and making them contiguous on the device.
-FP8 checkpoints (`fp8`, `fp8_block`) are validated as they are stored, with their scales;
-`quantize_weights` makes them from 16-bit weights (moe_kernels.fp8 defines the numerics).
+Quantized checkpoints are validated as they are stored, with their scales, by the rules of
+their weight format (moe_kernels.modes); `quantize_weights` makes FP8 ones from 16-bit
+weights (moe_kernels.fp8 defines the numerics).
 """
 from __future__ import annotations
 
 import torch
 
-from . import fp8
+from . import fp8, reference
 from .modes import Activation, QuantMode
-
-_DTYPES = {QuantMode.BF16: torch.bfloat16, QuantMode.FP16: torch.float16,
-           QuantMode.FP8: torch.float8_e4m3fn, QuantMode.FP8_BLOCK: torch.float8_e4m3fn}
-_FP8 = (QuantMode.FP8, QuantMode.FP8_BLOCK)
-
+from .problem import DTYPES, check_alignment, weight_dtype, weight_scale
 
 def _check(name, t, dtype, shape):
     if not isinstance(t, torch.Tensor):
@@ -27,36 +24,16 @@ def _check(name, t, dtype, shape):
         raise ValueError(f"{name}: got shape {tuple(t.shape)}, expected {tuple(shape)}")
 
 
-def _check_scale(name, scale, mode, E, N, K):
-    """Weight scales as checkpoints store them: fp8 per tensor [E] (or [E, 1]) or per output
-    channel [E, N] (or [E, N, 1]); fp8_block [E, ceil(N/128), ceil(K/128)]. float32, > 0."""
-    if not isinstance(scale, torch.Tensor):
-        raise TypeError(f"{name}: got {type(scale).__name__}, expected a float32 torch.Tensor "
-                        f"(quant={mode.value!r} needs weight scales)")
-    if scale.dtype != torch.float32:
-        raise TypeError(f"{name}: got dtype {scale.dtype}, expected torch.float32")
-    if mode is QuantMode.FP8_BLOCK:
-        allowed = [(E, -(-N // fp8.BLOCK), -(-K // fp8.BLOCK))]
-    else:
-        allowed = [(E,), (E, 1), (E, 1, 1), (E, N), (E, N, 1)]
-    if tuple(scale.shape) not in allowed:
-        raise ValueError(f"{name}: got shape {tuple(scale.shape)}, expected one of {allowed}")
-    if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
-        raise ValueError(f"{name}: got non-positive or non-finite values, expected scales > 0")
-    if mode is QuantMode.FP8_BLOCK:
-        return scale
-    return scale.reshape(E) if scale.numel() == E else scale.reshape(E, N)
-
-
 def _check_act_scale(name, scale, mode, E):
-    """A static activation scale (fp8 only): one element, or one per expert ([E] or [E, 1], a
-    checkpoint's input_scale), reduced to their max: the kernels quantize each GEMM input with
-    one scale, and the largest one saturates no expert's inputs (vLLM does the same)."""
+    """A static activation scale (formats that take one: fp8): one element, or one per expert
+    ([E] or [E, 1], a checkpoint's input_scale), reduced to their max: the kernels quantize
+    each GEMM input with one scale, and the largest one saturates no expert's inputs (vLLM
+    does the same)."""
     if scale is None:
         return None
-    if mode is not QuantMode.FP8:
+    if not mode.spec.act_format.static_scale:
         raise ValueError(f"{name}: got a static activation scale, expected None for quant={mode.value!r} "
-                         "(only fp8 takes static scales; fp8_block quantizes per token per 128 columns)")
+                         f"(only fp8 takes static scales; its activations are {mode.spec.act_format.doc})")
     if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
         got = scale.dtype if isinstance(scale, torch.Tensor) else type(scale).__name__
         raise TypeError(f"{name}: got {got}, expected a float32 torch.Tensor")
@@ -77,36 +54,43 @@ def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None
 
     w13 [E, 2I, H] (gate rows, then up rows; [E, I, H] for non-gated activations),
     w2 [E, H, I], optional w13_bias [E, 2I or I] and w2_bias [E, H] (in the 16-bit type; for
-    the FP8 modes that of the hidden states the layer will take, bfloat16 or float16). For
-    `fp8` and `fp8_block`, the weights are torch.float8_e4m3fn with their float32 scales (see `_check_scale`; dequantized weight =
-    q * scale). `fp8` may also take static activation scales a13_scale / a2_scale (see
-    `_check_act_scale`); without them the GEMM inputs are quantized per token. Returns a dict
-    with keys w13, w2, w13_bias, w2_bias (and w13_scale, w2_scale, a13_scale, a2_scale for
-    FP8; the activation scales None when dynamic) ready for `moe_kernels.fused_moe`.
+    modes with several hidden dtypes that of the hidden states the layer will take, bfloat16
+    or float16). Quantized weights come in their format's storage dtype with their scales as
+    moe_kernels.modes.WEIGHT_FORMATS declares them (fp8: per tensor [E] or per channel [E, N];
+    fp8_block: [E, N/128, K/128]; dequantized weight = q * scale). `fp8` may also take static
+    activation scales a13_scale / a2_scale (see `_check_act_scale`); without them the GEMM
+    inputs are quantized per token. Returns a dict with keys w13, w2, w13_bias, w2_bias (and
+    w13_scale, w2_scale, a13_scale, a2_scale for scaled formats; the activation scales None
+    when dynamic) ready for `moe_kernels.fused_moe`.
     """
     mode = QuantMode.parse(quant)
-    if mode not in _DTYPES:
+    spec = mode.spec
+    if mode.value not in reference.MODES:
         raise NotImplementedError(f"prepare_weights: quant={mode.value!r} is not supported yet; "
-                                  f"supported: {[m.value for m in _DTYPES]}")
+                                  f"supported: {list(reference.MODES)}")
     act = Activation.parse(activation)
-    dtype = _DTYPES[mode]
     if not isinstance(w2, torch.Tensor) or w2.dim() != 3:
         raise ValueError(f"w2: got {getattr(w2, 'shape', type(w2).__name__)}, expected a 3-D tensor [E, H, I]")
+    hidden = tuple(DTYPES[d] for d in spec.hidden)
+    dtype = weight_dtype(spec, hidden[0])
     E, H, I = w2.shape
     n1 = 2 * I if act.gated else I
     _check("w13", w13, dtype, (E, n1, H))
     _check("w2", w2, dtype, (E, H, I))
-    bias_dtype = (torch.bfloat16, torch.float16) if mode in _FP8 else dtype
     if w13_bias is not None:
-        _check("w13_bias", w13_bias, bias_dtype, (E, n1))
+        _check("w13_bias", w13_bias, hidden, (E, n1))
     if w2_bias is not None:
-        _check("w2_bias", w2_bias, w13_bias.dtype if w13_bias is not None else bias_dtype, (E, H))
-    if H % 8 or I % 8:
-        raise ValueError(f"w2: hidden_size={H}, intermediate_size={I}; expected both multiples of 8")
+        _check("w2_bias", w2_bias, w13_bias.dtype if w13_bias is not None else hidden, (E, H))
+    check_alignment(spec, H, I, "w2")
     scales = {}
-    if mode in _FP8:
-        scales = {"w13_scale": _check_scale("w13_scale", w13_scale, mode, E, n1, H),
-                  "w2_scale": _check_scale("w2_scale", w2_scale, mode, E, H, I),
+    fmt = spec.weight_format
+    if fmt.scale is not None:
+        for name, scale in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
+            if not isinstance(scale, torch.Tensor):
+                raise TypeError(f"{name}: got {type(scale).__name__}, expected a torch.Tensor "
+                                f"(quant={mode.value!r} needs weight scales: {fmt.scale.what})")
+        scales = {"w13_scale": weight_scale("w13_scale", w13_scale.contiguous(), fmt, E, n1, H, values=True, align=1),
+                  "w2_scale": weight_scale("w2_scale", w2_scale.contiguous(), fmt, E, H, I, values=True, align=1),
                   "a13_scale": _check_act_scale("a13_scale", a13_scale, mode, E),
                   "a2_scale": _check_act_scale("a2_scale", a2_scale, mode, E)}
     elif any(t is not None for t in (w13_scale, w2_scale, a13_scale, a2_scale)):
@@ -128,7 +112,7 @@ def quantize_weights(w13, w2, *, quant="fp8", granularity=None, activation="swig
 
     granularity: for `fp8`, "channel" (default) or "tensor"; `fp8_block` is always 128x128."""
     mode = QuantMode.parse(quant)
-    if mode not in _FP8:
+    if mode not in (QuantMode.FP8, QuantMode.FP8_BLOCK):
         raise ValueError(f"quant={mode.value!r}: quantize_weights makes fp8 or fp8_block weights")
     if mode is QuantMode.FP8_BLOCK:
         if granularity not in (None, "block"):

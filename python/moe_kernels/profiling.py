@@ -170,13 +170,13 @@ def make_weights(quant, activation, experts, hidden, inter, *, device="cuda", se
     """Random expert weights of a problem, prepared exactly as FusedMoE.load_weights would."""
     import torch
     from .modes import Activation, QuantMode
-    from .prepare import prepare_weights
-    from .prepare import quantize_weights
+    from .prepare import prepare_weights, quantize_weights
+    from .problem import DTYPES
+    from .reference import MODES
     mode = QuantMode.parse(quant)
-    dtype = {QuantMode.BF16: torch.bfloat16, QuantMode.FP16: torch.float16,
-             QuantMode.FP8: torch.bfloat16, QuantMode.FP8_BLOCK: torch.bfloat16}.get(mode)
-    if dtype is None:
+    if mode.value not in MODES:
         raise NotImplementedError(f"profiling inputs for quant={mode.value!r} are not written yet")
+    dtype = DTYPES[mode.spec.hidden[0]]
     n1 = 2 * inter if Activation.parse(activation).gated else inter
     gen = torch.Generator(device=device).manual_seed(seed)
     w13 = torch.randn(experts, n1, hidden, device=device, dtype=dtype, generator=gen) * hidden ** -0.5

@@ -9,9 +9,13 @@ import torch
 import torch.nn.functional as F
 
 from . import fp8
+from .modes import MODES as _ALL_MODES
 from .modes import Activation, QuantMode
 
-_REFERENCE_MODES = (QuantMode.BF16, QuantMode.FP16, QuantMode.FP8, QuantMode.FP8_BLOCK)
+# The formats written here; MODES: the modes made of them.
+_ACT_FORMATS = ("a16", "fp8_row", "fp8_row128")
+_WEIGHT_FORMATS = ("w16", "e4m3", "e4m3_block128")
+MODES = {name: m for name, m in _ALL_MODES.items() if m.act in _ACT_FORMATS and m.weight in _WEIGHT_FORMATS}
 
 
 def apply_activation(x: torch.Tensor, act, *, swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0) -> torch.Tensor:
@@ -35,16 +39,26 @@ def apply_activation(x: torch.Tensor, act, *, swiglu_alpha: float = 1.702, swigl
     return x
 
 
-def _fp8_input(x, mode, static_scale):
-    """Dequantized GEMM input as the kernels quantize it: a static per-tensor scale if given,
-    else dynamic per token (fp8) or per token per 128 columns (fp8_block)."""
+def gemm_input(x, act_format: str, static_scale=None):
+    """A GEMM input as the kernels feed it, dequantized: as is (a16), E4M3 with a static
+    per-tensor scale if given, else dynamic per token (fp8_row) or per token per 128 columns
+    (fp8_row128)."""
+    if act_format == "a16":
+        return x
     if static_scale is not None:
         return fp8.dequantize(fp8.quantize(x, static_scale.float()), static_scale.float())
-    if mode is QuantMode.FP8_BLOCK:
+    if act_format == "fp8_row128":
         q, scale = fp8.quantize_per_token_group(x)
         return fp8.dequantize(q, fp8.expand_groups(scale, x.shape[-1]))
     q, scale = fp8.quantize_per_token(x)
     return fp8.dequantize(q, scale)
+
+
+def dequantize_weight(w, weight_format: str, scale=None):
+    """One expert's weight [N, K] in float32, as its format defines it."""
+    if weight_format == "w16":
+        return w.float()
+    return w.float() * fp8.weight_scale_full(scale[None], *w.shape)[0]  # e4m3, e4m3_block128
 
 
 def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
@@ -56,33 +70,28 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
     FP8 modes: weights are float8_e4m3fn with w13_scale/w2_scale as `moe_kernels.prepare`
     accepts them; GEMM inputs are quantized with the static per-tensor a13_scale/a2_scale
     when given, else dynamically (moe_kernels.fp8), exactly where the kernels quantize."""
-    mode = QuantMode.parse(quant) if quant is not None else None
-    if mode is not None and mode not in _REFERENCE_MODES:
-        raise NotImplementedError(f"reference for quant={mode.value!r} is not written yet")
-    quantized = mode in (QuantMode.FP8, QuantMode.FP8_BLOCK)
-    if quantized and (w13_scale is None or w2_scale is None):
-        raise ValueError(f"quant={mode.value!r}: w13_scale and w2_scale are required")
+    spec = QuantMode.parse(quant).spec if quant is not None else None
+    if spec is not None and spec.name not in MODES:
+        raise NotImplementedError(f"reference for quant={spec.name!r} is not written yet "
+                                  f"(weight format {spec.weight!r}, activation format {spec.act!r})")
+    act_format, weight_format = (spec.act, spec.weight) if spec else ("a16", "w16")
+    if weight_format != "w16" and (w13_scale is None or w2_scale is None):
+        raise ValueError(f"quant={spec.name!r}: w13_scale and w2_scale are required")
     act = Activation.parse(activation)
-    x = hidden_states.float()
-    if quantized:
-        x = _fp8_input(x, mode, a13_scale)
+    x = gemm_input(hidden_states.float(), act_format, a13_scale)
     ids = topk_ids.long()
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for e in range(w13.shape[0]):
         token, slot = torch.nonzero(ids == e + expert_offset, as_tuple=True)
         if token.numel() == 0:
             continue
-        g13, g2 = w13[e].float(), w2[e].float()
-        if quantized:
-            g13 = g13 * fp8.weight_scale_full(w13_scale[e:e + 1], *g13.shape)[0]
-            g2 = g2 * fp8.weight_scale_full(w2_scale[e:e + 1], *g2.shape)[0]
+        g13 = dequantize_weight(w13[e], weight_format, None if w13_scale is None else w13_scale[e])
+        g2 = dequantize_weight(w2[e], weight_format, None if w2_scale is None else w2_scale[e])
         h = x[token] @ g13.t()
         if w13_bias is not None:
             h = h + w13_bias[e].float()
         y = apply_activation(h, act, swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit)
-        if quantized:
-            y = _fp8_input(y, mode, a2_scale)
-        y = y @ g2.t()
+        y = gemm_input(y, act_format, a2_scale) @ g2.t()
         if w2_bias is not None:
             y = y + w2_bias[e].float()
         out.index_add_(0, token, y * topk_weights[token, slot].float()[:, None])

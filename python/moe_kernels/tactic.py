@@ -1,38 +1,51 @@
-"""Tactics: which GEMM1 and GEMM2 kernels a forward uses, named by their stable names.
+"""Tactics: which kernels a forward uses, named by their stable registry names, and the one
+function that resolves them (`resolve`: the caller's, else the tuned table's, else the rule).
 
-No public function takes or returns a bare integer index. Tile shapes come from the
-catalog (cmake/catalog.py) through the library's registry; this module only ranks them.
+No public function takes or returns a bare integer index. Kernels come from the catalog
+(cmake/catalog.py) through the library's registry; selection reads their fields
+(`moe_kernels.KernelInfo`), never their names.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import sys
 
+from . import _native, cache
 from ._native import KernelInfo
+from .problem import Problem, fail
 
 
 @dataclasses.dataclass(frozen=True)
 class Tactic:
-    """One GEMM1 kernel and one GEMM2 kernel, by registry name."""
+    """A GEMM1 kernel and a GEMM2 kernel, or one kernel for the whole forward (`forward`, a
+    registry entry of kind "forward", such as the one-token forward), by registry name."""
 
-    gemm1: str
-    gemm2: str
+    gemm1: str = ""
+    gemm2: str = ""
+    forward: str = ""
 
     def __post_init__(self):
-        for field in ("gemm1", "gemm2"):
-            value = getattr(self, field)
-            if not isinstance(value, str) or not value:
-                raise TypeError(f"Tactic.{field}={value!r}: expected a kernel name (str), "
-                                "see moe_kernels.list_kernels()")
+        names = (self.gemm1, self.gemm2, self.forward)
+        if not all(isinstance(v, str) for v in names) or \
+                not (bool(self.forward) != bool(self.gemm1 and self.gemm2)) or \
+                (self.forward and (self.gemm1 or self.gemm2)) or bool(self.gemm1) != bool(self.gemm2):
+            raise TypeError(f"Tactic(gemm1={self.gemm1!r}, gemm2={self.gemm2!r}, forward={self.forward!r}): "
+                            "expected two GEMM kernel names, or one forward kernel name alone; "
+                            "see moe_kernels.list_kernels()")
 
     def __str__(self) -> str:
-        return f"{self.gemm1}+{self.gemm2}"
+        return self.forward or f"{self.gemm1}+{self.gemm2}"
 
+    @property
+    def kernels(self) -> tuple:
+        return (self.forward,) if self.forward else (self.gemm1, self.gemm2)
 
-# The whole forward of one token as one kernel (src/one_token.cuh: fp8, gated activations,
-# when the token's experts fit across the SMs), named as both GEMMs of a tactic. H200 bench,
-# Qwen3-30B-A3B fp8: 17.4 us against 26.0 for the grouped path's six launches.
-ONE_TOKEN = "one_token"
+    @classmethod
+    def parse(cls, text: str) -> "Tactic":
+        """The tactic str() printed: "gemm1+gemm2", or a forward kernel's name."""
+        return cls(*text.split("+")) if "+" in text else cls(forward=text)
 
 
 # Default rule, from the H200 sweep (`bench --sweep`, Mixtral-8x7B and Qwen3-30B-A3B, 1 to
@@ -100,16 +113,16 @@ CONTIG_TILE_N = 256
 
 
 def _sixteen_bit(kernels: list) -> bool:
-    return all(k.quant in ("bf16", "fp16") for k in kernels)
+    return all(k.act_format == "a16" and k.weight_format == "w16" for k in kernels)
 
 
 def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_count: int,
           decode_pairs: int, swap_rows: float) -> KernelInfo:
-    swap = sorted((k for k in kernels if k.schedule.endswith("_swapab") and k.tile[0] <= SWAP_AB_DECODE_TILE),
+    swap = sorted((k for k in kernels if k.swap_ab and k.tile[0] <= SWAP_AB_DECODE_TILE),
                   key=lambda k: k.tile[0])
     if swap and rows_per_expert <= swap_rows:
         return next((k for k in swap if k.tile[0] >= SWAP_AB_HEADROOM * rows_per_expert), swap[-1])
-    decode = [k for k in kernels if k.schedule == "decode"]
+    decode = [k for k in kernels if k.kind == "decode"]
     if decode and rows_per_expert * experts_hit <= decode_pairs:
         narrow, wide = min(k.tile[1] for k in decode), max(k.tile[1] for k in decode)
         use_wide = wide > narrow and math.ceil(n / wide) * experts_hit >= DECODE_WIDE_BLOCKS_PER_SM * sm_count
@@ -117,10 +130,10 @@ def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_co
         if use_wide and _sixteen_bit(decode):
             return same_n[-1]
         return next((k for k in same_n if k.tile[0] >= DECODE_HEADROOM * rows_per_expert), same_n[-1])
-    kernels = [k for k in kernels if k.schedule != "decode" and not k.schedule.endswith("_swapab")] or kernels
+    kernels = [k for k in kernels if k.kind != "decode" and not k.swap_ab] or kernels
     plain = [k for k in kernels if k.cluster == (1, 1)] or kernels
-    decode_rows = min(DECODE_ROWS[k.quant] for k in plain)
-    contig = [k for k in plain if k.schedule == "contig" and k.tile[1] == CONTIG_TILE_N and n % CONTIG_TILE_N == 0]
+    decode_rows = min(DECODE_ROWS.get(k.mode, DECODE_ROWS["bf16"]) for k in plain)
+    contig = [k for k in plain if k.kind == "contiguous" and k.tile[1] == CONTIG_TILE_N and n % CONTIG_TILE_N == 0]
     if rows_per_expert <= decode_rows:
         tm = min(k.tile[0] for k in plain)
     elif contig:
@@ -131,7 +144,7 @@ def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_co
         plain = [k for k in coop if k.tile[0] == tm]
     # Same N: FP8 fast accumulation first (H200 sweep: it was never slower).
     same_m = sorted((k for k in plain if k.tile[0] == tm),
-                    key=lambda k: (k.tile[1], k.name.endswith("_fastaccum")))
+                    key=lambda k: (k.tile[1], k.mainloop == "fastaccum"))
 
     def tiles(k):
         return math.ceil(max(rows_per_expert, 1) / k.tile[0]) * math.ceil(n / k.tile[1]) * experts_hit
@@ -142,7 +155,13 @@ def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_co
 
 def default_tactic(kernels: list, *, num_tokens: int, top_k: int, num_experts: int,
                    hidden_size: int, gemm1_n: int, sm_count: int) -> Tactic:
-    """The rule used when nothing was tuned: by rows per expert, N and the SM count."""
+    """The rule used when nothing was tuned: a forward kernel for one token where `kernels`
+    holds one (the caller passes only those that serve the problem), else GEMM kernels by rows
+    per expert, N and the SM count."""
+    forward = [k for k in kernels if not k.gemm]
+    if num_tokens == 1 and forward:
+        return Tactic(forward=forward[0].name)
+    kernels = [k for k in kernels if k.gemm]
     if not kernels:
         raise ValueError("no kernels to choose from")
     pairs = num_tokens * top_k
@@ -153,3 +172,108 @@ def default_tactic(kernels: list, *, num_tokens: int, top_k: int, num_experts: i
         decode1 = DECODE_PAIRS_16BIT_LONG_K
     return Tactic(_pick(kernels, rows, gemm1_n, experts_hit, sm_count, decode1, SWAP_AB_ROWS[0]).name,
                   _pick(kernels, rows, hidden_size, experts_hit, sm_count, DECODE_PAIRS[1], SWAP_AB_ROWS[1]).name)
+
+
+# ---- resolution ----------------------------------------------------------------------------
+
+def problem_spec(p: Problem) -> cache.ProblemSpec:
+    """What a tuned choice for `p` is keyed by (besides its token bucket)."""
+    default_out = p.quant.spec.hidden[0]
+    return cache.ProblemSpec(p.quant.value, p.activation.value, p.E, p.k, p.H, p.I,
+                             out_dtype=p.out_dtype if p.out_dtype != default_out else "")
+
+
+def _forward_problem(device: int, p: Problem, k: KernelInfo) -> str:
+    """Why forward kernel `k` cannot run `p` (the library's limits for the shape on this
+    device, and the scales' alignment), or ""."""
+    why = _native.C().check_kernel(device, k.name, p.shape)
+    if not why and p.quant.spec.weight == "e4m3_block128" and p.scales[0].data_ptr() % 16:
+        why = (f"w13_scale at address {p.scales[0].data_ptr():#x} is not 16-byte aligned "
+               "(the forward copies the scale rows in bulk)")
+    return why
+
+
+def _serves(device: int, p: Problem, k: KernelInfo) -> bool:
+    """A GEMM kernel serves any problem of its formats; a forward kernel only those within its
+    limits."""
+    return k.gemm or not _forward_problem(device, p, k)
+
+
+_logged: set = set()
+
+
+def _log_choice(spec, num_tokens, tactic, source):
+    """MOE_KERNELS_LOG_TACTIC=1 prints the chosen tactic once per problem and token count."""
+    if os.environ.get("MOE_KERNELS_LOG_TACTIC") and (spec, num_tokens) not in _logged:
+        _logged.add((spec, num_tokens))
+        print(f"moe_kernels: {spec.signature} T={num_tokens}: {tactic} ({source})", file=sys.stderr)
+    return tactic
+
+
+def resolve(p: Problem, requested=None) -> Tactic:
+    """The tactic a forward of `p` runs: `requested` once checked against this GPU and
+    problem; else the tuned table's record for the problem's token bucket (tuning it first
+    inside moe_kernels.autotune()); else default_tactic."""
+    dev = p.device.index
+    usable = _native.usable_kernels(dev, p.quant.value, p.out_dtype)
+    what = p.quant.value + (f" ({p.out_dtype} out)" if p.quant.value != p.out_dtype else "")
+    if requested is not None:
+        return _checked(p, requested, usable, what)
+    if not any(k.gemm for k in usable.values()):
+        raise NotImplementedError(f"no {what} kernels can run on {_native.device_info(dev)['name']} in this build")
+    spec = problem_spec(p)
+    tuned = _parse(cache.lookup(spec, p.T, dev))
+    if tuned is None and spec.out_dtype:  # no record of its own: the default output's, in this output's kernels
+        tuned = _other_output(_parse(cache.lookup(dataclasses.replace(spec, out_dtype=""), p.T, dev)),
+                              _native.library_for(dev)["kernels"], p.out_dtype)
+    if tuned is not None and all(n in usable and _serves(dev, p, usable[n]) for n in tuned.kernels):
+        return _log_choice(spec, p.T, tuned, "tuned")
+    candidates = [k for k in usable.values() if _serves(dev, p, k)] if p.T == 1 else \
+        [k for k in usable.values() if k.gemm]
+    return _log_choice(spec, p.T, default_tactic(
+        candidates, num_tokens=p.T, top_k=p.k, num_experts=p.E, hidden_size=p.H, gemm1_n=p.n1,
+        sm_count=_native.device_info(dev)["sm_count"]), "default rule")
+
+
+def _parse(text):
+    return None if text is None else Tactic.parse(text)
+
+
+def _other_output(tactic, kernels: list, out_dtype: str):
+    """`tactic` with each kernel replaced by the same instantiation writing `out_dtype` (from
+    `kernels`, a library's), or None where one has no such form."""
+    if tactic is None:
+        return None
+    by_name = {k.name: k for k in kernels}
+    names = []
+    for name in tactic.kernels:
+        k = by_name.get(name)
+        twin = next((o for o in kernels if k and o.out_dtype == out_dtype and o.same_kernel(k)), None)
+        if twin is None:
+            return None
+        names.append(twin.name)
+    return Tactic(forward=names[0]) if tactic.forward else Tactic(*names)
+
+
+def _checked(p: Problem, tactic, usable: dict, what: str) -> Tactic:
+    """A caller's tactic, refused with the reason where it cannot run this problem here."""
+    dev = p.device.index
+    if not isinstance(tactic, Tactic):
+        fail("tactic", repr(tactic), "a moe_kernels.Tactic", TypeError)
+    slots = ("forward",) if tactic.forward else ("gemm1", "gemm2")
+    for slot in slots:
+        name = getattr(tactic, slot)
+        if name not in usable:
+            k = next((k for k in _native.library_for(dev)["kernels"] if k.name == name), None)
+            why = ("not in this build" if k is None else _native.kernel_problem(dev, name)
+                   or f"it is a {k.mode} kernel with {k.out_dtype} out")
+            fail(f"tactic.{slot}", repr(name), f"a {what} kernel usable on this GPU ({why}); usable: {sorted(usable)}")
+        k = usable[name]
+        if k.gemm == (slot == "forward"):
+            fail(f"tactic.{slot}", repr(name), f"a {'forward' if slot == 'forward' else 'GEMM'} kernel "
+                 f"(it is a {k.kind} kernel)")
+        if not k.gemm:
+            why = _forward_problem(dev, p, k)
+            if why:
+                fail("tactic", str(tactic), f"a problem {name!r} runs: {why}")
+    return tactic

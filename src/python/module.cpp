@@ -28,10 +28,9 @@ struct ArchLibrary {
   int (*cuda_version)();
   int (*num_kernels)();
   const moek_kernel_info* (*kernel)(int);
-  int (*check_kernel)(const char*, int32_t, char*, size_t);
+  int (*check_kernel)(const char*, const moek_shape*, int32_t, char*, size_t);
   int (*workspace_size)(const moek_shape*, int32_t, size_t*, char*, size_t);
   int (*run)(const moek_args*, char*, size_t);
-  int (*one_token_check)(const moek_shape*, int32_t, char*, size_t);
 };
 
 std::string module_dir() {
@@ -67,7 +66,6 @@ ArchLibrary open_library(const std::string& path) {
   bind(h, path, "moek_check_kernel", &lib.check_kernel);
   bind(h, path, "moek_workspace_size", &lib.workspace_size);
   bind(h, path, "moek_run", &lib.run);
-  bind(h, path, "moek_one_token_check", &lib.one_token_check);
   return lib;  // the handle stays open for the life of the process
 }
 
@@ -147,6 +145,7 @@ void raise_status(int status, const char* err) {
   throw std::runtime_error(err);
 }
 
+// The shape dict is built in one place, moe_kernels.problem.c_shape.
 moek_shape make_shape(py::dict s) {
   moek_shape r{};
   r.num_tokens = s["num_tokens"].cast<int64_t>();
@@ -156,11 +155,12 @@ moek_shape make_shape(py::dict s) {
   r.top_k = s["top_k"].cast<int64_t>();
   r.expert_offset = s["expert_offset"].cast<int64_t>();
   r.dtype = s["dtype"].cast<int32_t>();
+  r.act_format = s["act_format"].cast<int32_t>();
+  r.weight_format = s["weight_format"].cast<int32_t>();
   r.activation = s["activation"].cast<int32_t>();
   r.index_dtype = s["index_dtype"].cast<int32_t>();
   r.act_alpha = s["act_alpha"].cast<float>();
   r.act_limit = s["act_limit"].cast<float>();
-  r.quant = s["quant"].cast<int32_t>();
   r.w13_scale_per_channel = s["w13_scale_per_channel"].cast<int32_t>();
   r.w2_scale_per_channel = s["w2_scale_per_channel"].cast<int32_t>();
   return r;
@@ -176,13 +176,16 @@ py::dict library_info(const ArchLibrary& lib) {
     const moek_kernel_info* k = lib.kernel(i);
     py::dict kd;
     kd["name"] = std::string(k->name);
-    kd["quant"] = std::string(k->quant);
-    kd["act_dtype"] = std::string(k->act_dtype);
-    kd["weight_dtype"] = std::string(k->weight_dtype);
-    kd["out_dtype"] = std::string(k->out_dtype);
+    kd["mode"] = std::string(k->mode);
+    kd["act_format"] = k->act_format;
+    kd["weight_format"] = k->weight_format;
+    kd["out_dtype"] = k->out_dtype;
+    kd["kind"] = k->kind;
+    kd["schedule"] = std::string(k->schedule);
+    kd["mainloop"] = std::string(k->mainloop);
+    kd["swap_ab"] = k->swap_ab != 0;
     kd["tile"] = py::make_tuple(k->tile_m, k->tile_n, k->tile_k);
     kd["cluster"] = py::make_tuple(k->cluster_m, k->cluster_n);
-    kd["schedule"] = std::string(k->schedule);
     kd["smem_bytes"] = k->smem_bytes;
     kernels.append(kd);
   }
@@ -195,6 +198,9 @@ py::dict library_info(const ArchLibrary& lib) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "moe_kernels native bridge: loads the per-arch kernel library for the GPU";
   m.attr("ABI_VERSION") = MOEK_ABI_VERSION;
+  py::list kinds;  // moek_kernel_kind names, by code
+  for (const char* kind : moe_kernels::kKernelKinds) kinds.append(kind);
+  m.attr("KERNEL_KINDS") = py::tuple(kinds);
 
   m.def("device_count", [] {
     int n = 0;
@@ -208,18 +214,16 @@ PYBIND11_MODULE(_C, m) {
   }, "Every per-arch library in this build, with its kernels; needs no GPU");
   m.def("library_for", [](int device) { return library_info(library_for(device)); },
         py::arg("device"));
-  m.def("check_kernel", [](int device, const std::string& name) {
+  m.def("check_kernel", [](int device, const std::string& name, py::object shape) {
     char err[512] = {0};
-    int st = library_for(device).check_kernel(name.c_str(), device, err, sizeof(err));
+    moek_shape s{};
+    if (!shape.is_none()) s = make_shape(shape.cast<py::dict>());
+    int st = library_for(device).check_kernel(name.c_str(), shape.is_none() ? nullptr : &s, device,
+                                              err, sizeof(err));
     return st == MOEK_OK ? std::string() : std::string(err);
-  }, py::arg("device"), py::arg("name"), "Empty string if `name` can run on `device`, else why not");
-  m.def("one_token_check", [](int device, py::dict shape) {
-    moek_shape s = make_shape(shape);
-    char err[512] = {0};
-    int st = library_for(device).one_token_check(&s, device, err, sizeof(err));
-    return st == MOEK_OK ? std::string() : std::string(err);
-  }, py::arg("device"), py::arg("shape"),
-     "Empty string if a forward of `shape` can take the one_token tactic on `device`, else why not");
+  }, py::arg("device"), py::arg("name"), py::arg("shape") = py::none(),
+     "Empty string if kernel `name` can run on `device` (and serve a forward of `shape`, when "
+     "given), else why not");
   m.def("workspace_size", [](int device, py::dict shape) {
     moek_shape s = make_shape(shape);
     size_t bytes = 0;
@@ -231,7 +235,7 @@ PYBIND11_MODULE(_C, m) {
                   uintptr_t topk_weights, uintptr_t w13, uintptr_t w2, uintptr_t w13_bias,
                   uintptr_t w2_bias, uintptr_t w13_scale, uintptr_t w2_scale,
                   uintptr_t a13_scale, uintptr_t a2_scale, uintptr_t out, uintptr_t workspace,
-                  size_t workspace_bytes,
+                  size_t workspace_bytes, const std::string& forward,
                   const std::string& gemm1, const std::string& gemm2, uintptr_t stream,
                   int last_step) {
     moek_args a{};
@@ -243,15 +247,17 @@ PYBIND11_MODULE(_C, m) {
     a.w2 = reinterpret_cast<const void*>(w2);
     a.w13_bias = reinterpret_cast<const void*>(w13_bias);
     a.w2_bias = reinterpret_cast<const void*>(w2_bias);
-    a.w13_scale = reinterpret_cast<const float*>(w13_scale);
-    a.w2_scale = reinterpret_cast<const float*>(w2_scale);
+    a.w13_scale = reinterpret_cast<const void*>(w13_scale);
+    a.w2_scale = reinterpret_cast<const void*>(w2_scale);
     a.a13_scale = reinterpret_cast<const float*>(a13_scale);
     a.a2_scale = reinterpret_cast<const float*>(a2_scale);
     a.out = reinterpret_cast<void*>(out);
     a.workspace = reinterpret_cast<void*>(workspace);
     a.workspace_bytes = workspace_bytes;
-    a.gemm1 = gemm1.c_str();
-    a.gemm2 = gemm2.c_str();
+    // Empty names are absent: a forward kernel, or the two GEMM kernels.
+    a.forward = forward.empty() ? nullptr : forward.c_str();
+    a.gemm1 = gemm1.empty() ? nullptr : gemm1.c_str();
+    a.gemm2 = gemm2.empty() ? nullptr : gemm2.c_str();
     a.device = device;
     a.stream = reinterpret_cast<void*>(stream);
     a.last_step = last_step;
@@ -267,5 +273,6 @@ PYBIND11_MODULE(_C, m) {
      py::arg("topk_weights"), py::arg("w13"), py::arg("w2"), py::arg("w13_bias"),
      py::arg("w2_bias"), py::arg("w13_scale"), py::arg("w2_scale"), py::arg("a13_scale"),
      py::arg("a2_scale"), py::arg("out"), py::arg("workspace"), py::arg("workspace_bytes"),
-     py::arg("gemm1"), py::arg("gemm2"), py::arg("stream"), py::arg("last_step") = 0);
+     py::arg("forward"), py::arg("gemm1"), py::arg("gemm2"), py::arg("stream"),
+     py::arg("last_step") = 0);
 }

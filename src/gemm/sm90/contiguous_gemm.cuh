@@ -56,6 +56,7 @@
 #include "cutlass/arch/reg_reconfig.h"
 
 #include "act.cuh"
+#include "dispatch.cuh"
 #include "gemm/grouped_gemm.h"
 #include "launch.cuh"
 #include "vec.cuh"
@@ -702,21 +703,20 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     uint8_t* out = smem.out + half * C::kBoxesPerHalf * kBoxBytes;
     if constexpr (kFused) {
       if (tail) {
-        switch (p.activation) {
-          case MOEK_ACT_SWIGLU: store_tail_activation<MOEK_ACT_SWIGLU, Out>(p, acc_t, coord_t, tile, tail, smem); break;
-          case MOEK_ACT_GEGLU: store_tail_activation<MOEK_ACT_GEGLU, Out>(p, acc_t, coord_t, tile, tail, smem); break;
-          default: store_tail_activation<MOEK_ACT_SWIGLU_OAI, Out>(p, acc_t, coord_t, tile, tail, smem); break;
-        }
+        // check() admits gated activations only: anything else stops the kernel.
+        if (!with_gated_activation(p.activation, [&](auto act) {
+              store_tail_activation<decltype(act)::value, Out>(p, acc_t, coord_t, tile, tail, smem);
+            }))
+          __trap();
       }
       if (split) {
         hand_over_up<Out>(acc, smem.out + kBoxBytes, half);
         if (half == 1) continue;
       }
-      switch (p.activation) {
-        case MOEK_ACT_SWIGLU: store_activation<MOEK_ACT_SWIGLU, Out>(p, acc, tile, out, row0, rows, my_row, lane); break;
-        case MOEK_ACT_GEGLU: store_activation<MOEK_ACT_GEGLU, Out>(p, acc, tile, out, row0, rows, my_row, lane); break;
-        default: store_activation<MOEK_ACT_SWIGLU_OAI, Out>(p, acc, tile, out, row0, rows, my_row, lane); break;
-      }
+      if (!with_gated_activation(p.activation, [&](auto act) {
+            store_activation<decltype(act)::value, Out>(p, acc, tile, out, row0, rows, my_row, lane);
+          }))
+        __trap();
     } else {
       if (tail) {  // a few scattered rows: straight from the registers
         Out* d = static_cast<Out*>(p.d) + (tile.row0 + kTileM) * int64_t(p.n) + tile.n * kTileN + half * kBlockN;
@@ -816,8 +816,7 @@ struct ContiguousBlockwise {
     }
     const bool fused = a.act_out != nullptr;
     // (N = 2I with I % 128 == 0: the N check below covers the fused tile too.)
-    if (fused && !(a.act_scale && (a.activation == MOEK_ACT_SWIGLU || a.activation == MOEK_ACT_GEGLU ||
-                                   a.activation == MOEK_ACT_SWIGLU_OAI))) {
+    if (fused && !(a.act_scale && is_gated(a.activation))) {
       snprintf(err, errlen, "contiguous fp8_block GEMM: cannot fuse activation %d with %d columns, "
                "N=%lld", a.activation, kTileN, (long long)a.n);
       return MOEK_UNSUPPORTED;

@@ -1,6 +1,6 @@
 """`python -m moe_kernels bench`: the whole fused layer, timed against its floors and peers.
 
-Method (DESIGN.md section 7): CUDA events around CUDA-graph replays, median of many; each
+Method (docs/design.md, "Measuring"): CUDA events around CUDA-graph replays, median of many; each
 graph holds several forwards over rotated routing/input sets, so the experts hit differ
 from one forward to the next and weights come from HBM, not L2. In the same run: the
 measured copy bandwidth and dense GEMM rate (the ceilings), per point the bandwidth floor
@@ -20,12 +20,12 @@ import statistics
 import subprocess
 import sys
 
-from . import _native
-from .profiling import (ROUTINGS, GpuSampler, kernel_times, load_histogram, make_weights, round_robin, routing,
+from .. import _native
+from ..modes import MODES, QuantMode
+from ..profiling import (ROUTINGS, GpuSampler, kernel_times, load_histogram, make_weights, round_robin, routing,
                         time_graph)
-from .tactic import ONE_TOKEN
 
-PRESETS = {  # DESIGN.md section 8: experts, top_k, hidden, intermediate
+PRESETS = {  # experts, top_k, hidden, intermediate (docs/design.md, "Measuring")
     "mixtral-8x7b": (8, 2, 4096, 14336),
     "qwen3-30b-a3b": (128, 8, 2048, 768),
     "qwen3-235b-a22b": (128, 8, 4096, 1536),
@@ -36,7 +36,6 @@ PRESETS = {  # DESIGN.md section 8: experts, top_k, hidden, intermediate
 DEFAULT_PRESETS = ["mixtral-8x7b", "qwen3-30b-a3b"]
 DEFAULT_TOKENS = [1, 16, 128, 1024, 4096]
 ROUTING_SETS = 8   # forwards per graph, each on its own routing and input set
-REL_TOL = {"bf16": 2e-2, "fp16": 2e-2, "fp8": 5e-2, "fp8_block": 5e-2}  # against the float32 reference
 STEPS = ["routing", "gemm1", "activation", "gemm2", "finalize"]
 
 
@@ -73,15 +72,15 @@ def shapes_from_args(args) -> list:
 
 
 def parse_tactic(text):
-    """--tactic GEMM1+GEMM2 -> a Tactic (None when not given)."""
+    """--tactic GEMM1+GEMM2 or --tactic FORWARD -> a Tactic (None when not given)."""
     if not text:
         return None
-    from .tactic import Tactic
-    names = text.split("+")
-    if len(names) != 2 or not all(names):
-        raise SystemExit(f"--tactic {text!r}: expected two kernel names joined by '+' "
-                         "(python -m moe_kernels info lists them)")
-    return Tactic(*names)
+    from ..tactic import Tactic
+    try:
+        return Tactic.parse(text)
+    except TypeError:
+        raise SystemExit(f"--tactic {text!r}: expected two GEMM kernel names joined by '+', or one "
+                         "forward kernel's name (python -m moe_kernels info lists them)") from None
 
 
 def parse_tokens(text: str) -> list:
@@ -124,11 +123,12 @@ def add_arguments(p) -> None:
 def hidden_dtype(args):
     """The torch dtype of the hidden states and output (--quant, --fp16-out)."""
     import torch
+    hidden = QuantMode.parse(args.quant).spec.hidden
     if getattr(args, "fp16_out", False):
-        if args.quant not in ("fp8", "fp8_block"):
-            raise SystemExit(f"--fp16-out is for --quant fp8 or fp8_block, not {args.quant}")
+        if "fp16" not in hidden[1:]:
+            raise SystemExit(f"--fp16-out is for modes with bf16 or fp16 hidden states, not {args.quant}")
         return torch.float16
-    return torch.float16 if args.quant == "fp16" else torch.bfloat16
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}[hidden[0]]
 
 
 def _positive(text: str) -> int:
@@ -142,7 +142,7 @@ def _positive(text: str) -> int:
 
 
 def _pairs(text: str) -> list:
-    from .tactic import Tactic
+    from ..tactic import Tactic
     pairs = [p.split("+") for p in text.split(",")]
     if len(pairs) < 2 or any(len(p) != 2 or not all(p) for p in pairs):
         raise argparse.ArgumentTypeError(f"{text!r}: expected two or more GEMM1+GEMM2 pairs, comma-separated")
@@ -167,7 +167,7 @@ def add_problem_arguments(p) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor parallel size: divides I")
     p.add_argument("--ep", type=int, default=1, help="expert parallel size: divides E (one rank's share)")
     p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="comma-separated token counts")
-    p.add_argument("--quant", default="bf16", choices=["bf16", "fp16", "fp8", "fp8_block"])
+    p.add_argument("--quant", default="bf16", choices=list(MODES))
     p.add_argument("--fp16-out", dest="fp16_out", action="store_true",
                    help="fp8/fp8_block with fp16 hidden states and output (default bf16)")
     p.add_argument("--activation", default="swiglu")
@@ -221,13 +221,13 @@ def measure_ceilings(quant, sampler=None):
     bw = 2 * src.numel() * src.element_size() / t
     del src, dst
     n = 8192
-    if quant in ("fp8", "fp8_block"):
+    if MODES[quant].act_format.element == "e4m3":  # the FP8 tensor-core rate
         a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
         b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t()  # column-major
         one = torch.ones((), device="cuda")
         gemm = lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)  # noqa: E731
     else:
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[quant]
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[MODES[quant].hidden[0]]
         a = torch.randn(n, n, device="cuda", dtype=dtype)
         b = torch.randn(n, n, device="cuda", dtype=dtype)
         gemm = lambda: torch.matmul(a, b)  # noqa: E731
@@ -245,7 +245,7 @@ def _torch_moe(x, wts, ids, act, num_experts, gemm1, gemm2):
     gemm(a, offs) is one grouped GEMM over the expert-sorted rows a (x.dtype or float32).
     No host sync, so it is graph-captured like ours."""
     import torch
-    from .reference import apply_activation
+    from ..reference import apply_activation
     T, k = ids.shape
     flat = ids.flatten().long()
     order = torch.argsort(flat, stable=True)
@@ -270,7 +270,7 @@ def torch_scaled_grouped_mm_moe(x, w13, w2, wts, ids, act, w13_scale, w2_scale):
     """The fp8 peer: dynamic per-row activation quantization and torch._scaled_grouped_mm
     (row-wise scales, fast accumulation) for both GEMMs."""
     import torch
-    from .fp8 import quantize_per_token
+    from ..fp8 import quantize_per_token
     E = w13.shape[0]
 
     def gemm(w, scale):
@@ -290,7 +290,7 @@ class Bf16GroupedMM:
     hidden states cast in and the output cast back. The fp16 peer: torch._grouped_mm's fp16
     path copies its offsets to the host, which a CUDA graph cannot capture, so an fp16 stack
     without a kernel of its own would serve this. Checked against the reference on that copy."""
-    tolerance = REL_TOL["bf16"]
+    tolerance = MODES["bf16"].tolerance
 
     def __init__(self):
         self._key, self._w = None, None
@@ -314,7 +314,7 @@ class Bf16GroupedMM:
 
     def reference(self, x, w13, w2, wts, ids, act, w13_scale=None, w2_scale=None):
         import torch
-        from .reference import fused_moe
+        from ..reference import fused_moe
         return fused_moe(x.to(torch.bfloat16), *self.weights(w13, w2, w13_scale, w2_scale), wts, ids,
                          activation=act)
 
@@ -329,7 +329,7 @@ class DequantizedGroupedMM(Bf16GroupedMM):
     @staticmethod
     def to_bf16(w, scale):  # one expert at a time: float32 temporaries of one expert
         import torch
-        from .fp8 import weight_scale_full
+        from ..fp8 import weight_scale_full
         out = w.new_empty(w.shape, dtype=torch.bfloat16)
         for e in range(w.shape[0]):
             out[e] = (w[e].float() * weight_scale_full(scale[e:e + 1], *w.shape[1:])[0]).to(torch.bfloat16)
@@ -431,7 +431,7 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
             moe_kernels.fused_moe(x, w13, w2, w, ids, quant=args.quant, activation=act, workspace=ws,
                                   out=o, tactic=tactic, _last_step=last_step, **scales)
 
-        def timed(fn, check=True, ref=ref, tol=REL_TOL[args.quant], clocks=False):
+        def timed(fn, check=True, ref=ref, tol=QuantMode.parse(args.quant).spec.tolerance, clocks=False):
             """Check fn against ref on set 0, then time it over all sets (with clocks and a
             sampler, the SM clock and power while it runs)."""
             if check:
@@ -474,8 +474,8 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
             except Exception as e:
                 row["results"][name] = {"status": f"failed: {type(e).__name__}: {e}"[:200]}
         if row["results"]["moe_kernels"]["status"] == "ok":
-            if args.breakdown and row["tactic"].startswith(ONE_TOKEN):
-                row["breakdown_us"] = {ONE_TOKEN: row["results"]["moe_kernels"]["us"]}  # one kernel
+            if args.breakdown and "+" not in row["tactic"]:  # a forward kernel: one step
+                row["breakdown_us"] = {row["tactic"]: row["results"]["moe_kernels"]["us"]}
             elif args.breakdown:
                 prefix = [timed(lambda *a, s=s: ours(*a, last_step=s), check=False)["us"] for s in (1, 2, 3, 4)]
                 prefix.append(row["results"]["moe_kernels"]["us"])
@@ -518,9 +518,11 @@ def _sweep(moe_kernels, default, quant, out_dtype, ours, timed, only=None, round
     out_dtype: the output's torch dtype. With rounds > 1 a slot's candidates are timed
     round-robin that many times and scored by their median (the times are kept)."""
     from moe_kernels import Tactic
+    if "+" not in default:
+        return {"default": default, "skipped": "a forward kernel has no GEMM slots to sweep"}
     d1, d2 = default.split("+")
     names = [k.name for k in moe_kernels.list_kernels(quant=quant, out_dtype=out_dtype)
-             if not only or re.search(only, k.name) or k.name in (d1, d2)]
+             if k.gemm and (not only or re.search(only, k.name) or k.name in (d1, d2))]
 
     t = _timer(ours, timed)
     g1, g1_times = round_robin({n: Tactic(n, d2) for n in names}, t, rounds)
@@ -721,7 +723,7 @@ def profile_main(args) -> int:
 def main(args) -> int:
     import torch
     import moe_kernels
-    from moe_kernels import info
+    from . import info
 
     args.tactic = parse_tactic(getattr(args, "tactic", None))
     if not torch.cuda.is_available():

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import json
 
-from . import _native
+from .. import _native
 
 
 def collect() -> dict:
-    from . import __version__
+    from .. import __version__
     import torch
 
     libs = [{"arch": lib["arch"], "cuda_version": _cuda(lib["cuda_version"]),

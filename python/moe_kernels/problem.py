@@ -1,0 +1,267 @@
+"""A forward's arguments, validated once: the one place that checks what a caller passes.
+
+Everything is checked on the host before anything is launched; an error names the argument,
+what it got and what was expected. The rules come from the mode table (modes.py): the
+dtypes, the scale tensors and their shapes, the H/I alignment. `c_shape` is the one place
+the C ABI's shape (moek_shape) is built.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _native
+from .modes import MODES, Activation, Mode, QuantMode, WeightFormat
+
+WORKSPACE_ALIGNMENT = 256
+MAX_TOP_K = 1024  # the kernels keep a token's slots in shared memory (src/runner.cu kMaxTopK)
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+_DTYPE_CODE = {"bf16": 0, "fp16": 1}  # moek_dtype
+_INDEX_CODE = {torch.int32: 0, torch.int64: 1}
+
+
+def fail(argument: str, got, expected: str, exc=ValueError):
+    raise exc(f"{argument}: got {got}, expected {expected}")
+
+
+def check_tensor(name, t, *, dtype=None, ndim=None, shape=None, device=None, align=16):
+    if not isinstance(t, torch.Tensor):
+        fail(name, type(t).__name__, "a torch.Tensor", TypeError)
+    if device is not None and t.device != device:
+        fail(name, f"device {t.device}", f"device {device} (all tensors on one GPU)")
+    if dtype is not None:
+        allowed = dtype if isinstance(dtype, tuple) else (dtype,)
+        if t.dtype not in allowed:
+            fail(name, f"dtype {t.dtype}", " or ".join(str(d) for d in allowed), TypeError)
+    if ndim is not None and t.dim() != ndim:
+        fail(name, f"shape {tuple(t.shape)}", f"a {ndim}-D tensor")
+    if shape is not None:
+        for i, (got, want) in enumerate(zip(t.shape, shape)):
+            if want is not None and got != want:
+                fail(name, f"shape {tuple(t.shape)}",
+                     "shape (" + ", ".join("*" if s is None else str(s) for s in shape) + f") "
+                     f"(dimension {i} must be {want})")
+    if not t.is_contiguous():
+        fail(name, f"strides {t.stride()} for shape {tuple(t.shape)}", "a contiguous tensor")
+    if t.numel() and t.data_ptr() % align:
+        fail(name, f"data pointer {t.data_ptr():#x}", f"{align}-byte alignment")
+    return t
+
+
+# ---- the mode table, applied ------------------------------------------------------------------
+
+def built_modes() -> set:
+    """Modes this build has kernels for (in any of its per-arch libraries)."""
+    return {k.mode for lib in _native.libraries() for k in lib["kernels"]}
+
+
+def require_built(mode: QuantMode, device=None) -> None:
+    """NotImplementedError, naming the GPU and what the build holds, for a mode without kernels."""
+    if mode.value in built_modes():
+        return
+    where = ""
+    if isinstance(device, torch.device) and device.type == "cuda":
+        info = _native.device_info(device.index if device.index is not None else torch.cuda.current_device())
+        where = f" for {info['name']} (compute capability {info['major']}.{info['minor']})"
+    built = sorted({(lib["arch"], k.mode) for lib in _native.libraries() for k in lib["kernels"]})
+    raise NotImplementedError(
+        f"quant={mode.value!r} has no kernels{where} in this build of moe_kernels; it supports "
+        f"{sorted(built_modes(), key=list(MODES).index)} (built (arch, mode): {built})")
+
+
+def out_dtype_name(mode: QuantMode, out_dtype=None) -> str:
+    """The hidden/output dtype name of a mode's kernels: `out_dtype` (a name or torch dtype)
+    if the mode takes it, by default the mode's first hidden dtype."""
+    spec = mode.spec
+    if out_dtype is None:
+        return spec.hidden[0]
+    name = DTYPE_NAMES.get(out_dtype, out_dtype)
+    if name not in spec.hidden:
+        fail("out_dtype", repr(out_dtype), f"one of {list(spec.hidden)} (or None) for quant={mode.value!r}")
+    return name
+
+
+def weight_dtype(spec: Mode, hidden: torch.dtype) -> torch.dtype:
+    storage = spec.weight_format.storage
+    return getattr(torch, storage) if storage else hidden
+
+
+def _symbols(E, N, K, group) -> dict:
+    return {"E": E, "N": N, "K": K, "N/128": -(-N // 128), "K/128": -(-K // 128),
+            "K/g": K // group if group else None, 1: 1}
+
+
+def accepted_scale_shapes(fmt: WeightFormat, E, N, K, group=None) -> list:
+    """The shapes a weight format's scale tensor may have for [E, N, K] weights."""
+    sym = _symbols(E, N, K, group or (fmt.groups[0] if fmt.groups else 0))
+    return [tuple(sym[d] for d in shape) for shape in fmt.scale.shapes]
+
+
+def weight_scale(name, scale, fmt: WeightFormat, E, N, K, device=None, values=False, align=None):
+    """A weight scale tensor checked against its format's accepted shapes, as the canonical
+    form: the first accepted shape with as many elements (checkpoints' trailing ones dropped).
+    values: also check that every scale is finite and positive (load time). align: the data
+    pointer's alignment, by default what the kernels need."""
+    shapes = accepted_scale_shapes(fmt, E, N, K)
+    if scale is None:
+        fail(name, "NoneType", f"a torch.Tensor of {fmt.scale.dtype} scales {fmt.scale.what}, shape {shapes[0]}",
+             TypeError)
+    dtype = torch.float32 if fmt.scale.dtype == "float32" else torch.uint8
+    per_channel = isinstance(scale, torch.Tensor) and scale.numel() not in (E,)
+    t = check_tensor(name, scale, dtype=dtype, device=device,
+                     # Per-channel float scales: 16-byte aligned, as the kernels that read them 8
+                     # at a time once needed; not relaxed until tested.
+                     align=align or (16 if per_channel and len(shapes) > 1 else 4))
+    if tuple(t.shape) not in shapes:
+        fail(name, f"shape {tuple(t.shape)}", f"one of {shapes} ({fmt.scale.what})")
+    if values and not bool(torch.isfinite(t.float()).all() and (t.float() > 0).all()):
+        fail(name, "non-positive or non-finite values", "finite scales > 0")
+    canonical = next(s for s in shapes if _numel(s) == t.numel())
+    return t.reshape(canonical)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def static_act_scale(name, scale, mode: Mode, device=None):
+    """A static per-tensor activation scale (a one-element float32 tensor) for formats that
+    take one, else None is required."""
+    if scale is None:
+        return None
+    if not mode.act_format.static_scale:
+        fail(name, "a static activation scale", f"None for quant={mode.name!r} (its activation format "
+             f"{mode.act!r} quantizes dynamically: {mode.act_format.doc})")
+    t = check_tensor(name, scale, dtype=torch.float32, device=device, align=4)
+    if t.numel() != 1:
+        fail(name, f"shape {tuple(t.shape)}", "one element (a per-tensor scale), or None for per-token")
+    return t
+
+
+def check_alignment(mode: Mode, H: int, I: int, argument="hidden_states/w2") -> None:
+    if H % mode.align or I % mode.align:
+        fail(argument, f"hidden_size={H}, intermediate_size={I}",
+             f"both multiples of {mode.align} for quant={mode.name!r} ({mode.why_align})")
+
+
+def infer_mode(hidden_states, w13=None, w13_scale=None) -> QuantMode:
+    """quant=None: the mode whose weight storage is w13's dtype (the scale's rank tells the
+    E4M3 formats apart), else the 16-bit mode of the hidden states."""
+    if isinstance(w13, torch.Tensor) and w13.dtype == torch.float8_e4m3fn:
+        blocks = isinstance(w13_scale, torch.Tensor) and w13_scale.dim() == 3
+        return QuantMode.FP8_BLOCK if blocks else QuantMode.FP8
+    if not isinstance(hidden_states, torch.Tensor) or hidden_states.dtype not in DTYPE_NAMES:
+        got = hidden_states.dtype if isinstance(hidden_states, torch.Tensor) else type(hidden_states).__name__
+        fail("hidden_states", f"dtype {got}", "torch.bfloat16 or torch.float16 (or pass quant=)", TypeError)
+    return QuantMode.parse(DTYPE_NAMES[hidden_states.dtype])
+
+
+def c_shape(*, T, H, I, E, k, dtype: str, mode: Mode, activation: Activation, index_dtype=torch.int32,
+            expert_offset=0, alpha=1.0, limit=1.0, per_channel=(0, 0)) -> dict:
+    """The C ABI's moek_shape, as a dict for the native module (src/python/module.cpp)."""
+    return {"num_tokens": T, "hidden_size": H, "inter_size": I, "num_experts": E, "top_k": k,
+            "expert_offset": expert_offset, "dtype": _DTYPE_CODE[dtype], "act_format": mode.act_code,
+            "weight_format": mode.weight_code, "activation": activation.code,
+            "index_dtype": _INDEX_CODE[index_dtype], "act_alpha": float(alpha), "act_limit": float(limit),
+            "w13_scale_per_channel": int(per_channel[0]), "w2_scale_per_channel": int(per_channel[1])}
+
+
+def expert_offset(expert_offset, ep_rank, ep_size, num_experts, e_local) -> int:
+    if ep_rank is not None or ep_size is not None:
+        if expert_offset is not None:
+            fail("expert_offset", expert_offset, "None when ep_rank/ep_size are given")
+        if ep_rank is None or ep_size is None:
+            fail("ep_rank/ep_size", (ep_rank, ep_size), "both given, or neither")
+        if not (isinstance(ep_size, int) and ep_size >= 1 and isinstance(ep_rank, int) and 0 <= ep_rank < ep_size):
+            fail("ep_rank/ep_size", (ep_rank, ep_size), "integers with 0 <= ep_rank < ep_size")
+        if num_experts is not None and num_experts != e_local * ep_size:
+            fail("num_experts", num_experts, f"ep_size * local experts = {ep_size} * {e_local}")
+        return ep_rank * e_local
+    offset = 0 if expert_offset is None else expert_offset
+    if not isinstance(offset, int) or offset < 0:
+        fail("expert_offset", expert_offset, "a non-negative int")
+    if num_experts is not None and offset + e_local > num_experts:
+        fail("expert_offset", offset, f"expert_offset + {e_local} local experts <= num_experts={num_experts}")
+    return offset
+
+
+def device_index(device) -> int:
+    device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    if device.type != "cuda":
+        fail("device", device, "a CUDA device")
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+class Problem:
+    """A validated forward: its mode, sizes, the C ABI shape and the tensors to pass."""
+
+    def __init__(self, hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
+                 activation="swiglu", w13_bias=None, w2_bias=None, expert_offset=None,
+                 ep_rank=None, ep_size=None, num_experts=None, swiglu_alpha=1.702,
+                 swiglu_limit=7.0, w13_scale=None, w2_scale=None, a13_scale=None, a2_scale=None):
+        self.quant = infer_mode(hidden_states, w13, w13_scale) if quant is None else QuantMode.parse(quant)
+        spec = self.mode = self.quant.spec
+        require_built(self.quant, getattr(hidden_states, "device", None))
+        self.activation = Activation.parse(activation)
+        hidden = tuple(DTYPES[d] for d in spec.hidden)
+        x = check_tensor("hidden_states", hidden_states, dtype=hidden, ndim=2)
+        dtype = x.dtype  # of out and the biases too
+        self.out_dtype = DTYPE_NAMES[dtype]
+        self.device = x.device
+        T, H = x.shape
+        wdtype = weight_dtype(spec, dtype)
+        w13 = check_tensor("w13", w13, dtype=wdtype, ndim=3, device=self.device)
+        w2 = check_tensor("w2", w2, dtype=wdtype, ndim=3, device=self.device)
+        E = w13.shape[0]
+        if E == 0:
+            fail("w13", f"shape {tuple(w13.shape)}", "at least one expert")
+        per = spec.weight_format.per_byte
+        I = w2.shape[2] * per
+        n1 = 2 * I if self.activation.gated else I
+        check_tensor("w13", w13, shape=(E, n1, H // per))
+        check_tensor("w2", w2, shape=(E, H, I // per))
+        check_alignment(spec, H, I)
+        self.scales = (None, None, None, None)
+        self.per_channel = (0, 0)
+        fmt = spec.weight_format
+        if fmt.scale is not None:
+            s13 = weight_scale("w13_scale", w13_scale, fmt, E, n1, H, self.device)
+            s2 = weight_scale("w2_scale", w2_scale, fmt, E, H, I, self.device)
+            a13 = static_act_scale("a13_scale", a13_scale, spec, self.device)
+            a2 = static_act_scale("a2_scale", a2_scale, spec, self.device)
+            self.scales = (s13, s2, a13, a2)
+            if len(fmt.scale.shapes) > 1:  # per tensor or per channel: the C ABI's flags
+                self.per_channel = (int(s13.dim() == 2), int(s2.dim() == 2))
+        elif any(t is not None for t in (w13_scale, w2_scale, a13_scale, a2_scale)):
+            fail("w13_scale/w2_scale/a13_scale/a2_scale", "scales",
+                 f"none for quant={self.quant.value!r} (its weights are unscaled)")
+        ids = check_tensor("topk_ids", topk_ids, dtype=(torch.int32, torch.int64), ndim=2, device=self.device,
+                           align=topk_ids.element_size() if isinstance(topk_ids, torch.Tensor) else 4)
+        k = ids.shape[1]
+        check_tensor("topk_ids", ids, shape=(T, None))
+        if not 1 <= k <= MAX_TOP_K:
+            fail("topk_ids", f"shape {tuple(ids.shape)}", f"1 <= top_k <= {MAX_TOP_K}")
+        wts = check_tensor("topk_weights", topk_weights, dtype=torch.float32, ndim=2,
+                           shape=(T, k), device=self.device, align=4)
+        if w13_bias is not None:
+            check_tensor("w13_bias", w13_bias, dtype=dtype, ndim=2, shape=(E, n1), device=self.device)
+        if w2_bias is not None:
+            check_tensor("w2_bias", w2_bias, dtype=dtype, ndim=2, shape=(E, H), device=self.device)
+        if T * k >= 2**31:
+            fail("topk_ids", f"T*k = {T * k}", "fewer than 2**31 (token, slot) pairs")
+        self.expert_offset = expert_offset(expert_offset, ep_rank, ep_size, num_experts, E)
+        if not (swiglu_alpha > 0 and swiglu_limit > 0):
+            fail("swiglu_alpha/swiglu_limit", (swiglu_alpha, swiglu_limit), "positive numbers")
+        self.tensors = (x, ids, wts, w13, w2, w13_bias, w2_bias)
+        self.T, self.H, self.I, self.E, self.k, self.n1 = T, H, I, E, k, n1
+        self.shape = c_shape(T=T, H=H, I=I, E=E, k=k, dtype=self.out_dtype, mode=spec,
+                             activation=self.activation, index_dtype=ids.dtype,
+                             expert_offset=self.expert_offset, alpha=swiglu_alpha, limit=swiglu_limit,
+                             per_channel=self.per_channel)
+
+    def require_cuda(self) -> None:
+        if self.device.type != "cuda":
+            fail("hidden_states", f"device {self.device}", "a CUDA tensor")
