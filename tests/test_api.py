@@ -124,10 +124,12 @@ def test_fp8_validation():
     with pytest.raises(ValueError, match="expected none for quant='bf16'"):
         call(problem(), w13_scale=q["w13_scale"])
     r = problem(H=72, I=32)
-    qr = quantize_weights(r["w13"].float(), r["w2"].float())
-    r.update(w13=qr["w13"], w2=qr["w2"])
+    with pytest.raises(ValueError, match="multiples of 16"):  # prepare checks the mode's alignment too
+        quantize_weights(r["w13"].float(), r["w2"].float())
+    (q13, s13), (q2, s2) = (moe_kernels.fp8.quantize_weight(w.float(), "channel") for w in (r["w13"], r["w2"]))
+    r.update(w13=q13, w2=q2)
     with pytest.raises(ValueError, match="multiples of 16"):
-        call(r, w13_scale=qr["w13_scale"], w2_scale=qr["w2_scale"])
+        call(r, w13_scale=s13, w2_scale=s2)
 
 
 def test_fp8_takes_bf16_or_fp16_hidden_states():

@@ -123,11 +123,14 @@ def test_layer_takes_this_ranks_max_activation_scale():
 
 
 def test_prepare_fp8_block_validation():
-    _, _, p = fp8_problem(H=200, I=136, quant="fp8_block")
-    assert p["w13_scale"].shape == (3, 3, 2) and p["w2_scale"].shape == (3, 2, 2)
-    with pytest.raises(ValueError, match=r"w13_scale: got shape \(3, 272\), expected one of \[\(3, 3, 2\)\]"):
-        prepare_weights(p["w13"], p["w2"], quant="fp8_block", w13_scale=torch.ones(3, 272),
+    _, _, p = fp8_problem(H=384, I=128, quant="fp8_block")
+    assert p["w13_scale"].shape == (3, 2, 3) and p["w2_scale"].shape == (3, 3, 1)
+    with pytest.raises(ValueError, match=r"w13_scale: got shape \(3, 256\), expected one of \[\(3, 2, 3\)\]"):
+        prepare_weights(p["w13"], p["w2"], quant="fp8_block", w13_scale=torch.ones(3, 256),
                         w2_scale=p["w2_scale"])
+    # The mode's alignment, from the mode table: whole 128-wide scale blocks.
+    with pytest.raises(ValueError, match=r"hidden_size=200, intermediate_size=136, expected both multiples of 128"):
+        quantize_weights(torch.randn(3, 272, 200), torch.randn(3, 200, 136), quant="fp8_block")
     with pytest.raises(ValueError, match="fp8_block is always 'block'"):
         quantize_weights(torch.randn(1, 16, 8), torch.randn(1, 8, 8), quant="fp8_block", granularity="tensor")
     with pytest.raises(ValueError, match="makes fp8 or fp8_block"):

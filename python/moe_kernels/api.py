@@ -43,11 +43,12 @@ def list_kernels(device=None, quant=None, out_dtype=None) -> list:
     """The kernels usable on `device` (default: current): all of them, or one mode's (GEMM and
     whole-forward kernels; KernelInfo.kind tells them apart). For modes with several hidden
     dtypes, those writing `out_dtype` (by default the mode's first: bf16)."""
-    dev = device_index(device)
     if quant is None:
+        dev = device_index(device)
         return [k for k in _native.library_for(dev)["kernels"] if not _native.kernel_problem(dev, k.name)]
     mode = QuantMode.parse(quant)
-    return list(_native.usable_kernels(dev, mode.value, out_dtype_name(mode, out_dtype)).values())
+    out = out_dtype_name(mode, out_dtype)  # checked before any device is looked at
+    return list(_native.usable_kernels(device_index(device), mode.value, out).values())
 
 
 def choose_tactic(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,

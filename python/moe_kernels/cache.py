@@ -156,7 +156,7 @@ def lookup(spec: ProblemSpec, num_tokens: int, device: int):
     cache = cache_for(device)
     bucket = bucket_for(num_tokens)
     tactic = cache.get(spec, bucket)
-    if tactic is not None or not tuners or torch.cuda.is_current_stream_capturing():
+    if tactic is not None or not tuners or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
         return tactic
     rec = tuners[-1](spec, bucket, device)
     if rec is None:

@@ -87,7 +87,7 @@ def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None
     if fmt.scale is not None:
         for name, scale in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
             if not isinstance(scale, torch.Tensor):
-                raise TypeError(f"{name}: got {type(scale).__name__}, expected a torch.Tensor "
+                raise TypeError(f"{name}: got {type(scale).__name__}, expected a {fmt.scale.dtype} torch.Tensor "
                                 f"(quant={mode.value!r} needs weight scales: {fmt.scale.what})")
         scales = {"w13_scale": weight_scale("w13_scale", w13_scale.contiguous(), fmt, E, n1, H, values=True, align=1),
                   "w2_scale": weight_scale("w2_scale", w2_scale.contiguous(), fmt, E, H, I, values=True, align=1),

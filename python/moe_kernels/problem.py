@@ -169,7 +169,7 @@ def c_shape(*, T, H, I, E, k, dtype: str, mode: Mode, activation: Activation, in
             "w13_scale_per_channel": int(per_channel[0]), "w2_scale_per_channel": int(per_channel[1])}
 
 
-def expert_offset(expert_offset, ep_rank, ep_size, num_experts, e_local) -> int:
+def resolve_expert_offset(expert_offset, ep_rank, ep_size, num_experts, e_local) -> int:
     if ep_rank is not None or ep_size is not None:
         if expert_offset is not None:
             fail("expert_offset", expert_offset, "None when ep_rank/ep_size are given")
@@ -252,7 +252,7 @@ class Problem:
             check_tensor("w2_bias", w2_bias, dtype=dtype, ndim=2, shape=(E, H), device=self.device)
         if T * k >= 2**31:
             fail("topk_ids", f"T*k = {T * k}", "fewer than 2**31 (token, slot) pairs")
-        self.expert_offset = expert_offset(expert_offset, ep_rank, ep_size, num_experts, E)
+        self.expert_offset = resolve_expert_offset(expert_offset, ep_rank, ep_size, num_experts, E)
         if not (swiglu_alpha > 0 and swiglu_limit > 0):
             fail("swiglu_alpha/swiglu_limit", (swiglu_alpha, swiglu_limit), "positive numbers")
         self.tensors = (x, ids, wts, w13, w2, w13_bias, w2_bias)
