@@ -12,17 +12,21 @@
 #
 # Each argument is a set of `moe_kernels bench` options (--no-peers is added). A patch that
 # touches only python/moe_kernels/*.py needs one build: A is B's package with it reversed.
+# For a change a patch cannot undo (renamed or new files), give A's whole tree instead:
+#   git archive --format=tar.gz -o .whl/base.tar.gz <commit>; AB_BASE=.whl/base.tar.gz ci/gpu-ab.sh ...
+# AB_REUSE_B=1 takes B from $AB_WORK/B as an earlier run on this machine left it (no build).
 # Builds as ci/gpu-tests.sh does (MOE_KERNELS_ARCHS, default this GPU's; MOE_KERNELS_CATALOG,
 # default minimal; wheels in .whl/), without isolation. The tree is left as it came. Logs and one
 # JSON per run go to LOG_DIR; the table rows are printed as they come.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-LOG_DIR=${LOG_DIR:-build/ab-logs}
+LOG_DIR=$(realpath -m "${LOG_DIR:-build/ab-logs}")
 ROUNDS=${ROUNDS:-2}
 WORK=${AB_WORK:-/tmp/moe-kernels-ab}
-if [ ! -f "${AB_PATCH:-}" ] || [ $# -eq 0 ]; then
-  echo "usage: AB_PATCH=<diff from A to B> [PYTEST_ARGS=...] [ROUNDS=2] ci/gpu-ab.sh '<bench options>' ..." >&2
+if { [ ! -f "${AB_PATCH:-}" ] && [ ! -f "${AB_BASE:-}" ]; } || [ $# -eq 0 ]; then
+  echo "usage: AB_PATCH=<diff from A to B> | AB_BASE=<A's tree, .tar.gz> [AB_REUSE_B=1] [PYTEST_ARGS=...]" \
+       "[ROUNDS=2] ci/gpu-ab.sh '<bench options>' ..." >&2
   exit 2
 fi
 mkdir -p "$LOG_DIR" "$WORK"
@@ -46,7 +50,11 @@ build() {  # build this tree as variant $1 and keep a copy of the installed pack
   echo "== built $1 in $((SECONDS - start)) s"
 }
 
-build B
+if [ -n "${AB_REUSE_B:-}" ] && [ -d "$WORK/B/moe_kernels" ]; then
+  echo "== B: the build already in $WORK/B"
+else
+  build B
+fi
 if [ -n "${PYTEST_ARGS:-}" ]; then
   eval "pytest_args=($PYTEST_ARGS)"  # keeps quoted words whole: -k "contig or fp8_block"
   if ! PYTHONPATH="$WORK/B" $PY -m pytest -q -rs "${pytest_args[@]}" > "$LOG_DIR/tests-B.log" 2>&1; then
@@ -57,7 +65,10 @@ if [ -n "${PYTEST_ARGS:-}" ]; then
   fi
   tail -n 1 "$LOG_DIR/tests-B.log"
 fi
-if grep '^diff --git' "$AB_PATCH" | grep -qv ' a/python/moe_kernels/[^ ]*\.py '; then
+if [ -n "${AB_BASE:-}" ]; then  # A's own tree, built where it was unpacked
+  rm -rf "${WORK:?}/src-A" && mkdir -p "$WORK/src-A" && tar xzf "$AB_BASE" -C "$WORK/src-A"
+  (cd "$WORK/src-A" && build A)
+elif grep '^diff --git' "$AB_PATCH" | grep -qv ' a/python/moe_kernels/[^ ]*\.py '; then
   patch -s -R -p1 < "$AB_PATCH"
   trap 'patch -s -p1 < "$AB_PATCH"' EXIT  # back to B's tree
   build A

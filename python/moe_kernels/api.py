@@ -10,7 +10,7 @@ import torch
 
 from . import _native
 from .modes import Activation, QuantMode
-from .problem import (WORKSPACE_ALIGNMENT, MAX_TOP_K, DTYPES, Problem, c_shape, check_tensor, device_index,
+from .problem import (WORKSPACE_ALIGNMENT, MAX_TOP_K, Problem, c_shape, check_tensor, device_index,
                       fail, out_dtype_name, require_built)
 from .tactic import Tactic, resolve
 

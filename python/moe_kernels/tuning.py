@@ -17,6 +17,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json

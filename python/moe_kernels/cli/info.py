@@ -11,7 +11,8 @@ def collect() -> dict:
     import torch
 
     libs = [{"arch": lib["arch"], "cuda_version": _cuda(lib["cuda_version"]),
-             "kernels": [k.name for k in lib["kernels"]]} for lib in _native.libraries()]
+             "kernels": [k.name for k in lib["kernels"]],
+             "kinds": {k.name: k.kind for k in lib["kernels"]}} for lib in _native.libraries()]
     devices = []
     for d in range(_native.C().device_count()):
         info = _native.device_info(d)
@@ -38,9 +39,9 @@ def main(args) -> int:
         return 0
     print(f"moe_kernels {info['version']} (torch {info['torch']}), catalog: {info['catalog']}")
     for lib in info["libraries"]:
-        print(f"  library {lib['arch']}: built with CUDA {lib['cuda_version']}, {len(lib['kernels'])} grouped-GEMM kernels")
+        print(f"  library {lib['arch']}: built with CUDA {lib['cuda_version']}, {len(lib['kernels'])} kernels")
         for name in lib["kernels"]:
-            print(f"    {name}")
+            print(f"    {name:<60} {lib['kinds'][name]}")
     if not info["devices"]:
         print("GPU: none visible (no CUDA driver or device); kernels can be listed but not run here")
     for d in info["devices"]:
