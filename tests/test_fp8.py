@@ -133,7 +133,7 @@ def test_prepare_fp8_block_validation():
         quantize_weights(torch.randn(3, 272, 200), torch.randn(3, 200, 136), quant="fp8_block")
     with pytest.raises(ValueError, match="fp8_block is always 'block'"):
         quantize_weights(torch.randn(1, 16, 8), torch.randn(1, 8, 8), quant="fp8_block", granularity="tensor")
-    with pytest.raises(ValueError, match="makes fp8 or fp8_block"):
+    with pytest.raises(ValueError, match="makes fp8, fp8_block, int4 or mxfp4 weights"):
         quantize_weights(torch.randn(1, 16, 8), torch.randn(1, 8, 8), quant="bf16")
 
 

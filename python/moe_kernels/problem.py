@@ -97,25 +97,36 @@ def accepted_scale_shapes(fmt: WeightFormat, E, N, K, group=None) -> list:
     return [tuple(sym[d] for d in shape) for shape in fmt.scale.shapes]
 
 
-def weight_scale(name, scale, fmt: WeightFormat, E, N, K, device=None, values=False, align=None):
+def weight_scale(name, scale, fmt: WeightFormat, E, N, K, device=None, values=False, align=None,
+                 dtype=None):
     """A weight scale tensor checked against its format's accepted shapes, as the canonical
     form: the first accepted shape with as many elements (checkpoints' trailing ones dropped).
-    values: also check that every scale is finite and positive (load time). align: the data
-    pointer's alignment, by default what the kernels need."""
-    shapes = accepted_scale_shapes(fmt, E, N, K)
+    A format with several groups along K takes the one the tensor's last dimension implies.
+    values: also check that every scale is usable (finite and positive; E8M0: not NaN) at
+    load time. align: the data pointer's alignment, by default what the kernels need.
+    dtype: the torch dtype(s) the format's "hidden" scales may have."""
+    scale_dtype = {"float32": torch.float32, "e8m0": torch.uint8}.get(fmt.scale.dtype, dtype)
+    group = fmt.groups[0] if fmt.groups else 0
+    if isinstance(scale, torch.Tensor) and len(fmt.groups) > 1 and scale.dim() == 3 and scale.shape[-1] \
+            and K % scale.shape[-1] == 0 and K // scale.shape[-1] in fmt.groups:
+        group = K // scale.shape[-1]
+    shapes = accepted_scale_shapes(fmt, E, N, K, group)
     if scale is None:
         fail(name, "NoneType", f"a torch.Tensor of {fmt.scale.dtype} scales {fmt.scale.what}, shape {shapes[0]}",
              TypeError)
-    dtype = torch.float32 if fmt.scale.dtype == "float32" else torch.uint8
     per_channel = isinstance(scale, torch.Tensor) and scale.numel() not in (E,)
-    t = check_tensor(name, scale, dtype=dtype, device=device,
+    t = check_tensor(name, scale, dtype=scale_dtype, device=device,
                      # Per-channel float scales: 16-byte aligned, as the kernels that read them 8
                      # at a time once needed; not relaxed until tested.
                      align=align or (16 if per_channel and len(shapes) > 1 else 4))
     if tuple(t.shape) not in shapes:
-        fail(name, f"shape {tuple(t.shape)}", f"one of {shapes} ({fmt.scale.what})")
-    if values and not bool(torch.isfinite(t.float()).all() and (t.float() > 0).all()):
-        fail(name, "non-positive or non-finite values", "finite scales > 0")
+        groups = f"; groups along K: {list(fmt.groups)}" if len(fmt.groups) > 1 else ""
+        fail(name, f"shape {tuple(t.shape)}", f"one of {shapes} ({fmt.scale.what}{groups})")
+    if values:
+        bad = (t == 255) if fmt.scale.dtype == "e8m0" else ~(torch.isfinite(t.float()) & (t.float() > 0))
+        if bool(bad.any()):
+            fail(name, "NaN (E8M0 255)" if fmt.scale.dtype == "e8m0" else "non-positive or non-finite values",
+                 "usable scales" if fmt.scale.dtype == "e8m0" else "finite scales > 0")
     canonical = next(s for s in shapes if _numel(s) == t.numel())
     return t.reshape(canonical)
 
@@ -228,8 +239,8 @@ class Problem:
         self.per_channel = (0, 0)
         fmt = spec.weight_format
         if fmt.scale is not None:
-            s13 = weight_scale("w13_scale", w13_scale, fmt, E, n1, H, self.device)
-            s2 = weight_scale("w2_scale", w2_scale, fmt, E, H, I, self.device)
+            s13 = weight_scale("w13_scale", w13_scale, fmt, E, n1, H, self.device, dtype=dtype)
+            s2 = weight_scale("w2_scale", w2_scale, fmt, E, H, I, self.device, dtype=dtype)
             a13 = static_act_scale("a13_scale", a13_scale, spec, self.device)
             a2 = static_act_scale("a2_scale", a2_scale, spec, self.device)
             self.scales = (s13, s2, a13, a2)

@@ -8,13 +8,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import fp8
+from . import fp8, quant4
 from .modes import MODES as _ALL_MODES
 from .modes import Activation, QuantMode
 
 # The formats written here; MODES: the modes made of them.
 _ACT_FORMATS = ("a16", "fp8_row", "fp8_row128")
-_WEIGHT_FORMATS = ("w16", "e4m3", "e4m3_block128")
+_WEIGHT_FORMATS = ("w16", "e4m3", "e4m3_block128", "int4", "mxfp4")
 MODES = {name: m for name, m in _ALL_MODES.items() if m.act in _ACT_FORMATS and m.weight in _WEIGHT_FORMATS}
 
 
@@ -54,22 +54,27 @@ def gemm_input(x, act_format: str, static_scale=None):
     return fp8.dequantize(q, scale)
 
 
-def dequantize_weight(w, weight_format: str, scale=None):
+def dequantize_weight(w, weight_format: str, scale=None, zero=None):
     """One expert's weight [N, K] in float32, as its format defines it."""
     if weight_format == "w16":
         return w.float()
+    if weight_format == "int4":
+        return quant4.dequantize_int4(w, scale, zero)
+    if weight_format == "mxfp4":
+        return quant4.dequantize_mxfp4(w, scale)
     return w.float() * fp8.weight_scale_full(scale[None], *w.shape)[0]  # e4m3, e4m3_block128
 
 
 def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
               activation="swiglu", w13_bias=None, w2_bias=None, expert_offset: int = 0,
               swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, w13_scale=None,
-              w2_scale=None, a13_scale=None, a2_scale=None) -> torch.Tensor:
+              w2_scale=None, a13_scale=None, a2_scale=None, w13_zero=None, w2_zero=None) -> torch.Tensor:
     """The fused MoE forward of `moe_kernels.fused_moe`, in float32. Returns [T, H] float32.
 
-    FP8 modes: weights are float8_e4m3fn with w13_scale/w2_scale as `moe_kernels.prepare`
-    accepts them; GEMM inputs are quantized with the static per-tensor a13_scale/a2_scale
-    when given, else dynamically (moe_kernels.fp8), exactly where the kernels quantize."""
+    Quantized modes: weights and w13_scale/w2_scale (and int4's w13_zero/w2_zero) as
+    `moe_kernels.prepare` returns them, dequantized as moe_kernels.fp8 and moe_kernels.quant4
+    define; FP8 GEMM inputs are quantized with the static per-tensor a13_scale/a2_scale when
+    given, else dynamically, exactly where the kernels quantize."""
     spec = QuantMode.parse(quant).spec if quant is not None else None
     if spec is not None and spec.name not in MODES:
         raise NotImplementedError(f"reference for quant={spec.name!r} is not written yet "
@@ -85,8 +90,10 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
         token, slot = torch.nonzero(ids == e + expert_offset, as_tuple=True)
         if token.numel() == 0:
             continue
-        g13 = dequantize_weight(w13[e], weight_format, None if w13_scale is None else w13_scale[e])
-        g2 = dequantize_weight(w2[e], weight_format, None if w2_scale is None else w2_scale[e])
+        def pick(t):
+            return None if t is None else t[e]
+        g13 = dequantize_weight(w13[e], weight_format, pick(w13_scale), pick(w13_zero))
+        g2 = dequantize_weight(w2[e], weight_format, pick(w2_scale), pick(w2_zero))
         h = x[token] @ g13.t()
         if w13_bias is not None:
             h = h + w13_bias[e].float()
