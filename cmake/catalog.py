@@ -40,7 +40,8 @@ ARCHS = {
 }
 
 # Element types by the name used in kernel names, with their CUTLASS spelling.
-DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cutlass::float_e4m3_t"}
+DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cutlass::float_e4m3_t",
+          "int4": "cutlass::int4b_t"}
 
 # Schedules: (kind, swap_ab) by name, the names used in kernel names and the catalog. Kinds:
 # "grouped": CUTLASS's ptr-array grouped GEMM; "coop_swapab" is its cooperative schedule with
@@ -133,6 +134,10 @@ class GemmConfig:
         # Outputs are 16-bit: the runner's activation and finalize kernels read them.
         assert self.out in self.spec.hidden, f"{self.name}: output must be one of {self.spec.hidden}"
         assert self.act_dtype in DTYPES and self.weight_dtype in DTYPES, self
+        # Mixed input (4-bit weights): converted in registers, so the weights must be the
+        # wgmma's A operand (swap-AB), and SM90's RS mainloop is the only one here.
+        mixed = self.weight_dtype != self.act_dtype
+        assert not mixed or (self.swapped and self.arch == "90a"), f"{self.name}: mixed input is SM90 swap-AB"
         family = ARCHS[self.arch]["family"]
         assert self.schedule in SCHEDULES[family], f"{self.name}: not a {family} schedule"
         assert self.mainloop in MAINLOOPS, f"{self.name}: mainloop"
@@ -264,6 +269,11 @@ _SM90_FP8_BLOCK_SWAPAB = [
     (64, 128, 128, 1, 1, "coop_swapab", "blockwise"),
 ]
 
+# W4A16 INT4 (SM90, CUTLASS's mixed-input ptr-array mainloop, group scales, the weights as the
+# converted A operand): 128 weight rows by 16, 64 or 128 tokens, K tiles of 64.
+_SM90_W4A16_INT4_FULL = [(m, 128, 64, 1, 1, "coop_swapab") for m in (16, 64, 128)]
+_SM90_W4A16_INT4_MINIMAL = [(64, 128, 64, 1, 1, "coop_swapab")]
+
 # Decode: 8 or 16 tokens per pass over an expert's weights (in registers); more rows make
 # more passes, so these are for a few rows per expert only. K steps of 128 bytes. On SM100
 # too (mma.sync is there; compiled, not yet run on a B200), for every mode.
@@ -291,7 +301,7 @@ _SM100_16BIT_MINIMAL = [(256, 256, 0, 2, 1, "2sm")]
 _SM100_FP8_MINIMAL = [(128, 256, 128, 1, 1, "1sm"), _SM100_FP8_BLOCK_FULL[0]]
 
 
-def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16):
+def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4=()):
     """Each family's 16-bit and FP8 tiles, all built with bf16 (output); fp16: by family, the
     (16-bit, FP8) tiles also built with fp16. The decode kernels come in every form."""
     fp8_decode = _DECODE + [(*t, "blockwise") for t in _DECODE]
@@ -305,20 +315,24 @@ def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16):
         rows += _rows(arch, "fp16", _k(fp16_16bit + _DECODE, 64), out="fp16")
         rows += [GemmConfig(arch, mode, 0, 0, 0, 1, 1, "one_token", out, "blockwise" if mode == "fp8_block" else "")
                  for mode in ("fp8", "fp8_block") for out in ("bf16", "fp16")]
+        if v["family"] == "sm90":
+            rows += [r for out in ("bf16", "fp16") for r in _rows(arch, "w4a16_int4", sm90_int4, out)]
     return rows
 
 
 _SM90_FP8_ALL = _SM90_FP8_FULL + _SM90_FP8_BLOCK_FULL + _SM90_FP8_BLOCK_SWAPAB
 CATALOG = {
     "full": _subset(_SM90_16BIT_FULL, _SM90_FP8_ALL, _SM100_FULL, _SM100_FP8_FULL,
-                    {"sm90": (_SM90_16BIT_FULL, _SM90_FP8_ALL), "sm100": (_SM100_FULL, _SM100_FP8_FULL)}),
+                    {"sm90": (_SM90_16BIT_FULL, _SM90_FP8_ALL), "sm100": (_SM100_FULL, _SM100_FP8_FULL)},
+                    _SM90_W4A16_INT4_FULL),
     # fp16 on SM90 in the minimal set: both 16-bit tiles, one prefill tile per FP8 mode and our
     # contiguous kernel (with the decode kernels, every routing has a kernel), so that form is
     # built and tested in CI and on the GPU too.
     "minimal": _subset(_SM90_16BIT_MINIMAL, _SM90_FP8_MINIMAL + _SM90_FP8_BLOCK_MINIMAL + _SM90_FP8_BLOCK_SWAPAB[:1],
                        _SM100_16BIT_MINIMAL, _SM100_FP8_MINIMAL,
                        {"sm90": (_SM90_16BIT_MINIMAL, _SM90_FP8_MINIMAL[1:] + _SM90_FP8_BLOCK_MINIMAL[1:]),
-                        "sm100": ([], [])}),
+                        "sm100": ([], [])},
+                       _SM90_W4A16_INT4_MINIMAL),
 }
 
 

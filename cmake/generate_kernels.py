@@ -68,6 +68,16 @@ def kernel_source(c: catalog.GemmConfig) -> str:
                 f"extern const GemmKernelOps kOps_{c.name} = ContiguousBlockwise<{c.tile_n}, "
                 f"{CUDA_TYPES[c.out]}>::kOps;\n"
                 f"}}  // namespace moe_kernels::{ns}\n")
+    if c.weight_dtype != c.act_dtype:  # mixed input: our template over CUTLASS's RS mainloop
+        assert c.schedule == "coop_swapab", c
+        return (HEADER +
+                f'#include "gemm/{ns}/grouped_gemm.cuh"\n'
+                f'#include "gemm/{ns}/mixed_grouped_gemm.cuh"\n\n'
+                f"namespace moe_kernels::{ns} {{\n"
+                f"extern const GemmKernelOps kOps_{c.name} = MixedGroupedGemm<{catalog.DTYPES[c.act_dtype]}, "
+                f"{catalog.DTYPES[c.out]}, {c.tile_m}, {c.tile_n}, {c.tile_k}, {c.cluster_m}, {c.cluster_n}, "
+                f"Cooperative>::kOps;\n"
+                f"}}  // namespace moe_kernels::{ns}\n")
     return (HEADER +
             f'#include "gemm/{ns}/grouped_gemm.cuh"\n\n'
             f"namespace moe_kernels::{ns} {{\n"

@@ -28,13 +28,15 @@ struct GroupSetup {
   const char* b_base;
   char* d_base;
   int64_t n, k;
-  int32_t a_bytes, b_bytes, d_bytes;  // element sizes
-  const float** ptr_sfa;    // NULL unless FP8
-  const float** ptr_sfb;
+  int32_t a_bytes, b_bits, d_bytes;  // element sizes (the weights' in bits: 4-bit ones pack two a byte)
+  const float** ptr_sfa;    // NULL unless the activations are quantized
+  const float** ptr_sfb;    // NULL unless the weights are scaled (INT4: 16-bit scales)
   const float* sfa_base;
   const float* sfb_base;
-  int64_t sfa_per_row, sfb_per_group;
+  int64_t sfa_per_row;      // floats
+  int64_t sfb_group_bytes;  // bytes of one expert's weight scales (FP8: floats; INT4: 16-bit)
   bool sfb_per_channel;     // FP8: n weight scales per expert (else one)
+  int32_t weight_group;     // INT4: scales per this many along K (else 0)
   int32_t* active;          // [E + 1]: experts with rows, [0] = how many (both GEMMs share it)
   int32_t* tile_counter;    // this GEMM's next tile, for kernels that take tiles dynamically
                             // (the contiguous schedule); routing zeroes it every forward

@@ -48,15 +48,15 @@ __device__ __forceinline__ void fill_group(const GroupSetup& g, int e, int32_t r
   g.problem_shapes_t[3 * e + 1] = rows;
   g.problem_shapes_t[3 * e + 2] = static_cast<int32_t>(g.k);
   g.ptr_a[e] = g.a_base + int64_t(row_offset) * g.k * g.a_bytes;
-  g.ptr_b[e] = g.b_base + int64_t(e) * g.n * g.k * g.b_bytes;
+  g.ptr_b[e] = g.b_base + int64_t(e) * g.n * g.k * g.b_bits / 8;
   g.ptr_d[e] = g.d_base + int64_t(row_offset) * g.n * g.d_bytes;
   g.stride_a[e] = g.k;
   g.stride_b[e] = g.k;
   g.stride_d[e] = g.n;
-  if (g.ptr_sfa) {
-    g.ptr_sfa[e] = g.sfa_base + int64_t(row_offset) * g.sfa_per_row;
-    g.ptr_sfb[e] = g.sfb_base + int64_t(e) * g.sfb_per_group;
-  }
+  if (g.ptr_sfa) g.ptr_sfa[e] = g.sfa_base + int64_t(row_offset) * g.sfa_per_row;
+  if (g.ptr_sfb)
+    g.ptr_sfb[e] = reinterpret_cast<const float*>(reinterpret_cast<const char*>(g.sfb_base) +
+                                                  int64_t(e) * g.sfb_group_bytes);
 }
 
 // Exclusive scan of the per-expert counts by one block, in chunks of its size with a carried

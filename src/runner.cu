@@ -185,6 +185,14 @@ int validate_shape(const moek_shape& s, char* err, size_t errlen) {
   if (!runner_has_act_format(s.act_format))
     return fail(err, errlen, MOEK_UNSUPPORTED, "%s: this build has no routing for activation format %s",
                 mode->name, kActFormats[s.act_format].name);
+  const int wgroup = kWeightFormats[s.weight_format].group;
+  if ((s.weight_format == MOEK_WEIGHT_FORMAT_INT4) != (s.weight_group != 0) ||
+      (s.weight_group && (s.weight_group % 32 || 128 % s.weight_group ||
+                          s.hidden_size % s.weight_group || s.inter_size % s.weight_group)))
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT,
+                "%s: weight_group=%d, expected 32, 64 or 128 dividing hidden_size=%lld and inter_size=%lld "
+                "for INT4 weights (format default %d), else 0", mode->name, s.weight_group,
+                (long long)s.hidden_size, (long long)s.inter_size, wgroup);
   if (s.hidden_size % mode->align || s.inter_size % mode->align)
     return fail(err, errlen, MOEK_INVALID_ARGUMENT,
                 "%s: hidden_size=%lld and inter_size=%lld must be multiples of %d (%s)", mode->name,
@@ -243,27 +251,33 @@ GroupSetup group_setup(char* ws, size_t at, const moek_shape& s, const void* a, 
   g.ptr_sfa = reinterpret_cast<const float**>(next());
   g.ptr_sfb = reinterpret_cast<const float**>(next());
   g.tile_counter = reinterpret_cast<int32_t*>(p);
-  if (!quantized(s)) g.ptr_sfa = g.ptr_sfb = nullptr;  // routing leaves them alone
+  if (!quantized(s)) g.ptr_sfa = nullptr;  // routing leaves them alone
+  if (!weight_scaled(s)) g.ptr_sfb = nullptr;
   g.sfa_base = sfa;
   g.sfb_base = sfb;
   g.sfa_per_row = scales_per_row(s, k);
   switch (s.weight_format) {  // the weights' scales per expert
     case MOEK_WEIGHT_FORMAT_E4M3_BLOCK128:
-      g.sfb_per_group = (n + 127) / 128 * ((k + 127) / 128);
+      g.sfb_group_bytes = sizeof(float) * ((n + 127) / 128) * ((k + 127) / 128);
       break;
     case MOEK_WEIGHT_FORMAT_E4M3:
-      g.sfb_per_group = sfb_per_channel ? n : 1;
+      g.sfb_group_bytes = sizeof(float) * (sfb_per_channel ? n : 1);
       g.sfb_per_channel = sfb_per_channel;
       break;
+    case MOEK_WEIGHT_FORMAT_INT4:  // [K / group, N] in the hidden dtype
+      g.sfb_group_bytes = 2 * (k / s.weight_group) * n;
+      break;
     default:  // unscaled (16-bit); formats without kernels never get here (kernel_fits)
-      g.sfb_per_group = 0;
+      g.sfb_group_bytes = 0;
   }
   g.a_base = static_cast<const char*>(a);
   g.b_base = static_cast<const char*>(b);
   g.d_base = static_cast<char*>(d);
   g.n = n;
   g.k = k;
-  g.a_bytes = g.b_bytes = act_format(s).bits / 8;
+  g.weight_group = s.weight_group;
+  g.a_bytes = act_format(s).bits / 8;
+  g.b_bits = kWeightFormats[s.weight_format].bits;
   g.d_bytes = 2;
   return g;
 }
@@ -295,6 +309,7 @@ GroupedGemmArgs gemm_args(const GroupSetup& g, int e, int64_t rows, const int32_
   a.ptr_sfa = g.ptr_sfa;
   a.ptr_sfb = g.ptr_sfb;
   a.sfb_per_channel = g.sfb_per_channel;
+  a.weight_group = g.weight_group;
   a.workspace = ws;
   a.device = device;
   a.sm_count = sms;
@@ -364,8 +379,9 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
       {a->w2, 16, "w2", true}, {a->w13_bias, 16, "w13_bias", false},
       {a->w2_bias, 16, "w2_bias", false}, {a->out, 16, "out", true},
       // Per-channel scales: 16-byte aligned as the Python layer asks (api.py: _weight_scale).
-      {a->w13_scale, s.w13_scale_per_channel ? 16u : 4u, "w13_scale", weight_scaled(s)},
-      {a->w2_scale, s.w2_scale_per_channel ? 16u : 4u, "w2_scale", weight_scaled(s)},
+      // Per-channel and INT4 group scales: 16-byte aligned (vector loads, TMA).
+      {a->w13_scale, s.w13_scale_per_channel || s.weight_group ? 16u : 4u, "w13_scale", weight_scaled(s)},
+      {a->w2_scale, s.w2_scale_per_channel || s.weight_group ? 16u : 4u, "w2_scale", weight_scaled(s)},
       {a->a13_scale, 4, "a13_scale", false}, {a->a2_scale, 4, "a2_scale", false},
       {a->workspace, kAlign, "workspace", true}};
   for (const auto& p : ptrs) {

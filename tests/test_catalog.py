@@ -181,6 +181,9 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
                 assert f"ContiguousBlockwise<{c.tile_n}, {generate.CUDA_TYPES[c.out]}>::kOps" in text
                 continue
             assert f'#include "gemm/{family}/grouped_gemm.cuh"' in text
+            if c.weight_dtype != c.act_dtype:  # mixed input: our template over CUTLASS's RS mainloop
+                assert f"MixedGroupedGemm<{catalog.DTYPES[c.act_dtype]}, {catalog.DTYPES[c.out]}, {c.tile_m}, " in text
+                continue
             assert generate.SCHEDULE_TYPES[c.schedule] + generate.MAINLOOP_SUFFIX[c.mainloop] + ">" in text
     assert set(generate.SCHEDULE_TYPES) == {s for v in catalog.SCHEDULES.values() for s in v} - {"one_token"}
     assert set(generate.MAINLOOP_SUFFIX) == set(catalog.MAINLOOPS)

@@ -790,3 +790,83 @@ def test_fp8_fp16_out_refuses_other_kernels():
     b["w13_bias"] = b["w13_bias"].bfloat16()
     with pytest.raises(TypeError, match=r"w13_bias: got dtype torch.bfloat16, expected torch.float16"):
         run(b)
+
+
+# ---- W4A16 INT4: CUTLASS's mixed-input mainloop, weights converted in registers -------------
+
+INT4_SHAPES = [(0, 8, 2), (1, 8, 2), (2, 8, 2), (7, 16, 4), (64, 128, 8), (1000, 8, 2), (4096, 128, 8)]
+
+
+@pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("T,E,k", INT4_SHAPES)
+def test_w4a16_int4_shapes(T, E, k, act_dtype, error_log):
+    p = make_problem(T=T, E=E, k=k, H=512, I=256, dtype="w4a16_int4", act_dtype=act_dtype, bias=True)
+    if T == 0:
+        assert run(p).shape == (0, 512)
+        return
+    out = check(p, error_log, f"w4a16_int4/{act_dtype}/T{T}", "w4a16_int4")
+    assert out.dtype == (torch.float16 if act_dtype == "fp16" else torch.bfloat16)
+    assert worst_row_error(out, reference_out(p)) < 2 * TOLERANCE["w4a16_int4"]
+
+
+@pytest.mark.parametrize("group", [64, 128])
+@pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
+def test_w4a16_int4_every_built_kernel(group, act_dtype, error_log):
+    kernels = [x for x in moe_kernels.list_kernels(quant="w4a16_int4", out_dtype=act_dtype) if x.gemm]
+    assert kernels, "no w4a16_int4 kernels usable on this GPU"
+    assert all(x.weight_format == "int4" and x.swap_ab for x in kernels)
+    # H, I not multiples of the 128-row weight tile; ~170 rows per expert: full and partial tiles
+    p = make_problem(T=333, E=4, k=2, H=640, I=384, dtype="w4a16_int4", act_dtype=act_dtype, group=group)
+    ref = reference_out(p)
+    for kern in kernels:
+        out = run(p, tactic=Tactic(kern.name, kern.name))
+        err = rel_error(out, ref)
+        error_log.add(f"w4a16_int4/{act_dtype}/g{group}/kernel/{kern.name}", err)
+        assert err < TOLERANCE["w4a16_int4"], f"{kern.name} g={group}: relative error {err:.3e}"
+
+
+def test_w4a16_int4_experts_without_tokens_and_expert_parallel(error_log):
+    E, T, k = 16, 96, 2
+    ids = torch.rand(T, 2 * E).argsort(dim=1)[:, :k].to(torch.int32)  # half the ids on the other rank
+    p = make_problem(T=T, E=E, k=k, H=256, I=128, dtype="w4a16_int4", ids=ids, global_experts=2 * E)
+    out = run(p, ep_rank=1, ep_size=2, num_experts=2 * E)
+    err = rel_error(out, reference_out(p, expert_offset=E))
+    error_log.add("w4a16_int4/ep", err)
+    assert err < TOLERANCE["w4a16_int4"]
+
+
+def test_w4a16_int4_graph_replay_and_determinism(error_log):
+    T, E, k, H, I = 48, 8, 2, 256, 128
+    p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype="w4a16_int4", bias=True)
+    ws = torch.empty(moe_kernels.workspace_size(T, k, E, H, I, quant="w4a16_int4"), dtype=torch.uint8, device="cuda")
+    out = torch.empty_like(p["hidden_states"])
+    kw = dict(quant="w4a16_int4", w13_scale=p["w13_scale"], w2_scale=p["w2_scale"], w13_bias=p["w13_bias"],
+              w2_bias=p["w2_bias"], workspace=ws, out=out)
+    args = (p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"])
+    fused_moe(*args, **kw)
+    first = out.clone()
+    fused_moe(*args, **kw)
+    assert torch.equal(out, first), "two runs differ"
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fused_moe(*args, **kw)
+    p["topk_ids"].copy_(torch.rand(T, E, device="cuda").argsort(dim=1)[:, :k].int())  # new routing
+    p["hidden_states"].copy_(torch.randn_like(p["hidden_states"]))
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    err = rel_error(out, reference_out(p))
+    error_log.add("w4a16_int4/graph", err)
+    assert err < TOLERANCE["w4a16_int4"]
+
+
+def test_w4a16_int4_refusals():
+    p = make_problem(T=8, E=4, k=2, H=256, I=128, dtype="w4a16_int4", group=32)
+    # CUTLASS's mainloop needs the scale group to be a multiple of its K tile (64): a clear error
+    with pytest.raises(RuntimeError, match="scale group 32"):
+        run(p)
+    q = make_problem(T=8, E=4, k=2, H=256, I=128, dtype="w4a16_int4")
+    with pytest.raises(NotImplementedError, match="w13_zero: got zero terms"):
+        run(q, w13_zero=torch.zeros_like(q["w13_scale"]))
+    with pytest.raises(ValueError, match=r"w2_scale: got shape"):
+        run({**q, "w2_scale": q["w2_scale"][..., :128].contiguous()})

@@ -11,6 +11,7 @@ from moe_kernels.prepare import prepare_weights
 
 PKG = pathlib.Path(moe_kernels.__file__).parent
 FOUR_BIT = ("w4a16_int4", "w4a16_mxfp4", "w4a8_int4", "w4a8_mxfp4")
+NOT_BUILT = ("w4a16_mxfp4", "w4a8_int4", "w4a8_mxfp4")  # declared; their kernels come later
 
 
 def test_every_mode_is_a_pair_of_declared_formats():
@@ -38,10 +39,10 @@ def test_the_four_bit_modes_are_declared_with_their_formats():
     assert (int4.bits, int4.storage, int4.groups[0], int4.zero_point) == (4, "uint8", 128, True)
     assert (mxfp4.element, mxfp4.scale.dtype, mxfp4.groups) == ("e2m1", "e8m0", (32,))
     assert problem.accepted_scale_shapes(mxfp4, E=2, N=64, K=256) == [(2, 64, 8)]
-    assert problem.accepted_scale_shapes(int4, E=2, N=64, K=256, group=64) == [(2, 64, 4)]
+    assert problem.accepted_scale_shapes(int4, E=2, N=64, K=256, group=64) == [(2, 4, 64)]
 
 
-@pytest.mark.parametrize("quant", FOUR_BIT)
+@pytest.mark.parametrize("quant", NOT_BUILT)
 def test_declared_modes_without_kernels_say_so(quant):
     spec = QuantMode.parse(quant).spec
     assert quant not in problem.built_modes()

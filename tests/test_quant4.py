@@ -107,7 +107,7 @@ def test_awq_importer_round_trip():
         return _pack_int32(x.reshape(*x.shape[:-1], x.shape[-1] // 8, 8)[..., order])
     qweight, qzeros = awq_pack(u.transpose(1, 2)), awq_pack(zp.transpose(1, 2))
     w, s, z = from_awq(qweight, qzeros, scale.transpose(1, 2).contiguous())
-    assert w.shape == (E, N, K // 2) and s.shape == (E, N, 2) and z.dtype == torch.float16
+    assert w.shape == (E, N, K // 2) and s.shape == (E, 2, N) and z.dtype == torch.float16
     # the zero term (8 - zp) * scale is held in the scales' dtype: exact up to its rounding
     torch.testing.assert_close(quant4.dequantize_int4(w, s, z), dense, rtol=2e-3, atol=1e-2)
     # the nibble order is 0,4,1,5,2,6,3,7: column 1 sits in nibble 4
@@ -192,15 +192,15 @@ def test_prepare_validates_four_bit_weights():
     E, H, I = 2, 256, 128
     w13, w2 = torch.randn(E, 2 * I, H, generator=g), torch.randn(E, H, I, generator=g)
     p = quantize_weights(w13, w2, quant="w4a16_int4", group_size=64, symmetric=False)
-    assert p["w13"].dtype == torch.uint8 and p["w13_scale"].shape == (E, 2 * I, H // 64)
+    assert p["w13"].dtype == torch.uint8 and p["w13_scale"].shape == (E, H // 64, 2 * I)
     assert p["w13_zero"].shape == p["w13_scale"].shape
     kw = dict(quant="w4a16_int4", w13_scale=p["w13_scale"], w2_scale=p["w2_scale"])
     with pytest.raises(TypeError, match="w13: got dtype torch.int8, expected torch.uint8"):
         prepare_weights(p["w13"].view(torch.int8), p["w2"], **kw)
     with pytest.raises(TypeError, match="w13_scale: got dtype torch.float32"):
         prepare_weights(p["w13"], p["w2"], **{**kw, "w13_scale": p["w13_scale"].float()})
-    with pytest.raises(ValueError, match=r"w13_scale: got shape \(2, 256, 3\), expected one of"):
-        prepare_weights(p["w13"], p["w2"], **{**kw, "w13_scale": p["w13_scale"][..., :3]})
+    with pytest.raises(ValueError, match=r"w13_scale: got shape \(2, 3, 256\), expected one of"):
+        prepare_weights(p["w13"], p["w2"], **{**kw, "w13_scale": p["w13_scale"][:, :3]})
     with pytest.raises(TypeError, match=r"w2_zero: got dtype torch.float32, expected torch.bfloat16"):
         prepare_weights(p["w13"], p["w2"], w2_zero=p["w2_zero"].float(), **kw)
     with pytest.raises(ValueError, match="multiples of 128"):

@@ -65,7 +65,7 @@ def fused_moe(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               activation="swiglu", w13_bias=None, w2_bias=None, expert_offset=None,
               ep_rank=None, ep_size=None, num_experts=None, swiglu_alpha: float = 1.702,
               swiglu_limit: float = 7.0, w13_scale=None, w2_scale=None, a13_scale=None,
-              a2_scale=None, workspace=None, out=None, tactic=None,
+              a2_scale=None, w13_zero=None, w2_zero=None, workspace=None, out=None, tactic=None,
               _last_step: int = 0) -> torch.Tensor:
     """Fused MoE forward: out[t] = sum_slot topk_weights[t, slot] * expert(topk_ids[t, slot])(x[t]).
 
@@ -81,14 +81,18 @@ def fused_moe(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     fp8_block (DeepSeek-V3): float8_e4m3fn weights with float32 scales per 128x128 block,
     w13_scale [E, N1/128, H/128] and w2_scale [E, H/128, I/128] (checkpoints'
     weight_scale_inv as stored); GEMM inputs are quantized per token per 128 columns on the
-    device; H and I must be multiples of 128. moe_kernels.modes.MODES lists every mode.
+    device; H and I must be multiples of 128.
+    w4a16_int4: uint8 INT4 weights [E, N, K/2] with scales [E, K/g, N] in the hidden dtype
+    (g = 128 or 64; moe_kernels.prepare makes or imports them); w13_zero/w2_zero (asymmetric
+    zero terms) have no kernel yet. moe_kernels.modes.MODES lists every mode.
     `_last_step` is for the benchmark's step breakdown only (out is then not written).
     """
     p = Problem(hidden_states, w13, w2, topk_weights, topk_ids, quant=quant,
                 activation=activation, w13_bias=w13_bias, w2_bias=w2_bias,
                 expert_offset=expert_offset, ep_rank=ep_rank, ep_size=ep_size,
                 num_experts=num_experts, swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit,
-                w13_scale=w13_scale, w2_scale=w2_scale, a13_scale=a13_scale, a2_scale=a2_scale)
+                w13_scale=w13_scale, w2_scale=w2_scale, a13_scale=a13_scale, a2_scale=a2_scale,
+                w13_zero=w13_zero, w2_zero=w2_zero)
     x, ids, wts, w13, w2, b13, b2 = p.tensors
     if out is None:
         out = torch.empty_like(x)

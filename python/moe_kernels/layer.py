@@ -47,7 +47,7 @@ class FusedMoE(torch.nn.Module):
                 f"quant={self.quant.value}, activation={self.activation.value}")
 
     def load_weights(self, w13, w2, w13_bias=None, w2_bias=None, w13_scale=None,
-                     w2_scale=None, a13_scale=None, a2_scale=None) -> None:
+                     w2_scale=None, a13_scale=None, a2_scale=None, w13_zero=None, w2_zero=None) -> None:
         """Prepare and keep the expert weights: this rank's [E_local, ...] slice, or all
         [num_experts, ...] experts, from which this rank's slice is taken. FP8 modes also
         take the checkpoint's weight scales, and `fp8` static activation scales (one, or one
@@ -56,19 +56,21 @@ class FusedMoE(torch.nn.Module):
         if isinstance(w13, torch.Tensor) and w13.dim() == 3 and self.ep_size > 1 and \
                 w13.shape[0] == self.num_experts:
             lo, hi = self.ep_rank * self.local_experts, (self.ep_rank + 1) * self.local_experts
-            w13, w2, w13_bias, w2_bias, w13_scale, w2_scale = (
-                None if t is None else t[lo:hi] for t in (w13, w2, w13_bias, w2_bias, w13_scale, w2_scale))
+            w13, w2, w13_bias, w2_bias, w13_scale, w2_scale, w13_zero, w2_zero = (
+                None if t is None else t[lo:hi]
+                for t in (w13, w2, w13_bias, w2_bias, w13_scale, w2_scale, w13_zero, w2_zero))
             a13_scale, a2_scale = (t[lo:hi] if isinstance(t, torch.Tensor) and t.numel() == self.num_experts
                                    else t for t in (a13_scale, a2_scale))
         n1 = self.intermediate_size * (2 if self.activation.gated else 1)
-        expect = (self.local_experts, n1, self.hidden_size)
+        expect = (self.local_experts, n1, self.hidden_size // self.quant.spec.weight_format.per_byte)
         if not isinstance(w13, torch.Tensor) or tuple(w13.shape) != expect:
             raise ValueError(f"w13: got shape {tuple(getattr(w13, 'shape', ()))}, expected {expect} "
                              f"(or {(self.num_experts,) + expect[1:]} for all experts)")
         self.weights = prepare_weights(w13, w2, quant=self.quant, activation=self.activation,
                                        w13_bias=w13_bias, w2_bias=w2_bias, w13_scale=w13_scale,
                                        w2_scale=w2_scale, a13_scale=a13_scale,
-                                       a2_scale=a2_scale, device=self.device)
+                                       a2_scale=a2_scale, w13_zero=w13_zero, w2_zero=w2_zero,
+                                       device=self.device)
 
     def workspace_size(self, max_num_tokens: int, top_k: int) -> int:
         """Bytes of `workspace=` that serve every forward of up to max_num_tokens tokens."""
@@ -87,8 +89,8 @@ class FusedMoE(torch.nn.Module):
                              num_experts=self.num_experts, swiglu_alpha=self.swiglu_alpha,
                              swiglu_limit=self.swiglu_limit, w13_scale=w.get("w13_scale"),
                              w2_scale=w.get("w2_scale"), a13_scale=w.get("a13_scale"),
-                             a2_scale=w.get("a2_scale"), workspace=workspace, out=out,
-                             tactic=tactic)
+                             a2_scale=w.get("a2_scale"), w13_zero=w.get("w13_zero"),
+                             w2_zero=w.get("w2_zero"), workspace=workspace, out=out, tactic=tactic)
 
     def _require_weights(self):
         if self.weights is None:

@@ -62,7 +62,7 @@ def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None
       scales a13_scale / a2_scale (see `_check_act_scale`); without them the GEMM inputs are
       quantized per token.
     - int4 (w4a16_int4, w4a8_int4): uint8 [E, N, K/2] (moe_kernels.quant4), scales in the
-      hidden dtype [E, N, K/g] with g in 128, 64, 32, optional zero terms w13_zero/w2_zero in
+      hidden dtype [E, K/g, N] with g in 128, 64, 32, optional zero terms w13_zero/w2_zero in
       the same layout (dequantized = q * scale + zero).
     - mxfp4 (w4a16_mxfp4, w4a8_mxfp4): uint8 [E, N, K/2] E2M1, E8M0 uint8 scales [E, N, K/32].
     Checkpoints' own layouts go through the importers below (from_gpt_oss, from_awq, from_gptq,
@@ -190,8 +190,8 @@ def _importer_tensor(name, t, dtype, ndim):
 
 
 def _int4_canonical(u, zp, scale):
-    """Unsigned nibbles u [E, N, K] and integer zero points zp [E, N, K/g] (None: symmetric,
-    8) -> (packed, scale, zero) as prepare_weights takes them."""
+    """Unsigned nibbles u [E, N, K], integer zero points zp [E, K/g, N] (None: symmetric, 8)
+    and scales [E, K/g, N] -> (packed, scale, zero) as prepare_weights takes them."""
     q = (u.to(torch.int16) - 8).to(torch.int8)
     zero = None if zp is None else ((8 - zp.float()) * scale.float()).to(scale.dtype).contiguous()
     return quant4.pack_nibbles(q & 0x0F), scale.contiguous(), zero
@@ -208,7 +208,7 @@ def _check_groups(name, n_groups, K):
 def from_awq(qweight, qzeros, scales) -> tuple:
     """AWQ (GEMM layout): qweight int32 [E, K, N/8] (nibble order 0,4,1,5,2,6,3,7), qzeros int32
     [E, K/g, N/8] (the same packing), scales [E, K/g, N] (fp16/bf16) -> (w uint8 [E, N, K/2],
-    scale [E, N, K/g], zero [E, N, K/g])."""
+    scale [E, K/g, N], zero [E, K/g, N])."""
     _importer_tensor("qweight", qweight, torch.int32, 3)
     _importer_tensor("qzeros", qzeros, torch.int32, 3)
     if not isinstance(scales, torch.Tensor) or scales.dtype not in (torch.float16, torch.bfloat16) or scales.dim() != 3:
@@ -224,9 +224,7 @@ def from_awq(qweight, qzeros, scales) -> tuple:
 
     def unpack(x):  # [E, R, N/8] -> [E, R, N] in column order
         return _int32_nibbles(x)[..., inverse].flatten(-2)
-    u = unpack(qweight).transpose(1, 2)
-    zp = unpack(qzeros).transpose(1, 2)
-    return _int4_canonical(u, zp, scales.transpose(1, 2))
+    return _int4_canonical(unpack(qweight).transpose(1, 2), unpack(qzeros), scales)
 
 
 def from_gptq(qweight, scales, qzeros=None, g_idx=None, *, zeros_offset=1) -> tuple:
@@ -256,11 +254,11 @@ def from_gptq(qweight, scales, qzeros=None, g_idx=None, *, zeros_offset=1) -> tu
         if tuple(qzeros.shape) != (E, scales.shape[1], N // 8):
             raise ValueError(f"qzeros: got shape {tuple(qzeros.shape)}, expected [E, K/g, N/8] = "
                              f"({E}, {scales.shape[1]}, {N // 8})")
-        zp = (_int32_nibbles(qzeros).flatten(-2) + zeros_offset).transpose(1, 2)
+        zp = _int32_nibbles(qzeros).flatten(-2) + zeros_offset
         if bool((zp > 15).any()):
             raise ValueError(f"qzeros: zero points past 15 with zeros_offset={zeros_offset}; expected "
                              "zeros_offset=0 for gptq_v2 checkpoints")
-    return _int4_canonical(u, zp, scales.transpose(1, 2))
+    return _int4_canonical(u, zp, scales)
 
 
 def from_compressed_tensors(weight_packed, weight_scale, weight_zero_point=None) -> tuple:
@@ -280,7 +278,7 @@ def from_compressed_tensors(weight_packed, weight_scale, weight_zero_point=None)
         raise ValueError(f"weight_scale: got shape {tuple(weight_scale.shape)}, expected [E, N, K/g] = ({E}, {N}, K/g)")
     _check_groups("weight_scale", weight_scale.shape[-1], K)
     u = _int32_nibbles(weight_packed).flatten(-2)
-    return _int4_canonical(u, None, weight_scale)
+    return _int4_canonical(u, None, weight_scale.transpose(1, 2))
 
 
 def from_gpt_oss(gate_up_blocks, gate_up_scales, down_blocks, down_scales, gate_up_bias=None,

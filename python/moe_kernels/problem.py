@@ -97,6 +97,18 @@ def accepted_scale_shapes(fmt: WeightFormat, E, N, K, group=None) -> list:
     return [tuple(sym[d] for d in shape) for shape in fmt.scale.shapes]
 
 
+def scale_group(fmt: WeightFormat, scale, K: int) -> int:
+    """The group along K that a scale tensor's shape implies (its K/g dimension), where the
+    format takes several; else the format's own (0: none)."""
+    group = fmt.groups[0] if fmt.groups else 0
+    if len(fmt.groups) > 1 and isinstance(scale, torch.Tensor):
+        dim = fmt.scale.shapes[0].index("K/g")
+        n = scale.shape[dim] if scale.dim() == len(fmt.scale.shapes[0]) else 0
+        if n and K % n == 0 and K // n in fmt.groups:
+            group = K // n
+    return group
+
+
 def weight_scale(name, scale, fmt: WeightFormat, E, N, K, device=None, values=False, align=None,
                  dtype=None):
     """A weight scale tensor checked against its format's accepted shapes, as the canonical
@@ -106,10 +118,7 @@ def weight_scale(name, scale, fmt: WeightFormat, E, N, K, device=None, values=Fa
     load time. align: the data pointer's alignment, by default what the kernels need.
     dtype: the torch dtype(s) the format's "hidden" scales may have."""
     scale_dtype = {"float32": torch.float32, "e8m0": torch.uint8}.get(fmt.scale.dtype, dtype)
-    group = fmt.groups[0] if fmt.groups else 0
-    if isinstance(scale, torch.Tensor) and len(fmt.groups) > 1 and scale.dim() == 3 and scale.shape[-1] \
-            and K % scale.shape[-1] == 0 and K // scale.shape[-1] in fmt.groups:
-        group = K // scale.shape[-1]
+    group = scale_group(fmt, scale, K)
     shapes = accepted_scale_shapes(fmt, E, N, K, group)
     if scale is None:
         fail(name, "NoneType", f"a torch.Tensor of {fmt.scale.dtype} scales {fmt.scale.what}, shape {shapes[0]}",
@@ -117,8 +126,9 @@ def weight_scale(name, scale, fmt: WeightFormat, E, N, K, device=None, values=Fa
     per_channel = isinstance(scale, torch.Tensor) and scale.numel() not in (E,)
     t = check_tensor(name, scale, dtype=scale_dtype, device=device,
                      # Per-channel float scales: 16-byte aligned, as the kernels that read them 8
-                     # at a time once needed; not relaxed until tested.
-                     align=align or (16 if per_channel and len(shapes) > 1 else 4))
+                     # at a time once needed; not relaxed until tested. Group scales: TMA reads them.
+                     align=align or (16 if (per_channel and len(shapes) > 1) or fmt.groups and
+                                     fmt.scale.dtype == "hidden" else 4))
     if tuple(t.shape) not in shapes:
         groups = f"; groups along K: {list(fmt.groups)}" if len(fmt.groups) > 1 else ""
         fail(name, f"shape {tuple(t.shape)}", f"one of {shapes} ({fmt.scale.what}{groups})")
@@ -171,13 +181,15 @@ def infer_mode(hidden_states, w13=None, w13_scale=None) -> QuantMode:
 
 
 def c_shape(*, T, H, I, E, k, dtype: str, mode: Mode, activation: Activation, index_dtype=torch.int32,
-            expert_offset=0, alpha=1.0, limit=1.0, per_channel=(0, 0)) -> dict:
+            expert_offset=0, alpha=1.0, limit=1.0, per_channel=(0, 0), weight_group=None) -> dict:
     """The C ABI's moek_shape, as a dict for the native module (src/python/module.cpp)."""
     return {"num_tokens": T, "hidden_size": H, "inter_size": I, "num_experts": E, "top_k": k,
             "expert_offset": expert_offset, "dtype": _DTYPE_CODE[dtype], "act_format": mode.act_code,
             "weight_format": mode.weight_code, "activation": activation.code,
             "index_dtype": _INDEX_CODE[index_dtype], "act_alpha": float(alpha), "act_limit": float(limit),
-            "w13_scale_per_channel": int(per_channel[0]), "w2_scale_per_channel": int(per_channel[1])}
+            "w13_scale_per_channel": int(per_channel[0]), "w2_scale_per_channel": int(per_channel[1]),
+            # INT4: the scale group (by default the format's); the C ABI's 0 for other formats
+            "weight_group": (weight_group or mode.weight_format.groups[0]) if mode.weight == "int4" else 0}
 
 
 def resolve_expert_offset(expert_offset, ep_rank, ep_size, num_experts, e_local) -> int:
@@ -212,7 +224,8 @@ class Problem:
     def __init__(self, hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
                  activation="swiglu", w13_bias=None, w2_bias=None, expert_offset=None,
                  ep_rank=None, ep_size=None, num_experts=None, swiglu_alpha=1.702,
-                 swiglu_limit=7.0, w13_scale=None, w2_scale=None, a13_scale=None, a2_scale=None):
+                 swiglu_limit=7.0, w13_scale=None, w2_scale=None, a13_scale=None, a2_scale=None,
+                 w13_zero=None, w2_zero=None):
         self.quant = infer_mode(hidden_states, w13, w13_scale) if quant is None else QuantMode.parse(quant)
         spec = self.mode = self.quant.spec
         require_built(self.quant, getattr(hidden_states, "device", None))
@@ -237,7 +250,12 @@ class Problem:
         check_alignment(spec, H, I)
         self.scales = (None, None, None, None)
         self.per_channel = (0, 0)
+        self.weight_group = None
         fmt = spec.weight_format
+        for name, zero in (("w13_zero", w13_zero), ("w2_zero", w2_zero)):
+            if zero is not None:  # INT4 zero terms (asymmetric AWQ): not in any kernel yet
+                fail(name, "zero terms", f"None: no kernel of quant={self.quant.value!r} in this build takes zero "
+                     "points yet (symmetric GPTQ and compressed-tensors checkpoints run)", NotImplementedError)
         if fmt.scale is not None:
             s13 = weight_scale("w13_scale", w13_scale, fmt, E, n1, H, self.device, dtype=dtype)
             s2 = weight_scale("w2_scale", w2_scale, fmt, E, H, I, self.device, dtype=dtype)
@@ -246,6 +264,11 @@ class Problem:
             self.scales = (s13, s2, a13, a2)
             if len(fmt.scale.shapes) > 1:  # per tensor or per channel: the C ABI's flags
                 self.per_channel = (int(s13.dim() == 2), int(s2.dim() == 2))
+            if len(fmt.groups) > 1:  # the group the scales imply, the same in both GEMMs
+                self.weight_group = scale_group(fmt, s13, H)
+                if scale_group(fmt, s2, I) != self.weight_group:
+                    fail("w2_scale", f"groups of {scale_group(fmt, s2, I)} along K",
+                         f"groups of {self.weight_group}, as w13_scale's")
         elif any(t is not None for t in (w13_scale, w2_scale, a13_scale, a2_scale)):
             fail("w13_scale/w2_scale/a13_scale/a2_scale", "scales",
                  f"none for quant={self.quant.value!r} (its weights are unscaled)")
@@ -271,7 +294,7 @@ class Problem:
         self.shape = c_shape(T=T, H=H, I=I, E=E, k=k, dtype=self.out_dtype, mode=spec,
                              activation=self.activation, index_dtype=ids.dtype,
                              expert_offset=self.expert_offset, alpha=swiglu_alpha, limit=swiglu_limit,
-                             per_channel=self.per_channel)
+                             per_channel=self.per_channel, weight_group=self.weight_group)
 
     def require_cuda(self) -> None:
         if self.device.type != "cuda":

@@ -5,8 +5,8 @@ Storage (the weight formats `int4` and `mxfp4` of moe_kernels.modes): expert wei
 [E, N, K] as uint8 [E, N, K/2], two values per byte along K, the even k in the low nibble.
 
 - INT4: signed values -8..7 (two's complement nibbles), one scale per group of g along K
-  ([E, N, K/g], in the hidden dtype) and, for asymmetric checkpoints, an additive zero term
-  in the same layout and dtype: dequantized = q * scale + zero. A checkpoint's unsigned
+  ([E, K/g, N], N contiguous, in the hidden dtype) and, for asymmetric checkpoints, an
+  additive zero term in the same layout and dtype: dequantized = q * scale + zero. A checkpoint's unsigned
   nibble u with integer zero point z becomes q = u - 8 and zero = (8 - z) * scale.
 - MXFP4 (OCP MX): E2M1 values (sign bit 3; magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6) with one
   E8M0 exponent per 32 along K ([E, N, K/32] uint8): dequantized = e2m1 * 2^(e - 127);
@@ -59,16 +59,16 @@ def expand_groups(s: torch.Tensor, K: int) -> torch.Tensor:
 
 
 def dequantize_int4(packed, scale, zero=None) -> torch.Tensor:
-    """float32 [..., N, K] = q * scale (+ zero), scale/zero [..., N, K/g]."""
+    """float32 [..., N, K] = q * scale (+ zero), scale/zero [..., K/g, N]."""
     q = int4_values(packed).float()
     K = q.shape[-1]
-    w = q * expand_groups(scale.float(), K)
-    return w + expand_groups(zero.float(), K) if zero is not None else w
+    w = q * expand_groups(scale.float().transpose(-1, -2), K)
+    return w + expand_groups(zero.float().transpose(-1, -2), K) if zero is not None else w
 
 
 def quantize_int4(w: torch.Tensor, group: int = 128, symmetric: bool = True, scale_dtype=torch.bfloat16):
     """INT4 weights of [..., N, K] in groups of `group` along K: (packed uint8 [..., N, K/2],
-    scale [..., N, K/g], zero [..., N, K/g] or None). Symmetric: scale = amax / 7, values
+    scale [..., K/g, N], zero [..., K/g, N] or None). Symmetric: scale = amax / 7, values
     rounded to nearest and clamped to -8..7. Asymmetric (AWQ): a range of 15 steps from the
     group's min to its max with an integer zero point; the zero term is (8 - zp) * scale.
     Scales are rounded to `scale_dtype` before the values are, so q * scale is what the
@@ -88,9 +88,9 @@ def quantize_int4(w: torch.Tensor, group: int = 128, symmetric: bool = True, sca
         scale = torch.where(rng > 0, rng / 15.0, torch.ones_like(rng)).to(scale_dtype)
         zp = torch.round(-lo / scale.float()).clamp(0, 15)
         q = (torch.round(g / scale.float()) + zp).clamp(0, 15) - 8
-        zero = ((8 - zp) * scale.float()).to(scale_dtype).squeeze(-1)
+        zero = ((8 - zp) * scale.float()).to(scale_dtype).squeeze(-1).transpose(-1, -2).contiguous()
     codes = (q.to(torch.int8) & 0x0F).reshape(*lead, N, K)
-    return pack_nibbles(codes), scale.squeeze(-1), zero
+    return pack_nibbles(codes), scale.squeeze(-1).transpose(-1, -2).contiguous(), zero
 
 
 # ---- MXFP4 --------------------------------------------------------------------------------

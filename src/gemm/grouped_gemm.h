@@ -35,6 +35,9 @@ struct GroupedGemmArgs {
   const int32_t* active_groups;
   int max_active_groups;
   int64_t n, k;
+  // Mixed-input (INT4) kernels: weight scales per group of this many along K; B's scale
+  // pointers are ptr_sfb (one per group, [K / weight_group, N] each).
+  int weight_group;
   // For kernels that address all groups through one tensor each (the contiguous schedule):
   // the experts' row offsets [num_groups + 1] on the device, the row capacity of A and D, and
   // the base pointers the per-group ones above point into; and a counter (zero at launch,

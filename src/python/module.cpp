@@ -163,6 +163,7 @@ moek_shape make_shape(py::dict s) {
   r.act_limit = s["act_limit"].cast<float>();
   r.w13_scale_per_channel = s["w13_scale_per_channel"].cast<int32_t>();
   r.w2_scale_per_channel = s["w2_scale_per_channel"].cast<int32_t>();
+  r.weight_group = s["weight_group"].cast<int32_t>();
   return r;
 }
 

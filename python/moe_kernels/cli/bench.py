@@ -22,6 +22,8 @@ import sys
 
 from .. import _native
 from ..modes import MODES, QuantMode
+
+MODES_BY_WEIGHT = {m.weight: m for m in reversed(list(MODES.values()))}  # a mode of each weight format
 from ..profiling import (ROUTINGS, GpuSampler, kernel_times, load_histogram, make_weights, round_robin, routing,
                         time_graph)
 
@@ -295,8 +297,7 @@ class Bf16GroupedMM:
     def __init__(self):
         self._key, self._w = None, None
 
-    @staticmethod
-    def to_bf16(w, scale):
+    def to_bf16(self, w, scale):
         import torch
         return w.to(torch.bfloat16)
 
@@ -320,19 +321,23 @@ class Bf16GroupedMM:
 
 
 class DequantizedGroupedMM(Bf16GroupedMM):
-    """The fp8_block peer. PyTorch has no block-scaled grouped GEMM, so the checkpoint's weights
-    are dequantized to bf16 once (what a stack without such a kernel can serve, at
-    twice the weight bytes) and torch._grouped_mm runs on them, in bf16 also for fp16 hidden
+    """The peer of modes PyTorch has no grouped GEMM for (fp8_block, INT4): the checkpoint's
+    weights are dequantized to bf16 once (what a stack without such a kernel can serve, at the
+    bf16 weight bytes) and torch._grouped_mm runs on them, in bf16 also for fp16 hidden
     states. Its activations stay 16-bit, so it is checked against the 16-bit reference on those
-    weights, not the fp8_block one."""
+    weights, not the quantized mode's."""
 
-    @staticmethod
-    def to_bf16(w, scale):  # one expert at a time: float32 temporaries of one expert
+    def __init__(self, weight_format: str):
+        super().__init__()
+        self.weight_format = weight_format
+
+    def to_bf16(self, w, scale):  # one expert at a time: float32 temporaries of one expert
         import torch
-        from ..fp8 import weight_scale_full
-        out = w.new_empty(w.shape, dtype=torch.bfloat16)
+        from ..reference import dequantize_weight
+        per = MODES_BY_WEIGHT[self.weight_format].weight_format.per_byte
+        out = w.new_empty((*w.shape[:2], w.shape[2] * per), dtype=torch.bfloat16)
         for e in range(w.shape[0]):
-            out[e] = (w[e].float() * weight_scale_full(scale[e:e + 1], *w.shape[1:])[0]).to(torch.bfloat16)
+            out[e] = dequantize_weight(w[e], self.weight_format, scale[e]).to(torch.bfloat16)
         return out
 
 
@@ -364,9 +369,9 @@ def peers(activation, quant="bf16"):
         return [("torch._scaled_grouped_mm",
                  torch_scaled_grouped_mm_moe if hasattr(torch, "_scaled_grouped_mm") else None,
                  f"not in torch {torch.__version__}")]
-    if quant == "fp8_block":
+    if MODES[quant].weight in ("e4m3_block128", "int4"):
         return [("torch._grouped_mm (bf16 weights)",
-                 DequantizedGroupedMM() if hasattr(torch, "_grouped_mm") else None,
+                 DequantizedGroupedMM(MODES[quant].weight) if hasattr(torch, "_grouped_mm") else None,
                  f"not in torch {torch.__version__}")]
     if quant not in ("bf16", "fp16"):
         return [(n, None, f"not compared for {quant}") for n in
@@ -419,8 +424,11 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
             ids, wts = routing(T, E, k, args.routing, skew=args.skew, counts=counts, gen=gen, device="cuda")
             sets.append((torch.randn(T, H, device="cuda", dtype=dtype), ids, wts))
         hit = statistics.mean(len(torch.unique(ids)) for _, ids, _ in sets)
+        # bytes per weight value, packing and scales included (4-bit: half a byte plus group scales)
+        wbytes = sum(t.numel() * t.element_size() for t in (w13, scales.get("w13_scale")) if t is not None) \
+            / (E * (2 if act.gated else 1) * I * H)
         f = floors(tokens=T, top_k=k, hidden=H, inter=I, gated=act.gated, experts_hit=hit,
-                   elem_bytes=2, weight_elem_bytes=w13.element_size(), copy_bw=bw, gemm_rate=rate)
+                   elem_bytes=2, weight_elem_bytes=wbytes, copy_bw=bw, gemm_rate=rate)
         ws = torch.empty(moe_kernels.workspace_size(T, k, E, H, I, quant=args.quant, activation=act),
                          dtype=torch.uint8, device="cuda")
         outs = [torch.empty(T, H, device="cuda", dtype=dtype) for _ in sets]
