@@ -181,8 +181,8 @@ def make_weights(quant, activation, experts, hidden, inter, *, device="cuda", se
     gen = torch.Generator(device=device).manual_seed(seed)
     w13 = torch.randn(experts, n1, hidden, device=device, dtype=dtype, generator=gen) * hidden ** -0.5
     w2 = torch.randn(experts, hidden, inter, device=device, dtype=dtype, generator=gen) * inter ** -0.5
-    if mode in (QuantMode.FP8, QuantMode.FP8_BLOCK):  # fp8: per-channel, as checkpoints mostly ship
-        return quantize_weights(w13, w2, quant=mode, activation=activation, device=device)
+    if mode.spec.weight != "w16":  # fp8: per channel, as checkpoints mostly ship; int4: symmetric, group 128
+        return quantize_weights(w13, w2, quant=mode, activation=activation, scale_dtype=dtype, device=device)
     return prepare_weights(w13, w2, quant=mode, activation=activation, device=device)
 
 

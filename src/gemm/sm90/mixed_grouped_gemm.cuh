@@ -118,6 +118,14 @@ struct MixedGroupedGemm {
                a.weight_group);
       return MOEK_INVALID_ARGUMENT;
     }
+    // The mainloop loads one scale per K tile: a smaller group would take its first group's
+    // scale for the whole tile. CUTLASS's can_implement cannot see K here (the problem shapes
+    // live on the device), so the rule is checked on the host.
+    if (a.weight_group % TileK) {
+      snprintf(err, errlen, "INT4 GEMM: scale group %d is not a multiple of the tile's K (%d); this "
+               "kernel takes groups of %d or more", a.weight_group, TileK, TileK);
+      return MOEK_UNSUPPORTED;
+    }
     const cutlass::Status st = Gemm::can_implement(make_arguments(a));
     if (st != cutlass::Status::kSuccess) {
       snprintf(err, errlen, "CUTLASS can_implement failed: %s (INT4 scale group %d, tile K %d: the group must "
