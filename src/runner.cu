@@ -378,7 +378,6 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
       {a->topk_weights, 4, "topk_weights", true}, {a->w13, 16, "w13", true},
       {a->w2, 16, "w2", true}, {a->w13_bias, 16, "w13_bias", false},
       {a->w2_bias, 16, "w2_bias", false}, {a->out, 16, "out", true},
-      // Per-channel scales: 16-byte aligned as the Python layer asks (api.py: _weight_scale).
       // Per-channel and INT4 group scales: 16-byte aligned (vector loads, TMA).
       {a->w13_scale, s.w13_scale_per_channel || s.weight_group ? 16u : 4u, "w13_scale", weight_scaled(s)},
       {a->w2_scale, s.w2_scale_per_channel || s.weight_group ? 16u : 4u, "w2_scale", weight_scaled(s)},

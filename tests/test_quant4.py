@@ -241,3 +241,30 @@ def test_reference_dequantizes_as_the_format_says(quant):
     exact = reference.fused_moe(x, w13, w2, wts, ids)
     err = ((out - exact).norm() / exact.norm()).item()
     assert 0.005 < err < 0.25, err  # 4-bit noise: present, and bounded
+
+
+def test_fused_moe_validates_int4_arguments_on_the_host():
+    """CPU: every check before a launch, from the mode table (no GPU needed to fail)."""
+    from moe_kernels import fused_moe
+    g = _gen(10)
+    E, H, I, T, k = 4, 256, 128, 3, 2
+    p = quantize_weights(torch.randn(E, 2 * I, H, generator=g), torch.randn(E, H, I, generator=g),
+                         quant="w4a16_int4", group_size=64)
+    x = torch.randn(T, H, generator=g).bfloat16()
+    ids = torch.zeros(T, k, dtype=torch.int32)
+    wts = torch.ones(T, k)
+    kw = dict(quant="w4a16_int4", w13_scale=p["w13_scale"], w2_scale=p["w2_scale"])
+    with pytest.raises(ValueError, match="hidden_states: got device cpu, expected a CUDA tensor"):
+        fused_moe(x, p["w13"], p["w2"], wts, ids, **kw)  # valid: only the device is wrong
+    with pytest.raises(TypeError, match="w13: got dtype torch.bfloat16, expected torch.uint8"):
+        fused_moe(x, p["w13"].bfloat16(), p["w2"], wts, ids, **kw)
+    with pytest.raises(ValueError, match=r"w13: got shape \(4, 256, 256\).*dimension 2 must be 128"):
+        fused_moe(x, torch.zeros(E, 2 * I, H, dtype=torch.uint8), p["w2"], wts, ids, **kw)
+    with pytest.raises(TypeError, match="w13_scale: got dtype torch.float16, expected torch.bfloat16"):
+        fused_moe(x, p["w13"], p["w2"], wts, ids, **{**kw, "w13_scale": p["w13_scale"].half()})
+    q = quantize_weights(torch.randn(E, 2 * I, H, generator=g), torch.randn(E, H, I, generator=g),
+                         quant="w4a16_int4", group_size=128)
+    with pytest.raises(ValueError, match="w2_scale: got groups of 128 along K, expected groups of 64"):
+        fused_moe(x, p["w13"], p["w2"], wts, ids, **{**kw, "w2_scale": q["w2_scale"]})
+    with pytest.raises(NotImplementedError, match="w13_zero: got zero terms"):
+        fused_moe(x, p["w13"], p["w2"], wts, ids, w13_zero=torch.zeros_like(p["w13_scale"]), **kw)

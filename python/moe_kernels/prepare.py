@@ -189,6 +189,12 @@ def _importer_tensor(name, t, dtype, ndim):
     return t
 
 
+def _importer_scales(name, t, layout):
+    if not isinstance(t, torch.Tensor) or t.dtype not in (torch.float16, torch.bfloat16) or t.dim() != 3:
+        raise TypeError(f"{name}: got {getattr(t, 'dtype', type(t).__name__)}, expected a 3-D float16 or "
+                        f"bfloat16 tensor {layout}")
+
+
 def _int4_canonical(u, zp, scale):
     """Unsigned nibbles u [E, N, K], integer zero points zp [E, K/g, N] (None: symmetric, 8)
     and scales [E, K/g, N] -> (packed, scale, zero) as prepare_weights takes them."""
@@ -211,9 +217,7 @@ def from_awq(qweight, qzeros, scales) -> tuple:
     scale [E, K/g, N], zero [E, K/g, N])."""
     _importer_tensor("qweight", qweight, torch.int32, 3)
     _importer_tensor("qzeros", qzeros, torch.int32, 3)
-    if not isinstance(scales, torch.Tensor) or scales.dtype not in (torch.float16, torch.bfloat16) or scales.dim() != 3:
-        raise TypeError(f"scales: got {getattr(scales, 'dtype', type(scales).__name__)}, expected a 3-D float16 or "
-                        "bfloat16 tensor [E, K/g, N]")
+    _importer_scales("scales", scales, "[E, K/g, N]")
     E, K, n8 = qweight.shape
     N = 8 * n8
     if tuple(scales.shape[::2]) != (E, N) or tuple(qzeros.shape) != (E, scales.shape[1], n8):
@@ -234,9 +238,7 @@ def from_gptq(qweight, scales, qzeros=None, g_idx=None, *, zeros_offset=1) -> tu
     0 for gptq_v2). An act-order g_idx is taken only if it is the plain one (k // g): a
     permuted one would need the activations permuted too, which the kernels do not do."""
     _importer_tensor("qweight", qweight, torch.int32, 3)
-    if not isinstance(scales, torch.Tensor) or scales.dtype not in (torch.float16, torch.bfloat16) or scales.dim() != 3:
-        raise TypeError(f"scales: got {getattr(scales, 'dtype', type(scales).__name__)}, expected a 3-D float16 or "
-                        "bfloat16 tensor [E, K/g, N]")
+    _importer_scales("scales", scales, "[E, K/g, N]")
     E, k8, N = qweight.shape
     K = 8 * k8
     if tuple(scales.shape[::2]) != (E, N):
@@ -268,10 +270,7 @@ def from_compressed_tensors(weight_packed, weight_scale, weight_zero_point=None)
     if weight_zero_point is not None:
         raise NotImplementedError("weight_zero_point: asymmetric compressed-tensors checkpoints are not "
                                   "supported yet; expected None (symmetric)")
-    if not isinstance(weight_scale, torch.Tensor) or weight_scale.dtype not in (torch.float16, torch.bfloat16) \
-            or weight_scale.dim() != 3:
-        raise TypeError(f"weight_scale: got {getattr(weight_scale, 'dtype', type(weight_scale).__name__)}, expected "
-                        "a 3-D float16 or bfloat16 tensor [E, N, K/g]")
+    _importer_scales("weight_scale", weight_scale, "[E, N, K/g]")
     E, N, k8 = weight_packed.shape
     K = 8 * k8
     if tuple(weight_scale.shape[:2]) != (E, N):

@@ -90,6 +90,34 @@ struct Fp8OutputScales {
   }
 };
 
+// The routing kernels write one int64 leading dimension per group and three int32 per problem
+// shape; a CUTLASS grouped kernel's types must have exactly that layout.
+template <class Kernel, class ProblemShape>
+constexpr bool routing_layouts_match() {
+  return sizeof(typename Kernel::InternalStrideA) == sizeof(int64_t) &&
+         sizeof(typename Kernel::InternalStrideB) == sizeof(int64_t) &&
+         sizeof(typename Kernel::InternalStrideD) == sizeof(int64_t) &&
+         sizeof(typename ProblemShape::UnderlyingProblemShape) == 3 * sizeof(int32_t);
+}
+
+// Initializes a CUTLASS device GEMM on `workspace` and launches it: MOEK_OK, or why not.
+template <class Gemm>
+int launch_cutlass(Gemm& gemm, const typename Gemm::Arguments& args, void* workspace, cudaStream_t stream,
+                   char* err, size_t errlen) {
+  cutlass::Status st = gemm.initialize(args, workspace, stream);
+  if (st != cutlass::Status::kSuccess) {
+    snprintf(err, errlen, "CUTLASS initialize failed: %s", cutlassGetStatusString(st));
+    return MOEK_CUDA_ERROR;
+  }
+  st = gemm.run(stream);
+  if (st != cutlass::Status::kSuccess) {
+    snprintf(err, errlen, "CUTLASS run failed: %s (%s)", cutlassGetStatusString(st),
+             cudaGetErrorString(cudaGetLastError()));
+    return MOEK_CUDA_ERROR;
+  }
+  return MOEK_OK;
+}
+
 // A family's schedule: its CUTLASS mainloop and epilogue tags, whether the mainloop applies
 // block scales (fp8_block) and whether A and B trade places (see the top). The families
 // (gemm/sm90, gemm/sm100) name theirs.
@@ -160,12 +188,7 @@ struct CutlassGroupedGemm {
   using StrideA = typename Kernel::InternalStrideA;
   using StrideB = typename Kernel::InternalStrideB;
   using StrideD = typename Kernel::InternalStrideD;
-  // The routing kernels write one int64 leading dimension per group and three int32 per
-  // problem shape; the CUTLASS types must have exactly that layout.
-  static_assert(sizeof(StrideA) == sizeof(int64_t) && sizeof(StrideB) == sizeof(int64_t) &&
-                sizeof(StrideD) == sizeof(int64_t), "stride layout changed");
-  static_assert(sizeof(typename ProblemShape::UnderlyingProblemShape) == 3 * sizeof(int32_t),
-                "problem shape layout changed");
+  static_assert(routing_layouts_match<Kernel, ProblemShape>(), "stride or problem shape layout changed");
 
   // Bytes at the workspace's start for the per-group scale layouts (SM100 fp8_block), 256-aligned.
   static size_t layout_bytes(int num_groups) {
@@ -250,19 +273,8 @@ struct CutlassGroupedGemm {
         return MOEK_CUDA_ERROR;
       }
     }
-    cutlass::Status st =
-        gemm.initialize(args, static_cast<char*>(a.workspace) + layout_bytes(a.num_groups), a.stream);
-    if (st != cutlass::Status::kSuccess) {
-      snprintf(err, errlen, "CUTLASS initialize failed: %s", cutlassGetStatusString(st));
-      return MOEK_CUDA_ERROR;
-    }
-    st = gemm.run(a.stream);
-    if (st != cutlass::Status::kSuccess) {
-      snprintf(err, errlen, "CUTLASS run failed: %s (%s)", cutlassGetStatusString(st),
-               cudaGetErrorString(cudaGetLastError()));
-      return MOEK_CUDA_ERROR;
-    }
-    return MOEK_OK;
+    return launch_cutlass(gemm, args, static_cast<char*>(a.workspace) + layout_bytes(a.num_groups), a.stream,
+                          err, errlen);
   }
 
   static constexpr GemmKernelOps kOps{&run, &check, &workspace_size, Kernel::SharedStorageSize, false};

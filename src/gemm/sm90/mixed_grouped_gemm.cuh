@@ -18,6 +18,7 @@
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 
+#include "gemm/cutlass_grouped.cuh"
 #include "gemm/grouped_gemm.h"
 
 namespace moe_kernels::sm90 {
@@ -66,11 +67,7 @@ struct MixedGroupedGemm {
   using StrideX = typename Kernel::InternalStrideB;
   using StrideD = typename Kernel::InternalStrideD;
   using StrideScale = typename CollectiveMainloop::StrideScale;
-  // Routing writes one int64 leading dimension per group and three int32 per problem shape.
-  static_assert(sizeof(StrideW) == sizeof(int64_t) && sizeof(StrideX) == sizeof(int64_t) &&
-                sizeof(StrideD) == sizeof(int64_t), "stride layout changed");
-  static_assert(sizeof(typename ProblemShape::UnderlyingProblemShape) == 3 * sizeof(int32_t),
-                "problem shape layout changed");
+  static_assert(routing_layouts_match<Kernel, ProblemShape>(), "stride or problem shape layout changed");
 
   // Bytes at the workspace's start for the per-group scale strides, 256-aligned.
   static size_t stride_bytes(int num_groups) {
@@ -144,20 +141,8 @@ struct MixedGroupedGemm {
       return MOEK_CUDA_ERROR;
     }
     Gemm gemm;
-    const auto args = make_arguments(a);
-    cutlass::Status st =
-        gemm.initialize(args, static_cast<char*>(a.workspace) + stride_bytes(a.num_groups), a.stream);
-    if (st != cutlass::Status::kSuccess) {
-      snprintf(err, errlen, "CUTLASS initialize failed: %s", cutlassGetStatusString(st));
-      return MOEK_CUDA_ERROR;
-    }
-    st = gemm.run(a.stream);
-    if (st != cutlass::Status::kSuccess) {
-      snprintf(err, errlen, "CUTLASS run failed: %s (%s)", cutlassGetStatusString(st),
-               cudaGetErrorString(cudaGetLastError()));
-      return MOEK_CUDA_ERROR;
-    }
-    return MOEK_OK;
+    return launch_cutlass(gemm, make_arguments(a), static_cast<char*>(a.workspace) + stride_bytes(a.num_groups),
+                          a.stream, err, errlen);
   }
 
   static constexpr GemmKernelOps kOps{&run, &check, &workspace_size, Kernel::SharedStorageSize, false};
