@@ -370,3 +370,28 @@ def test_tiny_profile_run():
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [ln for ln in r.stdout.splitlines() if "forward(s) in the profiled range" in ln]
     assert len(lines) == 2 and all("2 forward(s)" in ln and "tactic sm90_" in ln for ln in lines)
+
+
+def test_four_bit_modes_have_the_dequantized_and_own_fp8_peers():
+    from moe_kernels import reference
+    from moe_kernels.prepare import quantize_weights
+    names = [n for n, _, _ in bench.peers("swiglu", "w4a16_int4")]
+    assert names == ["torch._grouped_mm (bf16 weights)", "moe_kernels fp8 (same weights)"]
+    g = torch.Generator().manual_seed(0)
+    E, H, I, T, k = 4, 256, 128, 5, 2
+    p = quantize_weights(torch.randn(E, 2 * I, H, generator=g), torch.randn(E, H, I, generator=g),
+                         quant="w4a16_int4")
+    x = torch.randn(T, H, generator=g).bfloat16()
+    ids = torch.rand(T, E, generator=g).argsort(1)[:, :k]
+    wts = torch.rand(T, k, generator=g)
+    own = bench.OwnFp8("int4")
+    # its weights: the 4-bit ones dequantized, then E4M3 per channel; its reference: the fp8 one on them
+    (q13, s13), _ = own.weights(p["w13"], p["w2"], p["w13_scale"], p["w2_scale"])
+    assert q13.dtype == torch.float8_e4m3fn and s13.shape == (E, 2 * I)
+    deq = reference.dequantize_weight(p["w13"][1], "int4", p["w13_scale"][1])
+    back = q13[1].float() * s13[1][:, None]
+    assert ((back - deq).norm() / deq.norm()).item() < 0.05
+    ref = own.reference(x, p["w13"], p["w2"], wts, ids, "swiglu", w13_scale=p["w13_scale"], w2_scale=p["w2_scale"])
+    w4 = reference.fused_moe(x, p["w13"], p["w2"], wts, ids, quant="w4a16_int4", w13_scale=p["w13_scale"],
+                             w2_scale=p["w2_scale"])
+    assert ((ref - w4).norm() / w4.norm()).item() < 0.1  # the same weights, E4M3 on top of INT4

@@ -22,16 +22,17 @@ import sys
 
 from .. import _native
 from ..modes import MODES, QuantMode
-
-MODES_BY_WEIGHT = {m.weight: m for m in reversed(list(MODES.values()))}  # a mode of each weight format
 from ..profiling import (ROUTINGS, GpuSampler, kernel_times, load_histogram, make_weights, round_robin, routing,
                         time_graph)
+
+MODES_BY_WEIGHT = {m.weight: m for m in reversed(list(MODES.values()))}  # a mode of each weight format
 
 PRESETS = {  # experts, top_k, hidden, intermediate (docs/design.md, "Measuring")
     "mixtral-8x7b": (8, 2, 4096, 14336),
     "qwen3-30b-a3b": (128, 8, 2048, 768),
     "qwen3-235b-a22b": (128, 8, 4096, 1536),
     "deepseek-v3": (256, 8, 7168, 2048),
+    "deepseek-v4-pro": (384, 6, 7168, 3072),
     "gpt-oss-120b": (128, 4, 2880, 2880),
     "gpt-oss-20b": (32, 4, 2880, 2880),
 }
@@ -341,6 +342,32 @@ class DequantizedGroupedMM(Bf16GroupedMM):
         return out
 
 
+class OwnFp8(Bf16GroupedMM):
+    """For the 4-bit modes: this package's own `fp8` per-tensor-activation, per-channel-weight
+    mode on the same weights (dequantized, then quantized to E4M3 once), the baseline that
+    mixed-input MoE work compares with: twice the 4-bit weight bytes. Checked against the fp8
+    reference on those E4M3 weights."""
+    tolerance = MODES["fp8"].tolerance
+
+    def __init__(self, weight_format: str):
+        super().__init__()
+        self.dequantized = DequantizedGroupedMM(weight_format)
+
+    def to_bf16(self, w, scale):  # E4M3 and its per-channel scales, made once per weight tensor
+        from ..fp8 import quantize_weight
+        return quantize_weight(self.dequantized.to_bf16(w, scale), "channel")
+
+    def __call__(self, x, w13, w2, wts, ids, act, w13_scale=None, w2_scale=None):
+        import moe_kernels
+        (q13, s13), (q2, s2) = self.weights(w13, w2, w13_scale, w2_scale)
+        return moe_kernels.fused_moe(x, q13, q2, wts, ids, quant="fp8", activation=act, w13_scale=s13, w2_scale=s2)
+
+    def reference(self, x, w13, w2, wts, ids, act, w13_scale=None, w2_scale=None):
+        from ..reference import fused_moe
+        (q13, s13), (q2, s2) = self.weights(w13, w2, w13_scale, w2_scale)
+        return fused_moe(x, q13, q2, wts, ids, quant="fp8", activation=act, w13_scale=s13, w2_scale=s2)
+
+
 def _vllm_triton(x, w13, w2, wts, ids, act):
     from vllm.model_executor.layers.fused_moe import fused_experts
     return fused_experts(x, w13, w2, wts, ids)
@@ -370,9 +397,12 @@ def peers(activation, quant="bf16"):
                  torch_scaled_grouped_mm_moe if hasattr(torch, "_scaled_grouped_mm") else None,
                  f"not in torch {torch.__version__}")]
     if MODES[quant].weight in ("e4m3_block128", "int4"):
-        return [("torch._grouped_mm (bf16 weights)",
-                 DequantizedGroupedMM(MODES[quant].weight) if hasattr(torch, "_grouped_mm") else None,
-                 f"not in torch {torch.__version__}")]
+        out = [("torch._grouped_mm (bf16 weights)",
+                DequantizedGroupedMM(MODES[quant].weight) if hasattr(torch, "_grouped_mm") else None,
+                f"not in torch {torch.__version__}")]
+        if MODES[quant].weight_format.bits == 4:
+            out.append(("moe_kernels fp8 (same weights)", OwnFp8(MODES[quant].weight), ""))
+        return out
     if quant not in ("bf16", "fp16"):
         return [(n, None, f"not compared for {quant}") for n in
                 ("torch._grouped_mm", "vllm-triton", "sglang-triton", "flashinfer-cutlass")]
