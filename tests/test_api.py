@@ -380,3 +380,20 @@ def test_info_cli_without_gpu():
         assert info["devices"] == []
     r = subprocess.run([sys.executable, "-m", "moe_kernels", "info"], capture_output=True, text=True, check=True)
     assert "sm90a" in r.stdout
+
+
+def test_runtime_guards_for_the_driver_and_two_distributions(monkeypatch):
+    from types import SimpleNamespace
+    from moe_kernels import _native
+    monkeypatch.setattr(_native, "C", lambda: SimpleNamespace(driver_version=lambda: 12080))
+    with pytest.raises(RuntimeError, match=r"driver supports CUDA 12\.8; this build of moe_kernels "
+                                           r"\(moe-kernels-cu13\) needs a driver for CUDA 13\.0 or newer: "
+                                           r"update the driver, or install moe-kernels-cu12 instead"):
+        _native.check_driver(13000)
+    _native.check_driver(12040)  # a 12.x runtime on a 12.8 driver: fine
+    monkeypatch.setattr(_native, "C", lambda: SimpleNamespace(driver_version=lambda: 0))
+    _native.check_driver(13000)  # no driver at all: nothing to say here (no GPU is visible)
+    import importlib.metadata
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.1.0")
+    with pytest.raises(ImportError, match="both moe-kernels-cu12 and moe-kernels-cu13 are installed"):
+        _native.check_distributions()

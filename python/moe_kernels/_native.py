@@ -10,9 +10,52 @@ import json
 import os
 
 
+# The distributions of this package, one per CUDA major; each installs the import name moe_kernels.
+DISTRIBUTIONS = {12: "moe-kernels-cu12", 13: "moe-kernels-cu13"}
+
+
+def installed_distributions() -> list:
+    import importlib.metadata
+    found = []
+    for name in DISTRIBUTIONS.values():
+        try:
+            importlib.metadata.version(name)
+            found.append(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def check_distributions() -> None:
+    """Two distributions install the same files: whichever was installed last won them."""
+    found = installed_distributions()
+    if len(found) > 1:
+        raise ImportError(f"both {' and '.join(found)} are installed; they install the same package "
+                          f"(moe_kernels) for different CUDA majors: `pip uninstall {' '.join(found)}`, "
+                          "then install the one for your driver")
+
+
+def cuda_string(version: int) -> str:
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def check_driver(cuda_version: int) -> None:
+    """A clear error where the driver is older than the CUDA major the libraries were built with
+    (the CUDA runtime they link statically then cannot start)."""
+    driver = C().driver_version()
+    major = cuda_version // 1000
+    if 0 < driver < major * 1000:
+        other = DISTRIBUTIONS.get(driver // 1000)
+        raise RuntimeError(
+            f"the NVIDIA driver supports CUDA {cuda_string(driver)}; this build of moe_kernels "
+            f"({DISTRIBUTIONS.get(major, 'its CUDA major')}) needs a driver for CUDA {major}.0 or newer: "
+            "update the driver" + (f", or install {other} instead" if other else ""))
+
+
 @functools.lru_cache(maxsize=None)
 def C():
     """The native module, imported on first use so `import moe_kernels` never fails on it."""
+    check_distributions()
     try:
         from . import _C
     except ImportError as e:  # a source checkout that was never built
@@ -87,7 +130,10 @@ def libraries() -> list:
 
 @functools.lru_cache(maxsize=None)
 def library_for(device: int) -> dict:
-    """The library for a device; raises naming the GPU and what this build holds if none fits."""
+    """The library for a device; raises naming the GPU and what this build holds if none fits
+    (or the driver, where it is too old for them)."""
+    for built in libraries():
+        check_driver(built["cuda_version"])
     lib = C().library_for(device)
     return dict(lib, kernels=_kernels(lib))
 

@@ -203,6 +203,10 @@ PYBIND11_MODULE(_C, m) {
   for (const char* kind : moe_kernels::kKernelKinds) kinds.append(kind);
   m.attr("KERNEL_KINDS") = py::tuple(kinds);
 
+  m.def("driver_version", [] {
+    int v = 0;
+    return cudaDriverGetVersion(&v) == cudaSuccess ? v : 0;
+  }, "The CUDA version the installed driver supports (e.g. 13000), 0 when there is no driver");
   m.def("device_count", [] {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;

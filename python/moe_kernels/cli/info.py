@@ -10,7 +10,7 @@ def collect() -> dict:
     from .. import __version__
     import torch
 
-    libs = [{"arch": lib["arch"], "cuda_version": _cuda(lib["cuda_version"]),
+    libs = [{"arch": lib["arch"], "cuda_version": _native.cuda_string(lib["cuda_version"]),
              "kernels": [k.name for k in lib["kernels"]],
              "kinds": {k.name: k.kind for k in lib["kernels"]}} for lib in _native.libraries()]
     devices = []
@@ -24,12 +24,16 @@ def collect() -> dict:
         devices.append({"index": d, "name": info["name"], "compute_capability": f"{info['major']}.{info['minor']}",
                         "sm_count": info["sm_count"], "library": arch, "supported": arch is not None,
                         **({"reason": why} if why else {})})
+    driver = _native.C().driver_version()
+    problem = None
+    try:
+        for lib in _native.libraries():
+            _native.check_driver(lib["cuda_version"])
+    except RuntimeError as e:
+        problem = str(e)
     return {"version": __version__, "torch": torch.__version__, "catalog": _native.build_info().get("catalog"),
-            "libraries": libs, "devices": devices}
-
-
-def _cuda(v: int) -> str:
-    return f"{v // 1000}.{v % 1000 // 10}"
+            "libraries": libs, "driver": _native.cuda_string(driver) if driver else None,
+            **({"driver_problem": problem} if problem else {}), "devices": devices}
 
 
 def main(args) -> int:
@@ -42,6 +46,10 @@ def main(args) -> int:
         print(f"  library {lib['arch']}: built with CUDA {lib['cuda_version']}, {len(lib['kernels'])} kernels")
         for name in lib["kernels"]:
             print(f"    {name:<60} {lib['kinds'][name]}")
+    if info.get("driver_problem"):
+        print(f"CUDA driver: {info['driver_problem']}")
+    elif info["driver"]:
+        print(f"CUDA driver: supports CUDA {info['driver']}")
     if not info["devices"]:
         print("GPU: none visible (no CUDA driver or device); kernels can be listed but not run here")
     for d in info["devices"]:
