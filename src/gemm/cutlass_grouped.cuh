@@ -100,6 +100,19 @@ constexpr bool routing_layouts_match() {
          sizeof(typename ProblemShape::UnderlyingProblemShape) == 3 * sizeof(int32_t);
 }
 
+// A grouped GEMM's arguments with only the common part filled: the groups' shapes live on the
+// device (no host sync, graph-safe) and the SM count is the device's.
+template <class Gemm, class ProblemShape>
+typename Gemm::Arguments grouped_arguments(const GroupedGemmArgs& a, int32_t* shapes) {
+  typename Gemm::Arguments args{};
+  args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+  args.problem_shape = {a.num_groups, reinterpret_cast<typename ProblemShape::UnderlyingProblemShape*>(shapes),
+                        nullptr};
+  args.hw_info.device_id = a.device;
+  args.hw_info.sm_count = a.sm_count;
+  return args;
+}
+
 // Initializes a CUTLASS device GEMM on `workspace` and launches it: MOEK_OK, or why not.
 template <class Gemm>
 int launch_cutlass(Gemm& gemm, const typename Gemm::Arguments& args, void* workspace, cudaStream_t stream,
@@ -201,17 +214,7 @@ struct CutlassGroupedGemm {
   }
 
   static typename Gemm::Arguments make_arguments(const GroupedGemmArgs& a) {
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = a.device;
-    hw.sm_count = a.sm_count;
-    typename Gemm::Arguments args{};
-    args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
-    // Shapes live on the device only: no host sync, graph-safe.
-    args.problem_shape = {
-        a.num_groups,
-        reinterpret_cast<typename ProblemShape::UnderlyingProblemShape*>(
-            kSwapAB ? a.problem_shapes_t : a.problem_shapes),
-        nullptr};
+    auto args = grouped_arguments<Gemm, ProblemShape>(a, kSwapAB ? a.problem_shapes_t : a.problem_shapes);
     args.mainloop.ptr_A = reinterpret_cast<const ElementA**>(kSwapAB ? a.ptr_b : a.ptr_a);
     args.mainloop.dA = reinterpret_cast<StrideA*>(kSwapAB ? a.stride_b : a.stride_a);
     args.mainloop.ptr_B = reinterpret_cast<const ElementB**>(kSwapAB ? a.ptr_a : a.ptr_b);
@@ -228,7 +231,6 @@ struct CutlassGroupedGemm {
     }
     args.epilogue.ptr_D = reinterpret_cast<ElementD**>(a.ptr_d);
     args.epilogue.dD = reinterpret_cast<StrideD*>(a.stride_d);
-    args.hw_info = hw;
     // Consecutive tiles along CUTLASS's N, so that the CTAs running at once share a weight
     // tile (from L2) rather than each reading another from DRAM: the default (along M) is
     // that already when the tokens are M; swapped, the tokens are N.

@@ -75,14 +75,7 @@ struct MixedGroupedGemm {
   }
 
   static typename Gemm::Arguments make_arguments(const GroupedGemmArgs& a) {
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = a.device;
-    hw.sm_count = a.sm_count;
-    typename Gemm::Arguments args{};
-    args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
-    args.problem_shape = {
-        a.num_groups, reinterpret_cast<typename ProblemShape::UnderlyingProblemShape*>(a.problem_shapes_t),
-        nullptr};
+    auto args = grouped_arguments<Gemm, ProblemShape>(a, a.problem_shapes_t);
     args.mainloop.ptr_A = reinterpret_cast<const ElementQ**>(a.ptr_b);
     args.mainloop.dA = reinterpret_cast<StrideW*>(a.stride_b);
     args.mainloop.ptr_B = reinterpret_cast<const ElementAct**>(a.ptr_a);
@@ -94,7 +87,6 @@ struct MixedGroupedGemm {
     args.epilogue.dD = reinterpret_cast<StrideD*>(a.stride_d);
     args.epilogue.thread.alpha = 1.0f;
     args.epilogue.thread.beta = 0.0f;
-    args.hw_info = hw;
     // Consecutive tiles along the tokens, so that the CTAs running at once share a weight tile.
     using Raster = typename Kernel::TileScheduler::RasterOrderOptions;
     args.scheduler.raster_order = Raster::AlongN;
