@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from . import fp8
+
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 E2M1_MAX = 6.0
 MX_GROUP = 32
@@ -54,8 +56,9 @@ def int4_values(packed: torch.Tensor) -> torch.Tensor:
 
 
 def expand_groups(s: torch.Tensor, K: int) -> torch.Tensor:
-    """Per-group [..., K/g] values repeated along K to [..., K]."""
-    return s.repeat_interleave(K // s.shape[-1], dim=-1)
+    """Per-group [..., K/g] values repeated along K to [..., K] (fp8.expand_groups, the group
+    taken from the shape)."""
+    return fp8.expand_groups(s, K, K // s.shape[-1])
 
 
 def dequantize_int4(packed, scale, zero=None) -> torch.Tensor:

@@ -8,6 +8,7 @@ No public function takes or returns a bare integer index. Kernels come from the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -224,8 +225,8 @@ def resolve(p: Problem, requested=None) -> Tactic:
     spec = problem_spec(p)
     tuned = _parse(cache.lookup(spec, p.T, dev))
     if tuned is None and spec.out_dtype:  # no record of its own: the default output's, in this output's kernels
-        tuned = _other_output(_parse(cache.lookup(dataclasses.replace(spec, out_dtype=""), p.T, dev)),
-                              _native.library_for(dev)["kernels"], p.out_dtype)
+        tuned = _other_output_on(_parse(cache.lookup(dataclasses.replace(spec, out_dtype=""), p.T, dev)),
+                                 dev, p.out_dtype)
     if tuned is not None and all(n in usable and _serves(dev, p, usable[n]) for n in tuned.kernels):
         return _log_choice(spec, p.T, tuned, "tuned")
     candidates = [k for k in usable.values() if _serves(dev, p, k)] if p.T == 1 else \
@@ -237,6 +238,12 @@ def resolve(p: Problem, requested=None) -> Tactic:
 
 def _parse(text):
     return None if text is None else Tactic.parse(text)
+
+
+@functools.lru_cache(maxsize=None)
+def _other_output_on(tactic, device: int, out_dtype: str):
+    """_other_output with the device's library, once per tactic (forwards ask on every call)."""
+    return _other_output(tactic, _native.library_for(device)["kernels"], out_dtype)
 
 
 def _other_output(tactic, kernels: list, out_dtype: str):
