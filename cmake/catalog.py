@@ -41,7 +41,7 @@ ARCHS = {
 
 # Element types by the name used in kernel names, with their CUTLASS spelling.
 DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cutlass::float_e4m3_t",
-          "int4": "cutlass::int4b_t"}
+          "int4": "cutlass::int4b_t", "e2m1": "cutlass::float_e2m1_t"}
 
 # Schedules: (kind, swap_ab) by name, the names used in kernel names and the catalog. Kinds:
 # "grouped": CUTLASS's ptr-array grouped GEMM; "coop_swapab" is its cooperative schedule with
@@ -137,7 +137,8 @@ class GemmConfig:
         # Mixed input (4-bit weights): converted in registers, so the weights must be the
         # wgmma's A operand (swap-AB), and SM90's RS mainloop is the only one here.
         mixed = self.weight_dtype != self.act_dtype
-        assert not mixed or (self.swapped and self.arch == "90a"), f"{self.name}: mixed input is SM90 swap-AB"
+        assert not mixed or self.schedule == "decode" or (self.swapped and self.arch == "90a"), \
+            f"{self.name}: mixed input is SM90 swap-AB or decode"
         family = ARCHS[self.arch]["family"]
         assert self.schedule in SCHEDULES[family], f"{self.name}: not a {family} schedule"
         assert self.mainloop in MAINLOOPS, f"{self.name}: mainloop"
@@ -150,7 +151,10 @@ class GemmConfig:
                 f"{self.name}: one_token is an fp8/fp8_block forward without tiles"
             return
         # wgmma reads 32 bytes of K per instruction: K tiles of 64 (16-bit) or 128 (8-bit).
-        assert self.tile_k * (1 if self.act_dtype == "e4m3" else 2) == 128, f"{self.name}: tile_k"
+        if mixed and self.schedule == "decode":  # src/gemm/decode_w4a16.cuh: K steps of 128 values
+            assert (self.tile_n, self.tile_k) == (16, 128) and self.tile_m in (8, 16), f"{self.name}: W4 decode tile"
+        else:
+            assert self.tile_k * (1 if self.act_dtype == "e4m3" else 2) == 128, f"{self.name}: tile_k"
         # SM100's FP8 MMA accumulates in fp32 (no fast-accumulation variant); blockwise is
         # CUTLASS's block-scaled mainloop there as on SM90.
         assert family == "sm90" or self.mainloop in ("", "blockwise"), f"{self.name}: SM90 mainloop"
@@ -273,6 +277,11 @@ _SM90_FP8_BLOCK_SWAPAB = [
 # converted A operand): 128 weight rows by 16, 64 or 128 tokens, K tiles of 64.
 _SM90_W4A16_INT4_FULL = [(m, 128, 64, 1, 1, "coop_swapab") for m in (16, 64, 128)]
 _SM90_W4A16_INT4_MINIMAL = [(64, 128, 64, 1, 1, "coop_swapab")]
+# W4A16 decode (src/gemm/decode_w4a16.cuh, mma.sync): 8 or 16 tokens per pass, 16 weight rows
+# per block, K steps of 128 values; both 4-bit formats.
+_SM90_W4A16_DECODE = [(m, 16, 128, 1, 1, "decode") for m in (8, 16)]
+# W4A16 MXFP4 has no prefill kernel yet: CUTLASS's mixed-input mainloop loads one scale per K
+# tile and needs K tiles of 64 or more (four wgmma k-blocks), MXFP4 has a scale per 32.
 
 # Decode: 8 or 16 tokens per pass over an expert's weights (in registers); more rows make
 # more passes, so these are for a few rows per expert only. K steps of 128 bytes. On SM100
@@ -316,7 +325,8 @@ def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4=()):
         rows += [GemmConfig(arch, mode, 0, 0, 0, 1, 1, "one_token", out, "blockwise" if mode == "fp8_block" else "")
                  for mode in ("fp8", "fp8_block") for out in ("bf16", "fp16")]
         if v["family"] == "sm90":
-            rows += [r for out in ("bf16", "fp16") for r in _rows(arch, "w4a16_int4", sm90_int4, out)]
+            rows += [r for out in ("bf16", "fp16") for r in _rows(arch, "w4a16_int4", sm90_int4 + _SM90_W4A16_DECODE, out)]
+            rows += [r for out in ("bf16", "fp16") for r in _rows(arch, "w4a16_mxfp4", _SM90_W4A16_DECODE, out)]
     return rows
 
 

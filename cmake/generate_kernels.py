@@ -53,6 +53,14 @@ CUDA_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half", "e4m3": "__nv_fp8_e4m3"
 
 def kernel_source(c: catalog.GemmConfig) -> str:
     ns = catalog.ARCHS[c.arch]["family"]
+    if c.schedule == "decode" and c.weight_dtype != c.act_dtype:  # 4-bit weights
+        weight = {"int4": "Int4", "e2m1": "E2M1"}[c.weight_dtype]
+        return (HEADER +
+                '#include "gemm/decode_w4a16.cuh"\n\n'
+                f"namespace moe_kernels::{ns} {{\n"
+                f"extern const GemmKernelOps kOps_{c.name} = DecodeW4A16<{CUDA_TYPES[c.act_dtype]}, "
+                f"{CUDA_TYPES[c.out]}, decode_w4::{weight}, {c.tile_m}>::kOps;\n"
+                f"}}  // namespace moe_kernels::{ns}\n")
     if c.schedule == "decode":
         return (HEADER +
                 '#include "gemm/decode_gemm.cuh"\n\n'
@@ -75,6 +83,7 @@ def kernel_source(c: catalog.GemmConfig) -> str:
                 f'#include "gemm/{ns}/mixed_grouped_gemm.cuh"\n\n'
                 f"namespace moe_kernels::{ns} {{\n"
                 f"extern const GemmKernelOps kOps_{c.name} = MixedGroupedGemm<{catalog.DTYPES[c.act_dtype]}, "
+                f"{catalog.DTYPES[c.weight_dtype]}, "
                 f"{catalog.DTYPES[c.out]}, {c.tile_m}, {c.tile_n}, {c.tile_k}, {c.cluster_m}, {c.cluster_n}, "
                 f"Cooperative>::kOps;\n"
                 f"}}  // namespace moe_kernels::{ns}\n")
@@ -101,7 +110,8 @@ def modes_header() -> str:
         return "true" if v else "false"
     act_rows = "".join(f'    {{"{f.name}", {f.bits}, {f.group}, {flag(f.quantized)}, {flag(f.static_scale)}}},\n'
                        for f in modes.ACT_FORMATS.values())
-    weight_rows = "".join(f'    {{"{f.name}", {f.bits}, {f.groups[0] if f.groups else 0}}},\n'
+    weight_rows = "".join(f'    {{"{f.name}", {f.bits}, {f.groups[0] if f.groups else 0}, '
+                          f'{sum(1 << g.bit_length() - 1 for g in f.groups)}, {flag(f.group_scales16)}}},\n'
                           for f in modes.WEIGHT_FORMATS.values())
     mode_rows = "".join(
         f'    {{"{m.name}", MOEK_ACT_FORMAT_{_c_name(m.act)}, MOEK_WEIGHT_FORMAT_{_c_name(m.weight)}, '
@@ -126,7 +136,9 @@ def modes_header() -> str:
             "  int group;         // quantized: columns per dynamic scale, 0 = one per row\n"
             "  bool quantized;\n  bool static_scale;  // takes a static per-tensor scale\n};\n"
             f"inline constexpr ActFormatInfo kActFormats[] = {{\n{act_rows}}};\n\n"
-            "struct WeightFormatInfo {\n  const char* name;\n  int bits;\n  int group;  // scale group along K, 0 = none\n};\n"
+            "struct WeightFormatInfo {\n  const char* name;\n  int bits;\n  int group;  // default scale group along K, 0 = none\n"
+            "  unsigned groups;       // accepted groups: bit i for a group of 2^i\n"
+            "  bool group_scales16;   // 16-bit scales per group along K, [K/g, N] per expert (weight_group)\n};\n"
             f"inline constexpr WeightFormatInfo kWeightFormats[] = {{\n{weight_rows}}};\n\n"
             "struct ModeInfo {\n  const char* name;\n  int act_format, weight_format;\n  bool bf16, fp16;  // hidden dtypes\n"
             "  int align;  // H and I multiple\n  const char* why_align;\n};\n"

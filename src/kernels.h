@@ -36,7 +36,7 @@ struct GroupSetup {
   int64_t sfa_per_row;      // floats
   int64_t sfb_group_bytes;  // bytes of one expert's weight scales (FP8: floats; INT4: 16-bit)
   bool sfb_per_channel;     // FP8: n weight scales per expert (else one)
-  int32_t weight_group;     // INT4: scales per this many along K (else 0)
+  int32_t weight_group;     // 4-bit weights: scales per this many along K (else 0)
   int32_t* active;          // [E + 1]: experts with rows, [0] = how many (both GEMMs share it)
   int32_t* tile_counter;    // this GEMM's next tile, for kernels that take tiles dynamically
                             // (the contiguous schedule); routing zeroes it every forward

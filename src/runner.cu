@@ -121,6 +121,12 @@ int check_for_problem(const KernelEntry& k, const moek_shape& s, const DeviceLim
   if (!kernel_fits(k, s))
     return fail(err, errlen, MOEK_INVALID_ARGUMENT, "kernel %s is for %s with %s out; the problem is %s with %s out",
                 k.info.name, k.info.mode, dtype_name(k.info.out_dtype), mode_of(s)->name, dtype_name(s.dtype));
+  // CUTLASS's mixed-input mainloop loads one weight scale per K tile.
+  if (k.info.kind == MOEK_KERNEL_GROUPED && kWeightFormats[s.weight_format].group_scales16 &&
+      s.weight_group % k.info.tile_k)
+    return fail(err, errlen, MOEK_UNSUPPORTED,
+                "kernel %s takes scale groups that are multiples of its K tile (%d); the weights have groups of %d",
+                k.info.name, k.info.tile_k, s.weight_group);
   if (k.info.kind == MOEK_KERNEL_FORWARD) {
     char why[256];
     if (one_token_problem(s, d.sm_count, d.smem_optin, why, sizeof(why)))
@@ -185,14 +191,15 @@ int validate_shape(const moek_shape& s, char* err, size_t errlen) {
   if (!runner_has_act_format(s.act_format))
     return fail(err, errlen, MOEK_UNSUPPORTED, "%s: this build has no routing for activation format %s",
                 mode->name, kActFormats[s.act_format].name);
-  const int wgroup = kWeightFormats[s.weight_format].group;
-  if ((s.weight_format == MOEK_WEIGHT_FORMAT_INT4) != (s.weight_group != 0) ||
-      (s.weight_group && (s.weight_group % 32 || 128 % s.weight_group ||
-                          s.hidden_size % s.weight_group || s.inter_size % s.weight_group)))
+  const WeightFormatInfo& wf = kWeightFormats[s.weight_format];
+  const int g = s.weight_group;
+  const bool group_ok = g > 0 && g <= 1024 && (g & (g - 1)) == 0 && (wf.groups >> (31 - __builtin_clz(g)) & 1) &&
+                        s.hidden_size % g == 0 && s.inter_size % g == 0;
+  if (wf.group_scales16 ? !group_ok : g != 0)
     return fail(err, errlen, MOEK_INVALID_ARGUMENT,
-                "%s: weight_group=%d, expected 32, 64 or 128 dividing hidden_size=%lld and inter_size=%lld "
-                "for INT4 weights (format default %d), else 0", mode->name, s.weight_group,
-                (long long)s.hidden_size, (long long)s.inter_size, wgroup);
+                "%s: weight_group=%d, expected %s", mode->name, g,
+                wf.group_scales16 ? "one of the format's scale groups (default first), dividing hidden_size and "
+                                    "inter_size" : "0 (the weights have no scale groups)");
   if (s.hidden_size % mode->align || s.inter_size % mode->align)
     return fail(err, errlen, MOEK_INVALID_ARGUMENT,
                 "%s: hidden_size=%lld and inter_size=%lld must be multiples of %d (%s)", mode->name,
@@ -264,11 +271,8 @@ GroupSetup group_setup(char* ws, size_t at, const moek_shape& s, const void* a, 
       g.sfb_group_bytes = sizeof(float) * (sfb_per_channel ? n : 1);
       g.sfb_per_channel = sfb_per_channel;
       break;
-    case MOEK_WEIGHT_FORMAT_INT4:  // [K / group, N] in the hidden dtype
-      g.sfb_group_bytes = 2 * (k / s.weight_group) * n;
-      break;
-    default:  // unscaled (16-bit); formats without kernels never get here (kernel_fits)
-      g.sfb_group_bytes = 0;
+    default:  // 16-bit group scales [K / group, N] (INT4, MXFP4 as prepared), else unscaled
+      g.sfb_group_bytes = kWeightFormats[s.weight_format].group_scales16 ? 2 * (k / s.weight_group) * n : 0;
   }
   g.a_base = static_cast<const char*>(a);
   g.b_base = static_cast<const char*>(b);

@@ -6,7 +6,7 @@ import torch
 
 import moe_kernels
 from moe_kernels import Activation, FusedMoE, Tactic, fused_moe
-from helpers import TOLERANCE, make_problem, poisoned_out, reference_out, rel_error, scale_kwargs, worst_row_error
+from helpers import TOLERANCE, W4A16, make_problem, poisoned_out, reference_out, rel_error, scale_kwargs, worst_row_error
 
 pytestmark = pytest.mark.gpu
 
@@ -792,55 +792,68 @@ def test_fp8_fp16_out_refuses_other_kernels():
         run(b)
 
 
-# ---- W4A16 INT4: CUTLASS's mixed-input mainloop, weights converted in registers -------------
+# ---- W4A16 (INT4, MXFP4): CUTLASS's mixed-input mainloop and our decode kernel ------------
 
-INT4_SHAPES = [(0, 8, 2), (1, 8, 2), (2, 8, 2), (7, 16, 4), (64, 128, 8), (1000, 8, 2), (4096, 128, 8)]
+W4_SHAPES = [(0, 8, 2), (1, 8, 2), (2, 8, 2), (7, 16, 4), (64, 128, 8), (1000, 8, 2), (4096, 128, 8)]
 
 
 @pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
-@pytest.mark.parametrize("T,E,k", INT4_SHAPES)
-def test_w4a16_int4_shapes(T, E, k, act_dtype, error_log):
-    p = make_problem(T=T, E=E, k=k, H=512, I=256, dtype="w4a16_int4", act_dtype=act_dtype, bias=True)
+@pytest.mark.parametrize("T,E,k", W4_SHAPES)
+@pytest.mark.parametrize("quant", W4A16)
+def test_w4a16_shapes(quant, T, E, k, act_dtype, error_log):
+    p = make_problem(T=T, E=E, k=k, H=512, I=256, dtype=quant, act_dtype=act_dtype, bias=True,
+                     group=32 if quant == "w4a16_mxfp4" else 128)
     if T == 0:
         assert run(p).shape == (0, 512)
         return
-    out = check(p, error_log, f"w4a16_int4/{act_dtype}/T{T}", "w4a16_int4")
+    out = check(p, error_log, f"{quant}/{act_dtype}/T{T}", quant)
     assert out.dtype == (torch.float16 if act_dtype == "fp16" else torch.bfloat16)
-    assert worst_row_error(out, reference_out(p)) < 2 * TOLERANCE["w4a16_int4"]
+    assert worst_row_error(out, reference_out(p)) < 2 * TOLERANCE[quant]
 
 
-@pytest.mark.parametrize("group", [64, 128])
+@pytest.mark.parametrize("quant,group", [("w4a16_int4", 32), ("w4a16_int4", 64), ("w4a16_int4", 128),
+                                         ("w4a16_mxfp4", 32)])
 @pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
-def test_w4a16_int4_every_built_kernel(group, act_dtype, error_log):
-    kernels = [x for x in moe_kernels.list_kernels(quant="w4a16_int4", out_dtype=act_dtype) if x.gemm]
-    assert kernels, "no w4a16_int4 kernels usable on this GPU"
-    assert all(x.weight_format == "int4" and x.swap_ab for x in kernels)
-    # H, I not multiples of the 128-row weight tile; ~170 rows per expert: full and partial tiles
-    p = make_problem(T=333, E=4, k=2, H=640, I=384, dtype="w4a16_int4", act_dtype=act_dtype, group=group)
+def test_w4a16_every_built_kernel(quant, group, act_dtype, error_log):
+    kernels = [x for x in moe_kernels.list_kernels(quant=quant, out_dtype=act_dtype) if x.gemm]
+    assert kernels, f"no {quant} kernels usable on this GPU"
+    assert any(x.kind == "decode" for x in kernels)
+    # H, I not multiples of the 128-row weight tile (MXFP4: nor of the decode kernel's 128-value
+    # K step); ~170 rows per expert: full and partial tiles, several decode passes
+    H, I = (608, 352) if quant == "w4a16_mxfp4" else (640, 384)
+    p = make_problem(T=333, E=4, k=2, H=H, I=I, dtype=quant, act_dtype=act_dtype, group=group)
     ref = reference_out(p)
+    ran = 0
     for kern in kernels:
+        if kern.kind == "grouped" and group % kern.tile[2]:  # refused: see test_w4a16_refusals
+            continue
         out = run(p, tactic=Tactic(kern.name, kern.name))
         err = rel_error(out, ref)
-        error_log.add(f"w4a16_int4/{act_dtype}/g{group}/kernel/{kern.name}", err)
-        assert err < TOLERANCE["w4a16_int4"], f"{kern.name} g={group}: relative error {err:.3e}"
+        error_log.add(f"{quant}/{act_dtype}/g{group}/kernel/{kern.name}", err)
+        assert err < TOLERANCE[quant], f"{kern.name} g={group}: relative error {err:.3e}"
+        ran += 1
+    assert ran
 
 
-def test_w4a16_int4_experts_without_tokens_and_expert_parallel(error_log):
+@pytest.mark.parametrize("quant", W4A16)
+def test_w4a16_experts_without_tokens_and_expert_parallel(quant, error_log):
     E, T, k = 16, 96, 2
     ids = torch.rand(T, 2 * E).argsort(dim=1)[:, :k].to(torch.int32)  # half the ids on the other rank
-    p = make_problem(T=T, E=E, k=k, H=256, I=128, dtype="w4a16_int4", ids=ids, global_experts=2 * E)
+    p = make_problem(T=T, E=E, k=k, H=256, I=128, dtype=quant, ids=ids, global_experts=2 * E)
     out = run(p, ep_rank=1, ep_size=2, num_experts=2 * E)
     err = rel_error(out, reference_out(p, expert_offset=E))
-    error_log.add("w4a16_int4/ep", err)
-    assert err < TOLERANCE["w4a16_int4"]
+    error_log.add(f"{quant}/ep", err)
+    assert err < TOLERANCE[quant]
 
 
-def test_w4a16_int4_graph_replay_and_determinism(error_log):
-    T, E, k, H, I = 48, 8, 2, 256, 128
-    p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype="w4a16_int4", bias=True)
-    ws = torch.empty(moe_kernels.workspace_size(T, k, E, H, I, quant="w4a16_int4"), dtype=torch.uint8, device="cuda")
+@pytest.mark.parametrize("T", [5, 48])
+@pytest.mark.parametrize("quant", W4A16)
+def test_w4a16_graph_replay_and_determinism(quant, T, error_log):
+    E, k, H, I = 8, 2, 256, 128
+    p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype=quant, bias=True)
+    ws = torch.empty(moe_kernels.workspace_size(T, k, E, H, I, quant=quant), dtype=torch.uint8, device="cuda")
     out = torch.empty_like(p["hidden_states"])
-    kw = dict(quant="w4a16_int4", w13_scale=p["w13_scale"], w2_scale=p["w2_scale"], w13_bias=p["w13_bias"],
+    kw = dict(quant=quant, w13_scale=p["w13_scale"], w2_scale=p["w2_scale"], w13_bias=p["w13_bias"],
               w2_bias=p["w2_bias"], workspace=ws, out=out)
     args = (p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"])
     fused_moe(*args, **kw)
@@ -856,17 +869,32 @@ def test_w4a16_int4_graph_replay_and_determinism(error_log):
     g.replay()
     torch.cuda.synchronize()
     err = rel_error(out, reference_out(p))
-    error_log.add("w4a16_int4/graph", err)
-    assert err < TOLERANCE["w4a16_int4"]
+    error_log.add(f"{quant}/graph/T{T}", err)
+    assert err < TOLERANCE[quant]
 
 
-def test_w4a16_int4_refusals():
+def test_w4a16_mxfp4_gpt_oss_shapes(error_log):
+    # gpt-oss's K = 2880: 22.5 decode K steps; swiglu_oai and biases as gpt-oss runs them
+    p = make_problem(T=6, E=8, k=4, H=2880, I=2880, dtype="w4a16_mxfp4", bias=True)
+    out = run(p, activation="swiglu_oai")
+    err = rel_error(out, reference_out(p, activation="swiglu_oai"))
+    error_log.add("w4a16_mxfp4/gpt-oss", err)
+    assert err < TOLERANCE["w4a16_mxfp4"]
+
+
+def test_w4a16_refusals():
     p = make_problem(T=8, E=4, k=2, H=256, I=128, dtype="w4a16_int4", group=32)
+    grouped = [x for x in moe_kernels.list_kernels(quant="w4a16_int4") if x.kind == "grouped"]
     # CUTLASS's mainloop needs the scale group to be a multiple of its K tile (64): a clear error
-    with pytest.raises(RuntimeError, match="scale group 32"):
-        run(p)
+    # when asked for by name; the default choice takes the decode kernel instead
+    with pytest.raises((RuntimeError, ValueError), match="groups of 32"):
+        run(p, tactic=Tactic(grouped[0].name, grouped[0].name))
+    assert rel_error(run(p), reference_out(p)) < TOLERANCE["w4a16_int4"]
     q = make_problem(T=8, E=4, k=2, H=256, I=128, dtype="w4a16_int4")
     with pytest.raises(NotImplementedError, match="w13_zero: got zero terms"):
         run(q, w13_zero=torch.zeros_like(q["w13_scale"]))
     with pytest.raises(ValueError, match=r"w2_scale: got shape"):
         run({**q, "w2_scale": q["w2_scale"][..., :128].contiguous()})
+    m = make_problem(T=8, E=4, k=2, H=256, I=128, dtype="w4a16_mxfp4")
+    with pytest.raises(TypeError, match=r"w13_scale: got dtype torch.uint8"):  # E8M0 as stored: prepare first
+        run({**m, "w13_scale": torch.zeros(4, 256, 8, dtype=torch.uint8, device="cuda")})

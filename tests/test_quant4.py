@@ -180,7 +180,10 @@ def test_gpt_oss_importer_deinterleaves_gate_and_up():
     torch.testing.assert_close(quant4.dequantize_mxfp4(out["w2"], out["w2_scale"]), dense(codes2, e2))
     assert torch.equal(out["w13_bias"], torch.cat([bias13[:, 0::2], bias13[:, 1::2]], 1))
     p = prepare_weights(quant="w4a16_mxfp4", activation="swiglu_oai", **out)
-    assert p["w13"].shape == (E, 2 * I, H // 2) and p["w13_scale"].dtype == torch.uint8
+    # the kernels' scales: 2^(e - 127) in the hidden dtype, [E, K/32, N]
+    assert p["w13"].shape == (E, 2 * I, H // 2) and p["w13_scale"].dtype == torch.bfloat16
+    assert p["w13_scale"].shape == (E, H // 32, 2 * I)
+    torch.testing.assert_close(quant4.dequantize_mxfp4(p["w13"], p["w13_scale"]), torch.cat([gate, up], 1))
     with pytest.raises(ValueError, match=r"gate_up_blocks/gate_up_scales: got \(2, 128, 4, 16\) and \(2, 128, 3\)"):
         from_gpt_oss(blocks13, e13[:, :, :3], blocks2, e2)
 
@@ -207,14 +210,23 @@ def test_prepare_validates_four_bit_weights():
         quantize_weights(w13[..., :192], w2[:, :192], quant="w4a16_int4")
     with pytest.raises(ValueError, match=r"group_size=16: expected one of \[128, 64, 32\]"):
         quantize_weights(w13, w2, quant="w4a16_int4", group_size=16)
-    m = quantize_weights(w13, w2, quant="w4a16_mxfp4")
-    bad = m["w2_scale"].clone()
+    (q13, e13), (q2, e2) = quant4.quantize_mxfp4(w13), quant4.quantize_mxfp4(w2)  # E8M0, as stored
+    kw = dict(quant="w4a16_mxfp4", w13_scale=e13)
+    bad = e2.clone()
     bad[0, 0, 0] = 255
     with pytest.raises(ValueError, match=r"w2_scale: got NaN \(E8M0 255\)"):
-        prepare_weights(m["w13"], m["w2"], quant="w4a16_mxfp4", w13_scale=m["w13_scale"], w2_scale=bad)
+        prepare_weights(q13, q2, w2_scale=bad, **kw)
     with pytest.raises(ValueError, match="w13_zero: got zero points, expected None for quant='w4a16_mxfp4'"):
-        prepare_weights(m["w13"], m["w2"], quant="w4a16_mxfp4", w13_scale=m["w13_scale"], w2_scale=m["w2_scale"],
-                        w13_zero=p["w13_zero"])
+        prepare_weights(q13, q2, w2_scale=e2, w13_zero=p["w13_zero"], **kw)
+    m = prepare_weights(q13, q2, w2_scale=e2, dtype=torch.float16, **kw)
+    assert m["w2_scale"].dtype == torch.float16 and m["w2_scale"].shape == (E, I // 32, H)
+    with pytest.raises(TypeError, match=r"w13_scale: got dtype torch.bfloat16, expected torch.uint8"):
+        prepare_weights(q13, q2, w2_scale=e2, **{**kw, "w13_scale": m["w13_scale"].bfloat16()})  # prepared twice
+    huge = e2.clone()
+    huge[0, 0, 0] = 127 + 16
+    with pytest.raises(ValueError, match=r"w2_scale: got E8M0 exponents .*2\^16, expected 2\^-24 .. 2\^15"):
+        prepare_weights(q13, q2, w2_scale=huge, dtype=torch.float16, **kw)
+    assert prepare_weights(q13, q2, w2_scale=huge, **kw)["w2_scale"].max() == 2.0 ** 16  # bfloat16 holds it
 
 
 @pytest.mark.parametrize("quant", ["w4a16_int4", "w4a16_mxfp4"])

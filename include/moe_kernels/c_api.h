@@ -47,7 +47,7 @@ typedef struct {
   int32_t w13_scale_per_channel;  // E4M3 weights: w13_scale is [E, N1] (1) or [E] (0)
   int32_t w2_scale_per_channel;   // E4M3 weights: w2_scale is [E, H] (1) or [E] (0)
                                   // (E4M3_BLOCK128: [E, N1/128, H/128] and [E, H/128, I/128])
-  int32_t weight_group;   // INT4 weights: scales per this many along K ([E, K/g, N]); else 0
+  int32_t weight_group;   // 4-bit weights (INT4, MXFP4): 16-bit scales per this many along K ([E, K/g, N]); else 0
 } moek_shape;
 
 // One fused forward. All pointers are device pointers on `device`; biases may be NULL.

@@ -53,6 +53,19 @@ class WeightFormat:
     groups: tuple = ()        # accepted groups along K (the scale's g), the first the default
     zero_point: bool = False  # takes optional zero points (AWQ)
     doc: str = ""
+    # The scales as the kernels take them, where prepare_weights converts the checkpoint's
+    # (`scale`) into another form; None: the kernels take `scale` as it is.
+    prepared_scale: ScaleSpec | None = None
+
+    @property
+    def kernel_scale(self) -> ScaleSpec | None:
+        """The scale tensor fused_moe takes (after prepare_weights)."""
+        return self.prepared_scale or self.scale
+
+    @property
+    def group_scales16(self) -> bool:
+        """The kernels take 16-bit scales per group along K, [E, K/g, N] (4-bit formats)."""
+        return self.kernel_scale is not None and self.kernel_scale.dtype == "hidden"
 
     @property
     def per_byte(self) -> int:
@@ -121,7 +134,10 @@ WEIGHT_FORMATS = {f.name: f for f in (
                  doc="INT4 two per byte, group scales along K, optional zero terms (AWQ, GPTQ)"),
     WeightFormat("mxfp4", "e2m1", 4, "uint8",
                  ScaleSpec("e8m0", (("E", "N", "K/g"),), "E8M0 exponents, one per 32 along K [E, N, K/32]"),
-                 groups=(32,), doc="E2M1 two per byte with E8M0 scales per 32 (OCP MX; gpt-oss)"),
+                 groups=(32,), doc="E2M1 two per byte with E8M0 scales per 32 (OCP MX; gpt-oss)",
+                 prepared_scale=ScaleSpec("hidden", (("E", "K/g", "N"),),
+                                          "2^(e - 127) in the hidden dtype, [E, K/32, N] (prepare_weights "
+                                          "makes them from the checkpoint's E8M0 [E, N, K/32])")),
     WeightFormat("mxfp8", "e4m3", 8, "float8_e4m3fn",
                  ScaleSpec("e8m0", (("E", "N", "K/g"),), "E8M0 exponents, one per 32 along K [E, N, K/32]"),
                  groups=(32,), doc="E4M3 with E8M0 scales per 32 (OCP MX)"),
@@ -142,9 +158,9 @@ MODES = {m.name: m for m in (
          5e-2, _SM90_SM100, "FP8 per token per 128 columns x E4M3 128x128 blocks (DeepSeek-V3)"),
     Mode("w4a16_int4", "a16", "int4", _BOTH, 128, "whole scale groups of 128 along K", 2e-2, ("90a",),
          "16-bit activations x INT4 group-128 weights (AWQ, GPTQ, compressed-tensors)"),
+    Mode("w4a16_mxfp4", "a16", "mxfp4", _BOTH, 32, "whole scale groups of 32 along K", 2e-2, ("90a",),
+         "16-bit activations x MXFP4 weights (gpt-oss)"),
     # Declared, no kernels yet: asking for them gives the "no kernels in this build" error.
-    Mode("w4a16_mxfp4", "a16", "mxfp4", _BOTH, 64, "the mixed-input interleave works on 64-column rows",
-         2e-2, (), "16-bit activations x MXFP4 weights (gpt-oss)"),
     Mode("w4a8_int4", "fp8_row", "int4", _BOTH, 128, "whole scale groups of 128 along K", 5e-2, (),
          "FP8 per token x INT4 group-128 weights"),
     Mode("w4a8_mxfp4", "fp8_row", "mxfp4", _BOTH, 128, "K tiles of 128 FP8 values hold whole scale groups",

@@ -49,7 +49,7 @@ def _check_act_scale(name, scale, mode, E):
 
 def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None, w2_bias=None,
                     w13_scale=None, w2_scale=None, a13_scale=None, a2_scale=None, w13_zero=None,
-                    w2_zero=None, device=None) -> dict:
+                    w2_zero=None, dtype=None, device=None) -> dict:
     """Validate expert weights and return them contiguous on `device`.
 
     w13 [E, 2I, H] (gate rows, then up rows; [E, I, H] for non-gated activations),
@@ -64,7 +64,9 @@ def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None
     - int4 (w4a16_int4, w4a8_int4): uint8 [E, N, K/2] (moe_kernels.quant4), scales in the
       hidden dtype [E, K/g, N] with g in 128, 64, 32, optional zero terms w13_zero/w2_zero in
       the same layout (dequantized = q * scale + zero).
-    - mxfp4 (w4a16_mxfp4, w4a8_mxfp4): uint8 [E, N, K/2] E2M1, E8M0 uint8 scales [E, N, K/32].
+    - mxfp4 (w4a16_mxfp4, w4a8_mxfp4): uint8 [E, N, K/2] E2M1, E8M0 uint8 scales [E, N, K/32],
+      returned as the kernels take them: 2^(e - 127) in `dtype` (the hidden states' dtype:
+      torch.bfloat16 by default, or the biases'), [E, K/32, N] (quant4.mxfp4_scales).
     Checkpoints' own layouts go through the importers below (from_gpt_oss, from_awq, from_gptq,
     from_compressed_tensors) first. Returns a dict with keys w13, w2, w13_bias, w2_bias (and
     w13_scale, w2_scale, a13_scale, a2_scale for scaled formats, w13_zero, w2_zero for int4)
@@ -79,13 +81,13 @@ def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None
     if not isinstance(w2, torch.Tensor) or w2.dim() != 3:
         raise ValueError(f"w2: got {getattr(w2, 'shape', type(w2).__name__)}, expected a 3-D tensor [E, H, I]")
     hidden = tuple(DTYPES[d] for d in spec.hidden)
-    dtype = weight_dtype(spec, hidden[0])
+    wdtype = weight_dtype(spec, hidden[0])
     fmt = spec.weight_format
     per = fmt.per_byte
     E, H, I = w2.shape[0], w2.shape[1], w2.shape[2] * per
     n1 = 2 * I if act.gated else I
-    _check("w13", w13, dtype, (E, n1, H // per))
-    _check("w2", w2, dtype, (E, H, I // per))
+    _check("w13", w13, wdtype, (E, n1, H // per))
+    _check("w2", w2, wdtype, (E, H, I // per))
     if w13_bias is not None:
         _check("w13_bias", w13_bias, hidden, (E, n1))
     if w2_bias is not None:
@@ -102,7 +104,16 @@ def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None
                   "w2_scale": weight_scale("w2_scale", w2_scale.contiguous(), fmt, E, H, I, **kw),
                   "a13_scale": _check_act_scale("a13_scale", a13_scale, mode, E),
                   "a2_scale": _check_act_scale("a2_scale", a2_scale, mode, E)}
-        if fmt.scale.dtype == "hidden" and scales["w13_scale"].dtype != scales["w2_scale"].dtype:
+        if fmt.prepared_scale is not None:  # mxfp4: E8M0 -> the kernels' 16-bit powers of two
+            hidden_dtype = dtype or (w13_bias.dtype if w13_bias is not None else torch.bfloat16)
+            if hidden_dtype not in hidden:
+                raise TypeError(f"dtype: got {hidden_dtype}, expected one of {list(hidden)}")
+            for name in ("w13_scale", "w2_scale"):
+                scales[name] = quant4.mxfp4_scales(scales[name], hidden_dtype, name)
+        elif dtype is not None:
+            raise ValueError(f"dtype: got {dtype}, expected None for quant={mode.value!r} (only MXFP4's "
+                             f"scales are converted to the hidden dtype)")
+        if fmt.group_scales16 and scales["w13_scale"].dtype != scales["w2_scale"].dtype:
             raise TypeError(f"w2_scale: got dtype {scales['w2_scale'].dtype}, expected "
                             f"{scales['w13_scale'].dtype} (as w13_scale: the hidden states' dtype)")
     elif any(t is not None for t in (w13_scale, w2_scale, a13_scale, a2_scale)):
@@ -134,7 +145,8 @@ def quantize_weights(w13, w2, *, quant="fp8", granularity=None, activation="swig
 
     granularity: for `fp8`, "channel" (default) or "tensor"; `fp8_block` is always 128x128.
     int4 modes: groups of `group_size` along K, symmetric (GPTQ) or not (AWQ, with zero
-    terms), scales in `scale_dtype` (the hidden states' dtype). mxfp4 modes: OCP MX blocks of 32."""
+    terms), scales in `scale_dtype` (the hidden states' dtype). mxfp4 modes: OCP MX blocks of 32,
+    their scales made for `scale_dtype` hidden states."""
     mode = QuantMode.parse(quant)
     weight = mode.spec.weight
     if weight not in ("e4m3", "e4m3_block128", "int4", "mxfp4") or mode.value not in reference.MODES:
@@ -152,7 +164,7 @@ def quantize_weights(w13, w2, *, quant="fp8", granularity=None, activation="swig
     if weight == "mxfp4":
         check_alignment(mode.spec, w2.shape[1], w2.shape[2], "w2")
         (q13, s13), (q2, s2) = (quant4.quantize_mxfp4(w) for w in (w13, w2))
-        return prepare_weights(q13, q2, w13_scale=s13, w2_scale=s2, **kw)
+        return prepare_weights(q13, q2, w13_scale=s13, w2_scale=s2, dtype=scale_dtype, **kw)
     if mode is QuantMode.FP8_BLOCK:
         if granularity not in (None, "block"):
             raise ValueError(f"granularity={granularity!r}: fp8_block is always 'block' (128x128)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import _native
-from .modes import MODES, Activation, Mode, QuantMode, WeightFormat
+from .modes import MODES, Activation, Mode, QuantMode, ScaleSpec, WeightFormat
 
 WORKSPACE_ALIGNMENT = 256
 MAX_TOP_K = 1024  # the kernels keep a token's slots in shared memory (src/runner.cu kMaxTopK)
@@ -91,52 +91,57 @@ def _symbols(E, N, K, group) -> dict:
             "K/g": K // group if group else None, 1: 1}
 
 
-def accepted_scale_shapes(fmt: WeightFormat, E, N, K, group=None) -> list:
-    """The shapes a weight format's scale tensor may have for [E, N, K] weights."""
+def accepted_scale_shapes(fmt: WeightFormat, E, N, K, group=None, spec: ScaleSpec | None = None) -> list:
+    """The shapes a weight format's scale tensor may have for [E, N, K] weights. spec: which
+    of its scale forms, by default the checkpoint's (fmt.scale; fused_moe takes
+    fmt.kernel_scale)."""
     sym = _symbols(E, N, K, group or (fmt.groups[0] if fmt.groups else 0))
-    return [tuple(sym[d] for d in shape) for shape in fmt.scale.shapes]
+    return [tuple(sym[d] for d in shape) for shape in (spec or fmt.scale).shapes]
 
 
-def scale_group(fmt: WeightFormat, scale, K: int) -> int:
+def scale_group(fmt: WeightFormat, scale, K: int, spec: ScaleSpec | None = None) -> int:
     """The group along K that a scale tensor's shape implies (its K/g dimension), where the
     format takes several; else the format's own (0: none)."""
     group = fmt.groups[0] if fmt.groups else 0
+    spec = spec or fmt.scale
     if len(fmt.groups) > 1 and isinstance(scale, torch.Tensor):
-        dim = fmt.scale.shapes[0].index("K/g")
-        n = scale.shape[dim] if scale.dim() == len(fmt.scale.shapes[0]) else 0
+        dim = spec.shapes[0].index("K/g")
+        n = scale.shape[dim] if scale.dim() == len(spec.shapes[0]) else 0
         if n and K % n == 0 and K // n in fmt.groups:
             group = K // n
     return group
 
 
 def weight_scale(name, scale, fmt: WeightFormat, E, N, K, device=None, values=False, align=None,
-                 dtype=None):
+                 dtype=None, spec: ScaleSpec | None = None):
     """A weight scale tensor checked against its format's accepted shapes, as the canonical
     form: the first accepted shape with as many elements (checkpoints' trailing ones dropped).
     A format with several groups along K takes the one the tensor's last dimension implies.
     values: also check that every scale is usable (finite and positive; E8M0: not NaN) at
     load time. align: the data pointer's alignment, by default what the kernels need.
-    dtype: the torch dtype(s) the format's "hidden" scales may have."""
-    scale_dtype = {"float32": torch.float32, "e8m0": torch.uint8}.get(fmt.scale.dtype, dtype)
-    group = scale_group(fmt, scale, K)
-    shapes = accepted_scale_shapes(fmt, E, N, K, group)
+    dtype: the torch dtype(s) the format's "hidden" scales may have. spec: which of the
+    format's scale forms (accepted_scale_shapes)."""
+    spec = spec or fmt.scale
+    scale_dtype = {"float32": torch.float32, "e8m0": torch.uint8}.get(spec.dtype, dtype)
+    group = scale_group(fmt, scale, K, spec)
+    shapes = accepted_scale_shapes(fmt, E, N, K, group, spec)
     if scale is None:
-        fail(name, "NoneType", f"a torch.Tensor of {fmt.scale.dtype} scales {fmt.scale.what}, shape {shapes[0]}",
+        fail(name, "NoneType", f"a torch.Tensor of {spec.dtype} scales {spec.what}, shape {shapes[0]}",
              TypeError)
     per_channel = isinstance(scale, torch.Tensor) and scale.numel() not in (E,)
     t = check_tensor(name, scale, dtype=scale_dtype, device=device,
                      # Per-channel float scales: 16-byte aligned, as the kernels that read them 8
                      # at a time once needed; not relaxed until tested. Group scales: TMA reads them.
                      align=align or (16 if (per_channel and len(shapes) > 1) or fmt.groups and
-                                     fmt.scale.dtype == "hidden" else 4))
+                                     spec.dtype == "hidden" else 4))
     if tuple(t.shape) not in shapes:
         groups = f"; groups along K: {list(fmt.groups)}" if len(fmt.groups) > 1 else ""
-        fail(name, f"shape {tuple(t.shape)}", f"one of {shapes} ({fmt.scale.what}{groups})")
+        fail(name, f"shape {tuple(t.shape)}", f"one of {shapes} ({spec.what}{groups})")
     if values:
-        bad = (t == 255) if fmt.scale.dtype == "e8m0" else ~(torch.isfinite(t.float()) & (t.float() > 0))
+        bad = (t == 255) if spec.dtype == "e8m0" else ~(torch.isfinite(t.float()) & (t.float() > 0))
         if bool(bad.any()):
-            fail(name, "NaN (E8M0 255)" if fmt.scale.dtype == "e8m0" else "non-positive or non-finite values",
-                 "usable scales" if fmt.scale.dtype == "e8m0" else "finite scales > 0")
+            fail(name, "NaN (E8M0 255)" if spec.dtype == "e8m0" else "non-positive or non-finite values",
+                 "usable scales" if spec.dtype == "e8m0" else "finite scales > 0")
     canonical = next(s for s in shapes if _numel(s) == t.numel())
     return t.reshape(canonical)
 
@@ -188,8 +193,9 @@ def c_shape(*, T, H, I, E, k, dtype: str, mode: Mode, activation: Activation, in
             "weight_format": mode.weight_code, "activation": activation.code,
             "index_dtype": _INDEX_CODE[index_dtype], "act_alpha": float(alpha), "act_limit": float(limit),
             "w13_scale_per_channel": int(per_channel[0]), "w2_scale_per_channel": int(per_channel[1]),
-            # INT4: the scale group (by default the format's); the C ABI's 0 for other formats
-            "weight_group": (weight_group or mode.weight_format.groups[0]) if mode.weight == "int4" else 0}
+            # 4-bit formats: the scale group (by default the format's); the C ABI's 0 for others
+            "weight_group": (weight_group or mode.weight_format.groups[0]) if mode.weight_format.group_scales16
+            else 0}
 
 
 def resolve_expert_offset(expert_offset, ep_rank, ep_size, num_experts, e_local) -> int:
@@ -257,17 +263,18 @@ class Problem:
                 fail(name, "zero terms", f"None: no kernel of quant={self.quant.value!r} in this build takes zero "
                      "points yet (symmetric GPTQ and compressed-tensors checkpoints run)", NotImplementedError)
         if fmt.scale is not None:
-            s13 = weight_scale("w13_scale", w13_scale, fmt, E, n1, H, self.device, dtype=dtype)
-            s2 = weight_scale("w2_scale", w2_scale, fmt, E, H, I, self.device, dtype=dtype)
+            kspec = fmt.kernel_scale
+            s13 = weight_scale("w13_scale", w13_scale, fmt, E, n1, H, self.device, dtype=dtype, spec=kspec)
+            s2 = weight_scale("w2_scale", w2_scale, fmt, E, H, I, self.device, dtype=dtype, spec=kspec)
             a13 = static_act_scale("a13_scale", a13_scale, spec, self.device)
             a2 = static_act_scale("a2_scale", a2_scale, spec, self.device)
             self.scales = (s13, s2, a13, a2)
-            if len(fmt.scale.shapes) > 1:  # per tensor or per channel: the C ABI's flags
+            if len(kspec.shapes) > 1:  # per tensor or per channel: the C ABI's flags
                 self.per_channel = (int(s13.dim() == 2), int(s2.dim() == 2))
-            if len(fmt.groups) > 1:  # the group the scales imply, the same in both GEMMs
-                self.weight_group = scale_group(fmt, s13, H)
-                if scale_group(fmt, s2, I) != self.weight_group:
-                    fail("w2_scale", f"groups of {scale_group(fmt, s2, I)} along K",
+            if fmt.group_scales16:  # the group the scales imply, the same in both GEMMs
+                self.weight_group = scale_group(fmt, s13, H, kspec)
+                if scale_group(fmt, s2, I, kspec) != self.weight_group:
+                    fail("w2_scale", f"groups of {scale_group(fmt, s2, I, kspec)} along K",
                          f"groups of {self.weight_group}, as w13_scale's")
         elif any(t is not None for t in (w13_scale, w2_scale, a13_scale, a2_scale)):
             fail("w13_scale/w2_scale/a13_scale/a2_scale", "scales",

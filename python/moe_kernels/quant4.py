@@ -10,7 +10,8 @@ Storage (the weight formats `int4` and `mxfp4` of moe_kernels.modes): expert wei
   nibble u with integer zero point z becomes q = u - 8 and zero = (8 - z) * scale.
 - MXFP4 (OCP MX): E2M1 values (sign bit 3; magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6) with one
   E8M0 exponent per 32 along K ([E, N, K/32] uint8): dequantized = e2m1 * 2^(e - 127);
-  e = 255 is NaN and is refused by `prepare`.
+  e = 255 is NaN and is refused by `prepare`. The kernels take the scales as 16-bit powers
+  of two in INT4's layout ([E, K/32, N], `mxfp4_scales`), which `prepare_weights` makes.
 """
 from __future__ import annotations
 
@@ -98,11 +99,30 @@ def quantize_int4(w: torch.Tensor, group: int = 128, symmetric: bool = True, sca
 
 # ---- MXFP4 --------------------------------------------------------------------------------
 
-def dequantize_mxfp4(packed, scale_e8m0) -> torch.Tensor:
-    """float32 [..., N, K] = e2m1 * 2^(e - 127), e8m0 [..., N, K/32]."""
+def dequantize_mxfp4(packed, scale) -> torch.Tensor:
+    """float32 [..., N, K] = e2m1 * 2^(e - 127): from the checkpoint's E8M0 exponents (uint8
+    [..., N, K/32]) or the kernels' 16-bit scales ([..., K/32, N], mxfp4_scales)."""
     v = _lut(packed.device)[unpack_nibbles(packed).long()]
-    exp = scale_e8m0.to(torch.int32) - E8M0_BIAS
+    if scale.dtype != torch.uint8:
+        return v * expand_groups(scale.float().transpose(-1, -2), v.shape[-1])
+    exp = scale.to(torch.int32) - E8M0_BIAS
     return torch.ldexp(v, expand_groups(exp, v.shape[-1]).float())
+
+
+def mxfp4_scales(scale_e8m0: torch.Tensor, dtype, name: str = "scale") -> torch.Tensor:
+    """The kernels' MXFP4 scales: E8M0 uint8 [..., N, K/32] -> 2^(e - 127) in `dtype` (bfloat16
+    or float16, the hidden states'), [..., K/32, N] like INT4's. Exact: every E8M0 value is a
+    bfloat16; float16 holds 2^-24 .. 2^15 only, and other exponents are refused."""
+    exp = scale_e8m0.to(torch.int32) - E8M0_BIAS
+    if dtype == torch.float16 and exp.numel():
+        lo, hi = int(exp.min()), int(exp.max())
+        if lo < -24 or hi > 15:
+            raise ValueError(f"{name}: got E8M0 exponents 2^{lo} .. 2^{hi}, expected 2^-24 .. 2^15 for float16 "
+                             f"hidden states (a float16 scale holds no other power of two); use bfloat16")
+    elif dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"dtype: got {dtype}, expected torch.bfloat16 or torch.float16")
+    ones = torch.ones((), dtype=torch.float32, device=scale_e8m0.device)
+    return torch.ldexp(ones, exp.float()).to(dtype).transpose(-1, -2).contiguous()
 
 
 def quantize_mxfp4(w: torch.Tensor):
@@ -113,6 +133,9 @@ def quantize_mxfp4(w: torch.Tensor):
     *lead, N, K = w.shape
     if K % MX_GROUP:
         raise ValueError(f"w: got K={K}, expected a multiple of {MX_GROUP}")
+    if w.dim() > 2 and w.shape[0] > 1:  # one matrix at a time: the rounding's temporaries are 8x the weights
+        parts = [quantize_mxfp4(m) for m in w]
+        return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
     g = w.float().reshape(*lead, N, K // MX_GROUP, MX_GROUP)
     amax = g.abs().amax(dim=-1, keepdim=True)
     exp = torch.where(amax > 0, torch.floor(torch.log2(amax)) - 2, torch.full_like(amax, -E8M0_BIAS))

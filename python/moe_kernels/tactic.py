@@ -113,6 +113,19 @@ SWAP_AB_DECODE_TILE = 16
 CONTIG_TILE_N = 256
 
 
+# 4-bit weights (W4A16): our decode kernel (src/gemm/decode_w4a16.cuh) up to this many rows
+# per expert, then CUTLASS's mixed-input GEMM with the narrowest token tile that holds them.
+FOUR_BIT_FORMATS = ("int4", "mxfp4")
+FOUR_BIT_DECODE_ROWS = 16
+
+
+def _pick_four_bit(kernels: list, rows_per_expert: float) -> KernelInfo:
+    decode = sorted((k for k in kernels if k.kind == "decode"), key=lambda k: k.tile[0])
+    grouped = sorted((k for k in kernels if k.kind != "decode"), key=lambda k: k.tile[0])
+    pool = decode if decode and (rows_per_expert <= FOUR_BIT_DECODE_ROWS or not grouped) else grouped
+    return next((k for k in pool if k.tile[0] >= rows_per_expert), pool[-1])
+
+
 def _sixteen_bit(kernels: list) -> bool:
     return all(k.act_format == "a16" and k.weight_format == "w16" for k in kernels)
 
@@ -168,6 +181,9 @@ def default_tactic(kernels: list, *, num_tokens: int, top_k: int, num_experts: i
     pairs = num_tokens * top_k
     experts_hit = max(1, min(num_experts, pairs))
     rows = pairs / experts_hit
+    if kernels[0].weight_format in FOUR_BIT_FORMATS:
+        pick = _pick_four_bit(kernels, rows)
+        return Tactic(pick.name, pick.name)
     decode1 = DECODE_PAIRS[0]
     if _sixteen_bit(kernels) and hidden_size >= DECODE_LONG_K:  # GEMM1's K
         decode1 = DECODE_PAIRS_16BIT_LONG_K
@@ -195,8 +211,10 @@ def _forward_problem(device: int, p: Problem, k: KernelInfo) -> str:
 
 
 def _serves(device: int, p: Problem, k: KernelInfo) -> bool:
-    """A GEMM kernel serves any problem of its formats; a forward kernel only those within its
-    limits."""
+    """A GEMM kernel serves any problem of its formats (4-bit ones: of scale groups it takes);
+    a forward kernel only those within its limits."""
+    if k.gemm and p.weight_group:
+        return not _native.C().check_kernel(device, k.name, p.shape)
     return k.gemm or not _forward_problem(device, p, k)
 
 
@@ -229,8 +247,7 @@ def resolve(p: Problem, requested=None) -> Tactic:
                                  dev, p.out_dtype)
     if tuned is not None and all(n in usable and _serves(dev, p, usable[n]) for n in tuned.kernels):
         return _log_choice(spec, p.T, tuned, "tuned")
-    candidates = [k for k in usable.values() if _serves(dev, p, k)] if p.T == 1 else \
-        [k for k in usable.values() if k.gemm]
+    candidates = [k for k in usable.values() if (p.T == 1 or k.gemm) and _serves(dev, p, k)]
     return _log_choice(spec, p.T, default_tactic(
         candidates, num_tokens=p.T, top_k=p.k, num_experts=p.E, hidden_size=p.H, gemm1_n=p.n1,
         sm_count=_native.device_info(dev)["sm_count"]), "default rule")

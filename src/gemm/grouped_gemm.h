@@ -35,7 +35,7 @@ struct GroupedGemmArgs {
   const int32_t* active_groups;
   int max_active_groups;
   int64_t n, k;
-  // Mixed-input (INT4) kernels: weight scales per group of this many along K; B's scale
+  // Mixed-input (4-bit) kernels: weight scales per group of this many along K; B's scale
   // pointers are ptr_sfb (one per group, [K / weight_group, N] each).
   int weight_group;
   // For kernels that address all groups through one tensor each (the contiguous schedule):

@@ -322,7 +322,7 @@ class Bf16GroupedMM:
 
 
 class DequantizedGroupedMM(Bf16GroupedMM):
-    """The peer of modes PyTorch has no grouped GEMM for (fp8_block, INT4): the checkpoint's
+    """The peer of modes PyTorch has no grouped GEMM for (fp8_block, INT4, MXFP4): the checkpoint's
     weights are dequantized to bf16 once (what a stack without such a kernel can serve, at the
     bf16 weight bytes) and torch._grouped_mm runs on them, in bf16 also for fp16 hidden
     states. Its activations stay 16-bit, so it is checked against the 16-bit reference on those
@@ -396,7 +396,7 @@ def peers(activation, quant="bf16"):
         return [("torch._scaled_grouped_mm",
                  torch_scaled_grouped_mm_moe if hasattr(torch, "_scaled_grouped_mm") else None,
                  f"not in torch {torch.__version__}")]
-    if MODES[quant].weight in ("e4m3_block128", "int4"):
+    if MODES[quant].weight in ("e4m3_block128", "int4", "mxfp4"):
         out = [("torch._grouped_mm (bf16 weights)",
                 DequantizedGroupedMM(MODES[quant].weight) if hasattr(torch, "_grouped_mm") else None,
                 f"not in torch {torch.__version__}")]

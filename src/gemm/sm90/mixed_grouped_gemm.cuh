@@ -1,6 +1,7 @@
-// SM90 mixed-input grouped GEMM (W4A16 INT4): D_g = X_g x dequant(W_g)^T with INT4 weights
-// [N, K] (two per byte, K-major) and one 16-bit scale per group of `weight_group` along K,
-// converted to the activations' type in registers by CUTLASS's ptr-array RS mainloop. The
+// SM90 mixed-input grouped GEMM (W4A16): D_g = X_g x dequant(W_g)^T with 4-bit weights
+// [N, K] (INT4, two per byte, K-major) and one 16-bit scale per group of `weight_group`
+// along K, converted to the activations' type in registers by CUTLASS's ptr-array RS
+// mainloop. The
 // converted operand must be the wgmma's A, so the weights are A and the tokens B, as in the
 // swap-AB schedules (src/gemm/cutlass_grouped.cuh): D^T is stored column-major, which is D
 // row-major. The scales are [K/g, N] per expert (N contiguous, as AWQ and GPTQ store them);
@@ -34,12 +35,12 @@ __global__ void write_scale_strides(StrideScale* strides, int groups, int64_t n,
   }
 }
 
-// Schedule: a Schedule of gemm/sm90/grouped_gemm.cuh (its mainloop and epilogue tags).
-// TileM: tokens per tile (CUTLASS's N), TileN: weight rows per tile (CUTLASS's M).
-template <class ElementAct, class ElementD, int TileM, int TileN, int TileK, int ClusterM, int ClusterN,
-          class Schedule>
+// ElementQ: cutlass::int4b_t. Schedule: a Schedule of
+// gemm/sm90/grouped_gemm.cuh (its mainloop and epilogue tags). TileM: tokens per tile
+// (CUTLASS's N), TileN: weight rows per tile (CUTLASS's M).
+template <class ElementAct, class ElementQ, class ElementD, int TileM, int TileN, int TileK, int ClusterM,
+          int ClusterN, class Schedule>
 struct MixedGroupedGemm {
-  using ElementQ = cutlass::int4b_t;
   using ElementScale = ElementAct;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   using TileShape = cute::Shape<cute::Int<TileN>, cute::Int<TileM>, cute::Int<TileK>>;
@@ -103,7 +104,7 @@ struct MixedGroupedGemm {
 
   static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (a.weight_group <= 0 || a.k % a.weight_group) {
-      snprintf(err, errlen, "INT4 GEMM: K=%lld is not a multiple of the scale group %d", (long long)a.k,
+      snprintf(err, errlen, "4-bit GEMM: K=%lld is not a multiple of the scale group %d", (long long)a.k,
                a.weight_group);
       return MOEK_INVALID_ARGUMENT;
     }
@@ -111,13 +112,13 @@ struct MixedGroupedGemm {
     // scale for the whole tile. CUTLASS's can_implement cannot see K here (the problem shapes
     // live on the device), so the rule is checked on the host.
     if (a.weight_group % TileK) {
-      snprintf(err, errlen, "INT4 GEMM: scale group %d is not a multiple of the tile's K (%d); this "
+      snprintf(err, errlen, "4-bit GEMM: scale group %d is not a multiple of the tile's K (%d); this "
                "kernel takes groups of %d or more", a.weight_group, TileK, TileK);
       return MOEK_UNSUPPORTED;
     }
     const cutlass::Status st = Gemm::can_implement(make_arguments(a));
     if (st != cutlass::Status::kSuccess) {
-      snprintf(err, errlen, "CUTLASS can_implement failed: %s (INT4 scale group %d, tile K %d: the group must "
+      snprintf(err, errlen, "CUTLASS can_implement failed: %s (scale group %d, tile K %d: the group must "
                "be a multiple of the tile's K)", cutlassGetStatusString(st), a.weight_group, TileK);
       return MOEK_UNSUPPORTED;
     }

@@ -1,0 +1,284 @@
+// A grouped GEMM for W4A16 at a few rows per expert (the catalog's "decode" schedule with
+// 4-bit weights): the time is the 4-bit weight bytes, read once, dequantized in registers.
+//
+// A block owns 16 output columns (weight rows) of one expert; its 4 warps split K and add
+// their partial sums in shared memory. mma.sync m16n8k16 with the weights as A (16 rows)
+// and 8 tokens as its N, in the hidden dtype, fp32 accumulation.
+//
+// K order: lane q (= lane % 4) of a warp reads 16 contiguous bytes of each of its two weight
+// rows per K step of 128 values: values 32q .. 32q + 31 of the step, one scale group (groups
+// are 32 or more and K is a multiple of 32). mma t (0..7) of the step takes values
+// 4t .. 4t + 3 of the lane's 32 as its k = {2q, 2q + 1, 2q + 8, 2q + 9}; the tokens are read
+// in the same order, so the sums are those of the natural order.
+//
+// Dequantization: INT4 (two's complement nibbles) as CUTLASS converts it (the nibble put into
+// a 16-bit float of value 128 + (q ^ 8), minus 136); E2M1 by e2m1_bits below. Then times the
+// group's scale ([K/g, N] in the hidden dtype), rounded to the hidden dtype: the value the
+// prefill kernels' mainloop computes too.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdio>
+#include <type_traits>
+
+#include "gemm/grouped_gemm.h"
+#include "launch.cuh"
+
+namespace moe_kernels {
+namespace decode_w4 {
+
+constexpr int kWarps = 4;       // per block, splitting K
+constexpr int kRows = 16;       // weight rows (output columns) per block: one mma M
+constexpr int kStepK = 128;     // K values per warp step (64 bytes of each weight row)
+constexpr int kBatch = 4;       // K steps whose weight loads a warp issues before using any
+
+struct Int4 {};
+struct E2M1 {};
+
+struct Params {
+  const int32_t* problem_shapes;  // [G][3] = (M, N, K)
+  const int32_t* active_groups;   // [0]: how many groups have rows; [1..]: which
+  const void* const* ptr_a;
+  const int64_t* stride_a;
+  const void* const* ptr_b;
+  const int64_t* stride_b;        // in 4-bit elements
+  void* const* ptr_d;
+  const int64_t* stride_d;
+  const float* const* ptr_sfb;    // 16-bit scales [K / group, N] per group
+  int group;                      // scale group along K
+};
+
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <class T>
+__device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
+  using T2 = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
+  T2 v = __hmul2(reinterpret_cast<const T2&>(a), reinterpret_cast<const T2&>(b));
+  return reinterpret_cast<uint32_t&>(v);
+}
+
+template <class T>
+__device__ __forceinline__ uint32_t sub2(uint32_t a, uint32_t b) {
+  using T2 = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
+  T2 v = __hsub2(reinterpret_cast<const T2&>(a), reinterpret_cast<const T2&>(b));
+  return reinterpret_cast<uint32_t&>(v);
+}
+
+// Byte j of x: its low nibble to bits 0-3, its high nibble to bits 16-19, the rest zero.
+__device__ __forceinline__ uint32_t spread_byte(uint32_t x, uint32_t x_shifted, int j) {
+  uint32_t r;
+  const uint32_t select = 0xF4F0u + 0x101u * j;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(x_shifted), "r"(select));
+  return r;
+}
+
+// Eight 4-bit values (value i in bits 4i..4i+3) -> four pairs in T (value 2j low in out[j]).
+template <class T, class W>
+__device__ __forceinline__ void dequant8(uint32_t x, uint32_t (&out)[4]) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  const uint32_t xs = x >> 4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t r = spread_byte(x, xs, j);
+    if constexpr (std::is_same_v<W, Int4>) {
+      // 16-bit floats whose low mantissa bits hold q ^ 8 at a fixed exponent: value
+      // base + (q + 8); subtracting base + 8 leaves q exactly.
+      constexpr uint32_t kMagic = kBf16 ? 0x43004300u : 0x64006400u;   // 128 : 1024
+      constexpr uint32_t kBias = kBf16 ? 0x43084308u : 0x64086408u;    // 136 : 1032
+      out[j] = sub2<T>(((r & 0x000F000Fu) ^ 0x00080008u) | kMagic, kBias);
+    } else {
+      // E2M1 s|e1 e0|m: the magnitude code in the lowest exponent bits and top mantissa bit
+      // reads as 2^(e - bias) * (1 + m/2) (a subnormal for e = 0, as E2M1's 0 and 0.5 are),
+      // so one multiply by 2^(bias - 1) is exact; the sign moves to bit 15.
+      constexpr uint32_t kShift = kBf16 ? 6 : 9;
+      constexpr uint32_t kMask = kBf16 ? 0x01C001C0u : 0x0E000E00u;
+      constexpr uint32_t kRescale = kBf16 ? 0x7E807E80u : 0x74007400u;  // 2^126 : 2^14
+      out[j] = mul2<T>(((r << kShift) & kMask) | ((r << 12) & 0x80008000u), kRescale);
+    }
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <class T>
+__device__ __forceinline__ T from_float(float v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16(v);
+  else return __float2half(v);
+}
+
+// One block: 16 weight rows (n0 ..) of group g, all its tokens in passes of 8 * kTiles.
+template <class T, class Out, class W, int kTiles>
+__device__ __forceinline__ void group_tile(const Params& p, int g, float (&partial)[kWarps][kTiles * 8][kRows + 1]) {
+  const int m_rows = p.problem_shapes[3 * g], n = p.problem_shapes[3 * g + 1], k = p.problem_shapes[3 * g + 2];
+  const int n0 = blockIdx.x * kRows;
+  if (n0 >= n) return;  // the same for the whole block
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 2, q = lane & 3;
+  const int steps = (k + kStepK - 1) / kStepK;
+  const char* wbase = static_cast<const char*>(p.ptr_b[g]);
+  const int64_t ldw = p.stride_b[g] / 2;  // bytes per weight row
+  const bool row_ok[2] = {n0 + r < n, n0 + r + 8 < n};
+  const char* wrow[2] = {wbase + (n0 + r) * ldw, wbase + (n0 + r + 8) * ldw};
+  const T* scale = reinterpret_cast<const T*>(p.ptr_sfb[g]);
+  const char* a = static_cast<const char*>(p.ptr_a[g]);
+  const int64_t lda = p.stride_a[g] * int64_t(sizeof(T));
+  Out* d = static_cast<Out*>(p.ptr_d[g]);
+  const int64_t ldd = p.stride_d[g];
+
+  for (int m0 = 0; m0 < m_rows; m0 += 8 * kTiles) {
+    float acc[kTiles][4] = {};
+    for (int s0 = warp; s0 < steps; s0 += kWarps * kBatch) {
+      uint4 w[kBatch][2];
+      uint32_t sc[kBatch][2];  // the rows' group scales, broadcast to both halves
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int s = s0 + i * kWarps;
+        const int kk = s * kStepK + 32 * q;  // the lane's first K value of step s
+        const bool in_k = s < steps && kk < k;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const bool ok = in_k && row_ok[j];
+          w[i][j] = ok ? load_stream(wrow[j] + kk / 2) : make_uint4(0, 0, 0, 0);
+          const unsigned short bits =
+              ok ? __ldg(reinterpret_cast<const unsigned short*>(scale) + int64_t(kk / p.group) * n + n0 + r + 8 * j)
+                 : 0;
+          sc[i][j] = bits * 0x10001u;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int s = s0 + i * kWarps;
+        if (s >= steps) break;  // the same for the whole warp
+        const int kk = s * kStepK + 32 * q;
+        // Tokens m0 + 8u + r, values kk .. kk + 31 (64 bytes); zeros past K or the rows.
+        uint4 x[kTiles][4];
+#pragma unroll
+        for (int u = 0; u < kTiles; ++u) {
+          const int m = m0 + 8 * u + r;
+          const bool ok = kk < k && m < m_rows;
+          const uint4* src = reinterpret_cast<const uint4*>(a + m * lda + int64_t(kk) * sizeof(T));
+#pragma unroll
+          for (int c = 0; c < 4; ++c) x[u][c] = ok ? __ldg(src + c) : make_uint4(0, 0, 0, 0);
+        }
+        // Dequantize the lane's 32 values of rows r and r + 8: pair j of word c is values
+        // 8c + 2j, 8c + 2j + 1.
+        uint32_t wv[2][16];
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            uint32_t out[4];
+            dequant8<T, W>(word(w[i][j], c), out);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) wv[j][4 * c + e] = mul2<T>(out[e], sc[i][j]);
+          }
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+          const uint32_t fa[4] = {wv[0][2 * t], wv[1][2 * t], wv[0][2 * t + 1], wv[1][2 * t + 1]};
+#pragma unroll
+          for (int u = 0; u < kTiles; ++u)
+            mma<T>(acc[u], fa, word(x[u][t / 2], 2 * (t % 2)), word(x[u][t / 2], 2 * (t % 2) + 1));
+        }
+      }
+    }
+    // c0: (row r, token 2q), c1: (r, 2q + 1), c2: (r + 8, 2q), c3: (r + 8, 2q + 1).
+#pragma unroll
+    for (int u = 0; u < kTiles; ++u) {
+      partial[warp][8 * u + 2 * q][r] = acc[u][0];
+      partial[warp][8 * u + 2 * q + 1][r] = acc[u][1];
+      partial[warp][8 * u + 2 * q][r + 8] = acc[u][2];
+      partial[warp][8 * u + 2 * q + 1][r + 8] = acc[u][3];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < kTiles * 8 * kRows; i += kWarps * 32) {
+      const int m = m0 + i / kRows, col = n0 + i % kRows;
+      if (m < m_rows && col < n) {
+        float v = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < kWarps; ++ww) v += partial[ww][i / kRows][i % kRows];
+        d[int64_t(m) * ldd + col] = from_float<Out>(v);
+      }
+    }
+    __syncthreads();  // `partial` is reused by the next pass
+  }
+}
+
+template <class T, class Out, class W, int kTiles>
+__global__ void __launch_bounds__(kWarps * 32) decode_w4a16_kernel(Params p) {
+  __shared__ float partial[kWarps][kTiles * 8][kRows + 1];
+  pdl_begin();
+  const int active = p.active_groups[0];
+  for (int y = blockIdx.y; y < active; y += gridDim.y)  // gridDim.y is capped at 65535
+    group_tile<T, Out, W, kTiles>(p, p.active_groups[1 + y], partial);
+}
+
+}  // namespace decode_w4
+
+// kTokens: the catalog's tile_m (tokens per pass, a multiple of 8); 16 output columns per block.
+template <class T, class Out, class W, int kTokens>
+struct DecodeW4A16 {
+  static_assert(kTokens % 8 == 0, "W4A16 decode GEMM: tokens per pass in multiples of 8");
+  static constexpr int kTiles = kTokens / 8;
+
+  static size_t workspace_size(int, int) { return 0; }
+
+  static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
+    if (a.n <= 0 || a.max_active_groups <= 0 || !a.active_groups || !a.ptr_sfb) {
+      snprintf(err, errlen, "W4A16 decode GEMM: needs N, the active-group list and the weight scales");
+      return MOEK_INVALID_ARGUMENT;
+    }
+    // Each lane's 32 values along K share one scale; K in whole 32-value pieces (16 bytes).
+    if (a.weight_group < 32 || a.weight_group % 32 || a.k % 32 || a.k % a.weight_group) {
+      snprintf(err, errlen, "W4A16 decode GEMM: scale group %d and K=%lld must be multiples of 32 (and "
+               "the group divide K)", a.weight_group, (long long)a.k);
+      return MOEK_UNSUPPORTED;
+    }
+    return MOEK_OK;
+  }
+
+  static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
+    if (int st = check(a, err, errlen)) return st;
+    decode_w4::Params p{a.problem_shapes, a.active_groups, a.ptr_a, a.stride_a, a.ptr_b, a.stride_b,
+                        a.ptr_d, a.stride_d, a.ptr_sfb, a.weight_group};
+    const dim3 grid(static_cast<unsigned>((a.n + decode_w4::kRows - 1) / decode_w4::kRows),
+                    static_cast<unsigned>(a.max_active_groups < 65535 ? a.max_active_groups : 65535));
+    const cudaError_t e = launch(decode_w4::decode_w4a16_kernel<T, Out, W, kTiles>, grid,
+                                 decode_w4::kWarps * 32, 0, a.stream, p);
+    if (e != cudaSuccess) {
+      snprintf(err, errlen, "W4A16 decode GEMM launch: %s", cudaGetErrorString(e));
+      return MOEK_CUDA_ERROR;
+    }
+    return MOEK_OK;
+  }
+
+  static constexpr GemmKernelOps kOps{
+      &run, &check, &workspace_size,
+      static_cast<int>(sizeof(float) * decode_w4::kWarps * kTiles * 8 * (decode_w4::kRows + 1)), false};
+};
+
+}  // namespace moe_kernels
