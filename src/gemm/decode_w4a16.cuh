@@ -132,19 +132,59 @@ __device__ __forceinline__ T from_float(float v) {
   else return __float2half(v);
 }
 
-// One block: 16 weight rows (n0 ..) of group g, all its tokens in passes of 8 * kTiles.
+// The weights a block reads: 16 rows (n0 ..) of group g.
+template <class T>
+struct WeightTile {
+  int g, n, k, n0, steps;
+  bool row_ok[2];
+  const char* wrow[2];
+  const unsigned short* scale;  // 16-bit scales [K / group, N]
+  int group;
+
+  __device__ __forceinline__ WeightTile(const Params& p, int group_index) : g(group_index) {
+    n = p.problem_shapes[3 * g + 1];
+    k = p.problem_shapes[3 * g + 2];
+    n0 = blockIdx.x * kRows;
+    steps = (k + kStepK - 1) / kStepK;
+    const int r = (threadIdx.x & 31) >> 2;
+    const char* wbase = static_cast<const char*>(p.ptr_b[g]);
+    const int64_t ldw = p.stride_b[g] / 2;  // bytes per weight row
+    row_ok[0] = n0 + r < n;
+    row_ok[1] = n0 + r + 8 < n;
+    wrow[0] = wbase + (n0 + r) * ldw;
+    wrow[1] = wbase + (n0 + r + 8) * ldw;
+    scale = reinterpret_cast<const unsigned short*>(p.ptr_sfb[g]);
+    group = p.group;
+  }
+  __device__ __forceinline__ bool has_rows() const { return n0 < n; }
+
+  // The lane's weights and their scales (broadcast to both halves) of steps s0, s0 + kWarps,
+  // ... (kBatch of them); zeros past K or N.
+  __device__ __forceinline__ void load(int s0, uint4 (&w)[kBatch][2], uint32_t (&sc)[kBatch][2]) const {
+    const int r = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int s = s0 + i * kWarps;
+      const int kk = s * kStepK + 32 * q;  // the lane's first K value of step s
+      const bool in_k = s < steps && kk < k;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const bool ok = in_k && row_ok[j];
+        w[i][j] = ok ? load_stream(wrow[j] + kk / 2) : make_uint4(0, 0, 0, 0);
+        const unsigned short bits = ok ? __ldg(scale + int64_t(kk / group) * n + n0 + r + 8 * j) : 0;
+        sc[i][j] = bits * 0x10001u;
+      }
+    }
+  }
+};
+
+// One block: the tile's 16 weight rows for all of group g's tokens, in passes of 8 * kTiles.
 template <class T, class Out, class W, int kTiles>
-__device__ __forceinline__ void group_tile(const Params& p, int g, float (&partial)[kWarps][kTiles * 8][kRows + 1]) {
-  const int m_rows = p.problem_shapes[3 * g], n = p.problem_shapes[3 * g + 1], k = p.problem_shapes[3 * g + 2];
-  const int n0 = blockIdx.x * kRows;
-  if (n0 >= n) return;  // the same for the whole block
+__device__ __forceinline__ void group_tile(const Params& p, const WeightTile<T>& t,
+                                           float (&partial)[kWarps][kTiles * 8][kRows + 1]) {
+  const int g = t.g, n = t.n, k = t.k, n0 = t.n0, steps = t.steps;
+  const int m_rows = p.problem_shapes[3 * g];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 2, q = lane & 3;
-  const int steps = (k + kStepK - 1) / kStepK;
-  const char* wbase = static_cast<const char*>(p.ptr_b[g]);
-  const int64_t ldw = p.stride_b[g] / 2;  // bytes per weight row
-  const bool row_ok[2] = {n0 + r < n, n0 + r + 8 < n};
-  const char* wrow[2] = {wbase + (n0 + r) * ldw, wbase + (n0 + r + 8) * ldw};
-  const T* scale = reinterpret_cast<const T*>(p.ptr_sfb[g]);
   const char* a = static_cast<const char*>(p.ptr_a[g]);
   const int64_t lda = p.stride_a[g] * int64_t(sizeof(T));
   Out* d = static_cast<Out*>(p.ptr_d[g]);
@@ -154,22 +194,8 @@ __device__ __forceinline__ void group_tile(const Params& p, int g, float (&parti
     float acc[kTiles][4] = {};
     for (int s0 = warp; s0 < steps; s0 += kWarps * kBatch) {
       uint4 w[kBatch][2];
-      uint32_t sc[kBatch][2];  // the rows' group scales, broadcast to both halves
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const int s = s0 + i * kWarps;
-        const int kk = s * kStepK + 32 * q;  // the lane's first K value of step s
-        const bool in_k = s < steps && kk < k;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const bool ok = in_k && row_ok[j];
-          w[i][j] = ok ? load_stream(wrow[j] + kk / 2) : make_uint4(0, 0, 0, 0);
-          const unsigned short bits =
-              ok ? __ldg(reinterpret_cast<const unsigned short*>(scale) + int64_t(kk / p.group) * n + n0 + r + 8 * j)
-                 : 0;
-          sc[i][j] = bits * 0x10001u;
-        }
-      }
+      uint32_t sc[kBatch][2];
+      t.load(s0, w, sc);
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
         const int s = s0 + i * kWarps;
@@ -231,10 +257,16 @@ __device__ __forceinline__ void group_tile(const Params& p, int g, float (&parti
 template <class T, class Out, class W, int kTiles>
 __global__ void __launch_bounds__(kWarps * 32) decode_w4a16_kernel(Params p) {
   __shared__ float partial[kWarps][kTiles * 8][kRows + 1];
+  // Unlike the 16-bit/FP8 decode kernel, no weights are requested before the wait for the
+  // previous kernel: on H200 that made the layer 20-30% slower at 1-128 tokens, and batches of
+  // 8 K steps slower still (docs/performance-w4a16.md).
   pdl_begin();
   const int active = p.active_groups[0];
-  for (int y = blockIdx.y; y < active; y += gridDim.y)  // gridDim.y is capped at 65535
-    group_tile<T, Out, W, kTiles>(p, p.active_groups[1 + y], partial);
+  for (int y = blockIdx.y; y < active; y += gridDim.y) {  // gridDim.y is capped at 65535
+    const WeightTile<T> t(p, p.active_groups[1 + y]);
+    if (t.has_rows())  // the same for the whole block (it syncs)
+      group_tile<T, Out, W, kTiles>(p, t, partial);
+  }
 }
 
 }  // namespace decode_w4
