@@ -280,3 +280,34 @@ def test_fused_moe_validates_int4_arguments_on_the_host():
         fused_moe(x, p["w13"], p["w2"], wts, ids, **{**kw, "w2_scale": q["w2_scale"]})
     with pytest.raises(NotImplementedError, match="w13_zero: got zero terms"):
         fused_moe(x, p["w13"], p["w2"], wts, ids, w13_zero=torch.zeros_like(p["w13_scale"]), **kw)
+
+
+def test_flashinfer_named_interleave_helpers():
+    from moe_kernels.prepare import (interleave_moe_scales_for_sm90_mixed_gemm,
+                                     interleave_moe_weights_for_sm90_mixed_gemm)
+    g = _gen(11)
+    E, N, K = 2, 64, 256
+    q, e = quant4.quantize_mxfp4(torch.randn(E, N, K, generator=g))
+    assert torch.equal(interleave_moe_weights_for_sm90_mixed_gemm(q, "fp4"), q)
+    s = interleave_moe_scales_for_sm90_mixed_gemm(e)
+    assert s.dtype == torch.bfloat16 and s.shape == (E, K // 32, N)
+    torch.testing.assert_close(quant4.dequantize_mxfp4(q, s), quant4.dequantize_mxfp4(q, e))
+    torch.testing.assert_close(interleave_moe_scales_for_sm90_mixed_gemm(e, dtype=torch.float16).float(), s.float())
+    with pytest.raises(ValueError, match=r"quant_type: got 'fp4_fp8', expected one of \['fp4', 'int4'\] \(W4A8"):
+        interleave_moe_weights_for_sm90_mixed_gemm(q, "fp4_fp8")
+    with pytest.raises(TypeError, match=r"weight: got dtype torch.int8, expected torch.uint8"):
+        interleave_moe_weights_for_sm90_mixed_gemm(q.view(torch.int8))
+    with pytest.raises(ValueError, match=r"weight: got shape \(64, 128\), expected a 3-D tensor"):
+        interleave_moe_weights_for_sm90_mixed_gemm(q[0])
+    with pytest.raises(ValueError, match=r"weight: got N=64 rows and K=256 .* multiples of 128 for quant_type='int4'"):
+        interleave_moe_weights_for_sm90_mixed_gemm(q, "int4")
+    with pytest.raises(ValueError, match=r"weight: got N=48 rows and K=256 .* multiples of 32 for quant_type='fp4'"):
+        interleave_moe_weights_for_sm90_mixed_gemm(q[:, :48])
+    with pytest.raises(ValueError, match=r"group_size: got 16, expected 32"):
+        interleave_moe_scales_for_sm90_mixed_gemm(e, group_size=16)
+    with pytest.raises(TypeError, match=r"scales: got dtype torch.float32, expected torch.uint8"):
+        interleave_moe_scales_for_sm90_mixed_gemm(e.float())
+    bad = e.clone()
+    bad[1, 2, 3] = 255
+    with pytest.raises(ValueError, match=r"scales: got NaN \(E8M0 255\)"):
+        interleave_moe_scales_for_sm90_mixed_gemm(bad)

@@ -320,3 +320,39 @@ def from_gpt_oss(gate_up_blocks, gate_up_scales, down_blocks, down_scales, gate_
     return {"w13": deinterleave(out["w13"]), "w13_scale": deinterleave(out["w13_scale"]),
             "w2": out["w2"].contiguous(), "w2_scale": out["w2_scale"].contiguous(),
             "w13_bias": deinterleave(gate_up_bias), "w2_bias": down_bias}
+
+
+# ---- FlashInfer-named helpers (its SM90 mixed-input MoE), for users switching from it --------
+
+_INTERLEAVE_QUANT_TYPES = {"fp4": "w4a16_mxfp4", "int4": "w4a16_int4"}
+
+
+def interleave_moe_weights_for_sm90_mixed_gemm(weight, quant_type: str = "fp4") -> torch.Tensor:
+    """4-bit expert weights uint8 [E, N, K/2] as this package's W4A16 kernels read them.
+
+    FlashInfer's kernels need its interleaved layout; these read the checkpoint's packing as
+    it is (two values per byte along K, the even k in the low nibble), so this validates and
+    returns the weights contiguous on their device. quant_type: "fp4" (MXFP4) or "int4";
+    "fp4_fp8" (MXFP4 x FP8, W4A8) has no kernels yet and is refused."""
+    if quant_type not in _INTERLEAVE_QUANT_TYPES:
+        raise ValueError(f"quant_type: got {quant_type!r}, expected one of {list(_INTERLEAVE_QUANT_TYPES)}"
+                         + (" (W4A8 has no kernels yet)" if quant_type == "fp4_fp8" else ""))
+    _importer_tensor("weight", weight, torch.uint8, 3)
+    mode = QuantMode.parse(_INTERLEAVE_QUANT_TYPES[quant_type]).spec
+    E, N, K = weight.shape[0], weight.shape[1], weight.shape[2] * 2
+    if N % mode.align or K % mode.align:
+        raise ValueError(f"weight: got N={N} rows and K={K} values per row, expected both multiples of "
+                         f"{mode.align} for quant_type={quant_type!r} ({mode.why_align})")
+    return weight.contiguous()
+
+
+def interleave_moe_scales_for_sm90_mixed_gemm(scales, group_size: int = 32, dtype=torch.bfloat16) -> torch.Tensor:
+    """MXFP4 E8M0 scales uint8 [E, N, K/group_size] (as checkpoints store them) as this package's
+    kernels read them: 2^(e - 127) in the hidden dtype `dtype`, [E, K/32, N] (what
+    prepare_weights returns; quant4.mxfp4_scales). group_size must be 32 (OCP MX)."""
+    if group_size != quant4.MX_GROUP:  # checked before anything is computed from it
+        raise ValueError(f"group_size: got {group_size!r}, expected {quant4.MX_GROUP} (MXFP4's scale group)")
+    _importer_tensor("scales", scales, torch.uint8, 3)
+    if bool((scales == quant4.E8M0_NAN).any()):
+        raise ValueError(f"scales: got NaN (E8M0 {quant4.E8M0_NAN}), expected usable scales")
+    return quant4.mxfp4_scales(scales, dtype, "scales")
