@@ -34,4 +34,11 @@ if(_rc EQUAL 0 AND _root)
   set(CUDAToolkit_ROOT "${_root}" CACHE PATH "CUDA toolkit (PyPI wheels)")
   # The wheels keep libraries in lib/, where nvcc's own link line (lib64/) does not look.
   set(CMAKE_CUDA_FLAGS_INIT "-L${_root}/lib")
+  # FindCUDAToolkit requires the shared runtime, which the wheel ships as libcudart.so.<major>
+  # only (no unversioned link); the libraries link the static one.
+  file(GLOB _cudart "${_root}/lib/libcudart.so.*")
+  if(_cudart)
+    list(GET _cudart 0 _cudart)
+    set(CUDA_CUDART "${_cudart}" CACHE FILEPATH "CUDA runtime (PyPI toolkit)")
+  endif()
 endif()
