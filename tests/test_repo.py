@@ -41,3 +41,25 @@ def test_gpu_scripts_know_every_catalog_arch(tmp_path):
             assert r.returncode != 0 and "no catalog arch for compute capability 120" in r.stderr
     for script in ("gpu-tests.sh", "gpu-ab.sh"):
         assert "$(ci/gpu-arch.sh)" in (ROOT / "ci" / script).read_text(), script
+
+
+def test_cuda_toolkit_build_requirements_are_all_pinned():
+    # cmake/cuda_from_pypi.cmake builds with the toolkit these wheels install: the metapackage
+    # pinned, and each component it pulls for the extras named pinned exactly (the metapackage's
+    # own "==x.y.z.*" ranges once resolved to mismatched components), under the same marker.
+    text = (ROOT / "pyproject.toml").read_text()
+    block = text[text.index("[build-system]"):text.index("build-backend")]
+    reqs = re.findall(r'^\s*"([^"]+)"', block, re.M)
+    meta = [r for r in reqs if r.startswith("cuda-toolkit[")]
+    assert len(meta) == 1 and re.search(r"\]==13\.\d+\.\d+;", meta[0]), meta
+    extras = re.search(r"\[([^\]]+)\]", meta[0]).group(1).split(",")
+    component = {"nvcc": "nvidia-cuda-nvcc", "nvvm": "nvidia-nvvm", "crt": "nvidia-cuda-crt",
+                 "cudart": "nvidia-cuda-runtime", "cccl": "nvidia-cuda-cccl", "culibos": "nvidia-cuda-culibos"}
+    assert sorted(extras) == sorted(component), extras
+    marker = meta[0].split(";", 1)[1].strip()
+    for extra, name in component.items():
+        pinned = [r for r in reqs if re.match(rf"{name}==13\.\d+\.\d+;", r)]
+        assert len(pinned) == 1 and pinned[0].split(";", 1)[1].strip() == marker, (extra, pinned)
+    # the cu12 renaming (ci/build-wheel.sh, ci/cibuildwheel.sh) drops exactly these lines
+    for script in ("build-wheel.sh", "cibuildwheel.sh"):
+        assert '/^  "cuda-toolkit\\[/d; /^  "nvidia-cuda-\\|^  "nvidia-nvvm/d' in (ROOT / "ci" / script).read_text()
