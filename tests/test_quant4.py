@@ -40,9 +40,13 @@ def test_int4_quantizer_is_exact_on_representable_weights(symmetric, group):
     packed, s, z = quant4.quantize_int4(w, group, symmetric)
     back = quant4.dequantize_int4(packed, s, z)
     assert (z is None) == symmetric and s.dtype == torch.bfloat16 and packed.shape == (N, K // 2)
-    # exact up to the zero term's rounding to the scales' dtype (bf16: 8 bits)
-    tol = 0 if symmetric else 16 * 2 ** -8
-    torch.testing.assert_close(back, w, rtol=0, atol=tol)
+    assert torch.equal(quant4.int4_values(packed), q) and torch.equal(s, scale.t())  # q and scale recovered
+    # dequantized as the kernels compute it: q * scale rounded to bf16 (symmetric); with zero
+    # terms exact up to the zero term's rounding to the scales' dtype (bf16: 8 bits)
+    if symmetric:
+        torch.testing.assert_close(back, w.bfloat16().float(), rtol=0, atol=0)
+    else:
+        torch.testing.assert_close(back, w, rtol=0, atol=16 * 2 ** -8)
 
 
 def test_int4_quantizer_error_is_small_on_random_weights():
