@@ -13,11 +13,16 @@ namespace moe_kernels {
 __device__ __forceinline__ float sigmoid_times(float x, float a) { return __fdividef(x, 1.0f + __expf(-a * x)); }
 __device__ __forceinline__ float silu(float x) { return sigmoid_times(x, 1.0f); }
 __device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+// PyTorch's gelu(approximate="tanh") (Hugging Face's gelu_pytorch_tanh).
+__device__ __forceinline__ float gelu_tanh(float x) {
+  return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+}
 
 template <int kAct>
 __device__ __forceinline__ float activate(float gate, float up, float alpha, float limit) {
   if constexpr (kAct == MOEK_ACT_SWIGLU) return silu(gate) * up;
   if constexpr (kAct == MOEK_ACT_GEGLU) return gelu(gate) * up;
+  if constexpr (kAct == MOEK_ACT_GEGLU_TANH) return gelu_tanh(gate) * up;
   if constexpr (kAct == MOEK_ACT_SWIGLU_OAI) {
     const float g = fminf(gate, limit);
     const float u = fminf(fmaxf(up, -limit), limit);
@@ -29,6 +34,7 @@ __device__ __forceinline__ float activate(float gate, float up, float alpha, flo
     const float r = fmaxf(gate, 0.0f);
     return r * r;
   }
+  if constexpr (kAct == MOEK_ACT_RELU) return fmaxf(gate, 0.0f);
   return gate;  // identity
 }
 

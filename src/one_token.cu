@@ -48,9 +48,11 @@ size_t static_smem() {
         take(kernel_of<__half, MOEK_ACT_SWIGLU, kStream>(block));
         take(kernel_of<__half, MOEK_ACT_GEGLU, kStream>(block));
         take(kernel_of<__half, MOEK_ACT_SWIGLU_OAI, kStream>(block));
+        take(kernel_of<__half, MOEK_ACT_GEGLU_TANH, kStream>(block));
         take(kernel_of<__nv_bfloat16, MOEK_ACT_SWIGLU, kStream>(block));
         take(kernel_of<__nv_bfloat16, MOEK_ACT_GEGLU, kStream>(block));
         take(kernel_of<__nv_bfloat16, MOEK_ACT_SWIGLU_OAI, kStream>(block));
+        take(kernel_of<__nv_bfloat16, MOEK_ACT_GEGLU_TANH, kStream>(block));
       }
     };
     take_form(std::false_type{});
@@ -74,7 +76,7 @@ int one_token_problem(const moek_shape& s, int sm_count, int smem_optin, char* w
   const bool block = s.act_format == MOEK_ACT_FORMAT_FP8_ROW128 && s.weight_format == MOEK_WEIGHT_FORMAT_E4M3_BLOCK128;
   if (!block && !(s.act_format == MOEK_ACT_FORMAT_FP8_ROW && s.weight_format == MOEK_WEIGHT_FORMAT_E4M3))
     return why_not(why, n, "one_token is for quant fp8 and fp8_block only");
-  if (!is_gated(s.activation)) return why_not(why, n, "one_token needs a gated activation (swiglu, geglu, swiglu_oai)");
+  if (!is_gated(s.activation)) return why_not(why, n, "one_token needs a gated activation (swiglu, geglu, swiglu_oai, geglu_tanh)");
   if (k > kMaxSlots) return why_not(why, n, "one_token takes top_k <= %d, not %lld", kMaxSlots, k);
   if (H % 64 || I % 64)
     return why_not(why, n, "one_token needs hidden_size (%lld) and intermediate_size (%lld) multiples of 64", H, I);

@@ -220,10 +220,14 @@ class Activation(_Choice):
     GELU = "gelu"
     RELU2 = "relu2"            # relu(x) ** 2
     IDENTITY = "identity"
+    # Appended (the C codes are positions): Gemma's experts (gelu_pytorch_tanh), and the plain
+    # ReLU of Switch Transformers and NLLB-MoE.
+    GEGLU_TANH = "geglu_tanh"  # gelu(gate, tanh approximation) * up
+    RELU = "relu"
 
     @property
     def gated(self) -> bool:
-        return self in (Activation.SWIGLU, Activation.GEGLU, Activation.SWIGLU_OAI)
+        return self in (Activation.SWIGLU, Activation.GEGLU, Activation.SWIGLU_OAI, Activation.GEGLU_TANH)
 
     @property
     def code(self) -> int:

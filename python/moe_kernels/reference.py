@@ -27,6 +27,8 @@ def apply_activation(x: torch.Tensor, act, *, swiglu_alpha: float = 1.702, swigl
             return F.silu(gate) * up
         if act is Activation.GEGLU:
             return F.gelu(gate) * up
+        if act is Activation.GEGLU_TANH:
+            return F.gelu(gate, approximate="tanh") * up
         gate = gate.clamp(max=swiglu_limit)
         up = up.clamp(min=-swiglu_limit, max=swiglu_limit)
         return gate * torch.sigmoid(swiglu_alpha * gate) * (up + 1)
@@ -36,6 +38,8 @@ def apply_activation(x: torch.Tensor, act, *, swiglu_alpha: float = 1.702, swigl
         return F.gelu(x)
     if act is Activation.RELU2:
         return F.relu(x).square()
+    if act is Activation.RELU:
+        return F.relu(x)
     return x
 
 
