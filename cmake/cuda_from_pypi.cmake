@@ -11,15 +11,11 @@ endif()
 if(NOT _major)
   set(_major 13)
 endif()
-set(_python "${Python_EXECUTABLE}")
-if(NOT _python)
-  set(_python "${Python3_EXECUTABLE}")
-endif()
-if(NOT _python)
+if(NOT Python_EXECUTABLE)  # set by scikit-build-core; a plain CMake run uses CMake's search
   return()
 endif()
 execute_process(
-  COMMAND "${_python}" -c "import importlib.util, os, sys
+  COMMAND "${Python_EXECUTABLE}" -c "import importlib.util, os, sys
 spec = importlib.util.find_spec('nvidia')
 for d in (spec.submodule_search_locations if spec else []):
     root = os.path.join(d, 'cu${_major}')

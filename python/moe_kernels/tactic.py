@@ -210,11 +210,18 @@ def _forward_problem(device: int, p: Problem, k: KernelInfo) -> str:
     return why
 
 
+_group_checks: dict = {}
+
+
 def _serves(device: int, p: Problem, k: KernelInfo) -> bool:
-    """A GEMM kernel serves any problem of its formats (4-bit ones: of scale groups it takes);
-    a forward kernel only those within its limits."""
+    """A GEMM kernel serves any problem of its formats (4-bit ones: of scale groups it takes,
+    the library's check, asked once per kernel, group and sizes); a forward kernel only those
+    within its limits."""
     if k.gemm and p.weight_group:
-        return not _native.C().check_kernel(device, k.name, p.shape)
+        key = (device, k.name, p.weight_group, p.H, p.I)
+        if key not in _group_checks:
+            _group_checks[key] = not _native.C().check_kernel(device, k.name, p.shape)
+        return _group_checks[key]
     return k.gemm or not _forward_problem(device, p, k)
 
 

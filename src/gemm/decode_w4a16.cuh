@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <type_traits>
 
+#include "gemm/decode_gemm.cuh"  // load_stream, word, mma, to_out
 #include "gemm/grouped_gemm.h"
 #include "launch.cuh"
 
@@ -50,16 +51,8 @@ struct Params {
   int group;                      // scale group along K
 };
 
-__device__ __forceinline__ uint4 load_stream(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
+using decode::load_stream;
+using decode::word;
 
 template <class T>
 __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
@@ -107,29 +100,6 @@ __device__ __forceinline__ void dequant8(uint32_t x, uint32_t (&out)[4]) {
       out[j] = mul2<T>(((r << kShift) & kMask) | ((r << 12) & 0x80008000u), kRescale);
     }
   }
-}
-
-template <class T>
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-template <class T>
-__device__ __forceinline__ T from_float(float v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16(v);
-  else return __float2half(v);
 }
 
 // The weights a block reads: 16 rows (n0 ..) of group g.
@@ -228,7 +198,7 @@ __device__ __forceinline__ void group_tile(const Params& p, const WeightTile<T>&
           const uint32_t fa[4] = {wv[0][2 * t], wv[1][2 * t], wv[0][2 * t + 1], wv[1][2 * t + 1]};
 #pragma unroll
           for (int u = 0; u < kTiles; ++u)
-            mma<T>(acc[u], fa, word(x[u][t / 2], 2 * (t % 2)), word(x[u][t / 2], 2 * (t % 2) + 1));
+            decode::mma<T>(acc[u], fa, word(x[u][t / 2], 2 * (t % 2)), word(x[u][t / 2], 2 * (t % 2) + 1));
         }
       }
     }
@@ -247,7 +217,7 @@ __device__ __forceinline__ void group_tile(const Params& p, const WeightTile<T>&
         float v = 0.f;
 #pragma unroll
         for (int ww = 0; ww < kWarps; ++ww) v += partial[ww][i / kRows][i % kRows];
-        d[int64_t(m) * ldd + col] = from_float<Out>(v);
+        d[int64_t(m) * ldd + col] = decode::to_out<Out>(v);
       }
     }
     __syncthreads();  // `partial` is reused by the next pass

@@ -1,10 +1,9 @@
 // SM90 mixed-input grouped GEMM (W4A16): D_g = X_g x dequant(W_g)^T with 4-bit weights
 // [N, K] (INT4, two per byte, K-major) and one 16-bit scale per group of `weight_group`
 // along K, converted to the activations' type in registers by CUTLASS's ptr-array RS
-// mainloop. The
-// converted operand must be the wgmma's A, so the weights are A and the tokens B, as in the
-// swap-AB schedules (src/gemm/cutlass_grouped.cuh): D^T is stored column-major, which is D
-// row-major. The scales are [K/g, N] per expert (N contiguous, as AWQ and GPTQ store them);
+// mainloop. The converted operand must be the wgmma's A, so the weights are A and the tokens
+// B, as in the swap-AB schedules (src/gemm/cutlass_grouped.cuh): D^T is stored column-major,
+// which is D row-major. The scales are [K/g, N] per expert (N contiguous, as AWQ and GPTQ store them);
 // their per-group strides are written into the workspace before each GEMM.
 #pragma once
 
