@@ -368,6 +368,115 @@ class OwnFp8(Bf16GroupedMM):
         return fused_moe(x, q13, q2, wts, ids, quant="fp8", activation=act, w13_scale=s13, w2_scale=s2)
 
 
+def _align_blocks(ids, num_experts, block):
+    """vLLM's moe_align_block_size in plain PyTorch, with no host sync: the flat (token, slot)
+    ids sorted by expert, each expert's run padded with the id T*k (no row) to a multiple of
+    `block`; the expert of each block; the padded length. All int32, on ids' device."""
+    import torch
+    flat = ids.flatten().long()
+    M, dev = flat.numel(), flat.device
+    order = torch.argsort(flat, stable=True)
+    expert = flat[order]
+    ends = torch.searchsorted(expert, torch.arange(1, num_experts + 1, device=dev))
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    padded = (counts + block - 1) // block * block
+    padded_ends = torch.cumsum(padded, 0)
+    shift = (padded_ends - padded) - (ends - counts)  # each expert's padded start minus its start
+    size = -(-(M + min(M, num_experts) * (block - 1)) // block) * block  # room for the worst padding
+    sorted_ids = torch.full((size,), M, dtype=torch.int32, device=dev)
+    sorted_ids.scatter_(0, shift[expert] + torch.arange(M, device=dev), order.to(torch.int32))
+    block_starts = torch.arange(0, size, block, device=dev)
+    expert_ids = torch.searchsorted(padded_ends, block_starts, right=True).clamp_(max=num_experts - 1)
+    return sorted_ids, expert_ids.to(torch.int32), padded_ends[-1:].to(torch.int32)
+
+
+def _humming_tensors(w, scale, weight_format):
+    """This package's prepared 4-bit weights ([E, N, K/2] packed, scales [E, K/g, N]) as
+    humming's weight schema and tensors: the same nibbles as int32 words along K (element i in
+    bits 4i), scales [E, N, K/g]. INT4's two's-complement q becomes humming's offset-binary
+    q + 8 (its symmetric uint4); MXFP4's prepared powers of two go back to E8M0 exponents."""
+    import torch
+    s = scale.transpose(1, 2)
+    config = {"dtype": "uint4", "group_size": 2 * w.shape[2] // s.shape[2]}
+    if weight_format == "int4":
+        w = w ^ 0x88
+    else:
+        config.update(dtype="float4e2m1", scale_dtype="float8e8m0")
+        s = (torch.log2(s.float()) + 127).round().to(torch.uint8).view(torch.float8_e8m0fnu)
+    return config, {"weight": w.contiguous().view(torch.int32), "weight_scale": s.contiguous()}
+
+
+class HummingMoE:
+    """humming-kernels (the vLLM project's JIT-compiled quantized GEMM library) for the 16-bit
+    activation 4-bit modes: both GEMMs are its indexed MoE GEMM (vLLM fused_moe's layout:
+    expert-sorted, block-padded (token, slot) ids), each with humming's own heuristic tile
+    config for the routed row count; the alignment, activation and weighted sum are PyTorch.
+    Its layers are built from the prepared weights once per weight tensor. Same weights and
+    arithmetic as the mode, so it is checked against the mode's reference."""
+    INDEXED = json.dumps({"gemm_type": "indexed"})
+
+    def __init__(self, weight_format: str):
+        self.weight_format = weight_format
+        self._key, self._layers, self._tiles = None, None, {}
+
+    def _layer(self, w, scale):
+        import torch
+        from humming.layer import HummingLayer
+        config, tensors = _humming_tensors(w, scale, self.weight_format)
+        with torch.device(w.device):
+            # its SM90 tiles are at least 128 wide along N: pad N (gpt-oss's 2880) to a multiple
+            layer = HummingLayer(shape_n=w.shape[1], shape_k=2 * w.shape[2], weight_config=config,
+                                 num_experts=w.shape[0], pad_n_to_multiple=128, torch_dtype=scale.dtype)
+        layer.load_from_tensors(tensors)
+        layer.transform()  # humming's repacking for this GPU
+        return layer
+
+    def weights(self, w13, w2, w13_scale, w2_scale):
+        key = (w13.data_ptr(), w2.data_ptr())
+        if self._key != key:
+            self._key, self._layers, self._tiles = None, None, {}  # the last shape's layers go first
+            self._key, self._layers = key, (self._layer(w13, w13_scale), self._layer(w2, w2_scale))
+        return self._layers
+
+    def _tile(self, layer, rows):
+        """humming's tile config for `rows` routed rows (JSON) and its M tile, the block the ids
+        are padded to; chosen once per GEMM and row count, before any graph is captured."""
+        if (id(layer), rows) not in self._tiles:
+            from humming.tune import get_heuristics_config
+            config = get_heuristics_config(layer.humming_config, shape_m=rows, gemm_type="indexed")
+            self._tiles[id(layer), rows] = (json.dumps(config), config["block_shape"][0])
+        return self._tiles[id(layer), rows]
+
+    def __call__(self, x, w13, w2, wts, ids, act, w13_scale=None, w2_scale=None):
+        from ..reference import apply_activation
+        T, k = ids.shape
+        aligned = {}  # the two GEMMs may take different M tiles
+
+        def gemm(layer, a, top_k):  # output row t*k + j: token t through its j-th expert
+            tuning, block = self._tile(layer, T * k)
+            if block not in aligned:
+                aligned[block] = _align_blocks(ids, w13.shape[0], block)
+            sorted_ids, expert_ids, padded = aligned[block]
+            return layer(a, sorted_ids=sorted_ids, expert_ids=expert_ids, num_tokens_padded=padded,
+                         top_k=top_k, compute_config=self.INDEXED, tuning_config=tuning)
+
+        l13, l2 = self.weights(w13, w2, w13_scale, w2_scale)
+        h = apply_activation(gemm(l13, x, k).float(), act).to(x.dtype)
+        y = gemm(l2, h, 1).view(T, k, -1).float() * wts.float()[..., None]
+        return y.sum(1).to(x.dtype)
+
+
+def _humming_peer(quant):
+    """(name, HummingMoE or None, why not) for a 4-bit mode."""
+    import importlib.util
+    name = "humming-kernels"
+    if MODES[quant].act != "a16":
+        return name, None, f"not for {quant}"
+    if importlib.util.find_spec("humming") is None:
+        return name, None, "not installed"
+    return name, HummingMoE(MODES[quant].weight), None
+
+
 def _vllm_triton(x, w13, w2, wts, ids, act):
     from vllm.model_executor.layers.fused_moe import fused_experts
     return fused_experts(x, w13, w2, wts, ids)
@@ -388,8 +497,9 @@ def _flashinfer_cutlass(x, w13, w2, wts, ids, act):
 
 def peers(activation, quant="bf16"):
     """(name, fn or None, why not) for every peer this benchmark knows: for fp8 and fp8_block
-    the PyTorch ones. A peer with a `reference` method is checked against what it returns,
-    within its `tolerance`, instead of the mode's reference."""
+    the PyTorch ones; for the 4-bit modes also this package's fp8 and humming-kernels. A peer
+    with a `reference` method is checked against what it returns, within its `tolerance`,
+    instead of the mode's reference."""
     import importlib.util
     import torch
     if quant == "fp8":
@@ -402,6 +512,7 @@ def peers(activation, quant="bf16"):
                 f"not in torch {torch.__version__}")]
         if MODES[quant].weight_format.bits == 4:
             out.append(("moe_kernels fp8 (same weights)", OwnFp8(MODES[quant].weight), ""))
+            out.append(_humming_peer(quant))
         return out
     if quant not in ("bf16", "fp16"):
         return [(n, None, f"not compared for {quant}") for n in
