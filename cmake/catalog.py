@@ -53,13 +53,16 @@ DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cut
 # fp8_block at many rows per expert (src/gemm/sm90/contiguous_gemm.cuh: one descriptor per
 # operand for all experts, tiles taken from a counter, an expert's last M tile cut to the
 # 64-row half with rows in it). "forward": the whole forward of one token as one kernel
-# (src/one_token.cuh), a tactic of its own rather than a GEMM.
+# (src/one_token.cuh), a tactic of its own rather than a GEMM. "tiled": our own W4A16 kernel
+# for many rows per expert (src/gemm/tiled_w4a16.cuh: mma.sync, 128 weight rows by tile_m
+# tokens per block, the 4-bit weights dequantized once per block tile, any scale group of 32
+# or more, zero terms), for what CUTLASS's mixed-input mainloop cannot take (MXFP4's groups of 32).
 SCHEDULE_KINDS = {"pingpong": ("grouped", False), "coop": ("grouped", False),
                   "coop_swapab": ("grouped", True), "1sm": ("grouped", False),
                   "2sm": ("grouped", False), "decode": ("decode", False),
-                  "contig": ("contiguous", False), "one_token": ("forward", False)}
-KINDS = ("grouped", "decode", "contiguous", "forward")  # C codes: positions here
-SCHEDULES = {"sm90": ("pingpong", "coop", "coop_swapab", "decode", "contig", "one_token"),
+                  "contig": ("contiguous", False), "one_token": ("forward", False), "tiled": ("tiled", False)}
+KINDS = ("grouped", "decode", "contiguous", "forward", "tiled")  # C codes: positions here
+SCHEDULES = {"sm90": ("pingpong", "coop", "coop_swapab", "decode", "contig", "one_token", "tiled"),
              "sm100": ("1sm", "2sm", "decode", "one_token")}
 DECODE_TILE_N = (16, 64)
 
@@ -67,7 +70,9 @@ DECODE_TILE_N = (16, 64)
 # long K). "fastaccum": the tensor core's own accumulator all the way (what vLLM and
 # TensorRT-LLM use for per-tensor/per-channel FP8). "blockwise": DeepSeek-style scales per
 # 1x128 activation group and 128x128 weight block, applied in the mainloop (fp8_block).
-MAINLOOPS = ("", "fastaccum", "blockwise")
+# INT4's mixed-input mainloop: "zero" takes additive zero terms (asymmetric INT4, AWQ); a
+# build of that mainloop serves only weights with them, the plain one only weights without.
+MAINLOOPS = ("", "fastaccum", "blockwise", "zero")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,15 +142,18 @@ class GemmConfig:
         # Mixed input (4-bit weights): converted in registers, so the weights must be the
         # wgmma's A operand (swap-AB), and SM90's RS mainloop is the only one here.
         mixed = self.weight_dtype != self.act_dtype
-        assert not mixed or self.schedule == "decode" or (self.swapped and self.arch == "90a"), \
-            f"{self.name}: mixed input is SM90 swap-AB or decode"
+        assert not mixed or self.schedule in ("decode", "tiled") or (self.swapped and self.arch == "90a"), \
+            f"{self.name}: mixed input is SM90 swap-AB, decode or tiled"
+        assert self.schedule != "tiled" or mixed, f"{self.name}: tiled is for 4-bit weights"
         family = ARCHS[self.arch]["family"]
         assert self.schedule in SCHEDULES[family], f"{self.name}: not a {family} schedule"
         assert self.mainloop in MAINLOOPS, f"{self.name}: mainloop"
         # The block-scaled mainloop is what the 128x128 weight blocks need, and only they.
         assert (self.mainloop == "blockwise") == (self.spec.weight == "e4m3_block128"), \
             f"{self.name}: blockwise mainloop iff 128x128 weight blocks"
-        assert not self.mainloop or self.act_dtype == "e4m3", f"{self.name}: mainloops are for E4M3"
+        assert self.mainloop != "zero" or (mixed and self.weight_dtype == "int4" and self.schedule != "decode"), \
+            f"{self.name}: the zero mainloop is CUTLASS's mixed-input one with INT4"
+        assert self.mainloop in ("", "zero") or self.act_dtype == "e4m3", f"{self.name}: mainloops are for E4M3"
         if self.kind == "forward":
             assert self.mode in ("fp8", "fp8_block") and (self.tile_m, self.tile_n, self.tile_k) == (0, 0, 0), \
                 f"{self.name}: one_token is an fp8/fp8_block forward without tiles"
@@ -153,6 +161,10 @@ class GemmConfig:
         # wgmma reads 32 bytes of K per instruction: K tiles of 64 (16-bit) or 128 (8-bit).
         if mixed and self.schedule == "decode":  # src/gemm/decode_w4a16.cuh: K steps of 128 values
             assert (self.tile_n, self.tile_k) == (16, 128) and self.tile_m in (8, 16), f"{self.name}: W4 decode tile"
+        elif self.schedule == "tiled":  # src/gemm/tiled_w4a16.cuh: 128 rows, K stages of 64 values
+            assert (self.tile_n, self.tile_k) == (128, 64) and self.tile_m in (16, 32, 64) and \
+                (self.cluster_m, self.cluster_n) == (1, 1) and not self.mainloop, f"{self.name}: W4 tiled tile"
+            return
         else:
             assert self.tile_k * (1 if self.act_dtype == "e4m3" else 2) == 128, f"{self.name}: tile_k"
         # SM100's FP8 MMA accumulates in fp32 (no fast-accumulation variant); blockwise is
@@ -275,13 +287,16 @@ _SM90_FP8_BLOCK_SWAPAB = [
 
 # W4A16 INT4 (SM90, CUTLASS's mixed-input ptr-array mainloop, group scales, the weights as the
 # converted A operand): 128 weight rows by 16, 64 or 128 tokens, K tiles of 64.
-_SM90_W4A16_INT4_FULL = [(m, 128, 64, 1, 1, "coop_swapab") for m in (16, 64, 128)]
-_SM90_W4A16_INT4_MINIMAL = [(64, 128, 64, 1, 1, "coop_swapab")]
+_SM90_W4A16_INT4_FULL = [(m, 128, 64, 1, 1, "coop_swapab", z) for m in (16, 64, 128) for z in ("", "zero")]
+_SM90_W4A16_INT4_MINIMAL = [(64, 128, 64, 1, 1, "coop_swapab", z) for z in ("", "zero")]
 # W4A16 decode (src/gemm/decode_w4a16.cuh, mma.sync): 8 or 16 tokens per pass, 16 weight rows
 # per block, K steps of 128 values; both 4-bit formats.
 _SM90_W4A16_DECODE = [(m, 16, 128, 1, 1, "decode") for m in (8, 16)]
-# W4A16 MXFP4 has no prefill kernel yet: CUTLASS's mixed-input mainloop loads one scale per K
-# tile and needs K tiles of 64 or more (four wgmma k-blocks), MXFP4 has a scale per 32.
+# W4A16 past the decode kernel where CUTLASS's mixed-input mainloop cannot serve (it loads one
+# scale per K tile of 64 or more; MXFP4 has a scale per 32): our tiled kernel
+# (src/gemm/tiled_w4a16.cuh), 32 or 64 tokens per tile.
+_SM90_W4A16_TILED_FULL = [(m, 128, 64, 1, 1, "tiled") for m in (32, 64)]
+_SM90_W4A16_TILED_MINIMAL = [(64, 128, 64, 1, 1, "tiled")]
 
 # Decode: 8 or 16 tokens per pass over an expert's weights (in registers); more rows make
 # more passes, so these are for a few rows per expert only. K steps of 128 bytes. On SM100
@@ -310,7 +325,7 @@ _SM100_16BIT_MINIMAL = [(256, 256, 0, 2, 1, "2sm")]
 _SM100_FP8_MINIMAL = [(128, 256, 128, 1, 1, "1sm"), _SM100_FP8_BLOCK_FULL[0]]
 
 
-def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4=()):
+def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4=(), sm90_w4_tiled=()):
     """Each family's 16-bit and FP8 tiles, all built with bf16 (output); fp16: by family, the
     (16-bit, FP8) tiles also built with fp16. The decode kernels come in every form."""
     fp8_decode = _DECODE + [(*t, "blockwise") for t in _DECODE]
@@ -325,8 +340,10 @@ def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4=()):
         rows += [GemmConfig(arch, mode, 0, 0, 0, 1, 1, "one_token", out, "blockwise" if mode == "fp8_block" else "")
                  for mode in ("fp8", "fp8_block") for out in ("bf16", "fp16")]
         if v["family"] == "sm90":
-            rows += [r for out in ("bf16", "fp16") for r in _rows(arch, "w4a16_int4", sm90_int4 + _SM90_W4A16_DECODE, out)]
-            rows += [r for out in ("bf16", "fp16") for r in _rows(arch, "w4a16_mxfp4", _SM90_W4A16_DECODE, out)]
+            rows += [r for out in ("bf16", "fp16")
+                     for r in _rows(arch, "w4a16_int4", sm90_int4 + _SM90_W4A16_DECODE + sm90_w4_tiled, out)]
+            rows += [r for out in ("bf16", "fp16")
+                     for r in _rows(arch, "w4a16_mxfp4", _SM90_W4A16_DECODE + sm90_w4_tiled, out)]
     return rows
 
 
@@ -334,7 +351,7 @@ _SM90_FP8_ALL = _SM90_FP8_FULL + _SM90_FP8_BLOCK_FULL + _SM90_FP8_BLOCK_SWAPAB
 CATALOG = {
     "full": _subset(_SM90_16BIT_FULL, _SM90_FP8_ALL, _SM100_FULL, _SM100_FP8_FULL,
                     {"sm90": (_SM90_16BIT_FULL, _SM90_FP8_ALL), "sm100": (_SM100_FULL, _SM100_FP8_FULL)},
-                    _SM90_W4A16_INT4_FULL),
+                    _SM90_W4A16_INT4_FULL, _SM90_W4A16_TILED_FULL),
     # fp16 on SM90 in the minimal set: both 16-bit tiles, one prefill tile per FP8 mode and our
     # contiguous kernel (with the decode kernels, every routing has a kernel), so that form is
     # built and tested in CI and on the GPU too.
@@ -342,7 +359,7 @@ CATALOG = {
                        _SM100_16BIT_MINIMAL, _SM100_FP8_MINIMAL,
                        {"sm90": (_SM90_16BIT_MINIMAL, _SM90_FP8_MINIMAL[1:] + _SM90_FP8_BLOCK_MINIMAL[1:]),
                         "sm100": ([], [])},
-                       _SM90_W4A16_INT4_MINIMAL),
+                       _SM90_W4A16_INT4_MINIMAL, _SM90_W4A16_TILED_MINIMAL),
 }
 
 

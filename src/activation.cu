@@ -26,7 +26,7 @@ constexpr int64_t kWarpRowsFrom = 4096;  // rows (tokens x top_k) for warp teams
 template <int kAct, typename T, typename IdT, int kFormat, class Team>
 __global__ void __launch_bounds__(256, std::is_same_v<Team, WarpTeam> ? 3 : 1)
 activation_kernel(const T* g, const T* bias, void* out, int64_t inter, const IdT* ids,
-                  int64_t expert_offset, const int32_t* offsets, const int32_t* row_src,
+                  ExpertIndex experts, const int32_t* offsets, const int32_t* row_src,
                   int num_experts, float alpha, float limit, Fp8Scales q) {
   constexpr bool kWarpRows = std::is_same_v<Team, WarpTeam>;
   const Team team;
@@ -36,7 +36,7 @@ activation_kernel(const T* g, const T* bias, void* out, int64_t inter, const IdT
   constexpr bool kGated = is_gated(kAct);
   const int64_t n1 = kGated ? 2 * inter : inter;
   const T* grow = g + r * n1;
-  const T* brow = bias ? bias + local_expert(ids, row_src[r], expert_offset) * n1 : nullptr;
+  const T* brow = bias ? bias + local_expert(ids, row_src[r], experts) * n1 : nullptr;
   // Only now the wait for GEMM1: the row's expert comes from routing, two or more launches
   // back (launch.cuh), so that chain of loads overlaps GEMM1.
   pdl_begin();
@@ -98,7 +98,7 @@ constexpr int64_t kColMaxInter = 2048;  // a thread per 8 columns, at most 256 t
 template <int kAct, typename T, typename IdT>
 __global__ void __launch_bounds__(256)
 activation_cols_kernel(const T* g, const T* bias, uint8_t* out, int64_t inter, const IdT* ids,
-                       int64_t expert_offset, const int32_t* offsets, const int32_t* row_src,
+                       ExpertIndex experts, const int32_t* offsets, const int32_t* row_src,
                        int num_experts, float alpha, float limit, Fp8Scales q) {
   __shared__ float s_amax[2][kColBatch][kColMaxInter / 256];  // [batch parity][row][warp]
   constexpr bool kGated = is_gated(kAct);
@@ -120,7 +120,7 @@ activation_cols_kernel(const T* g, const T* bias, uint8_t* out, int64_t inter, c
     uint4 graw[kColBatch], uraw[kColBatch];
 #pragma unroll
     for (int b = 0; b < kColBatch; ++b)
-      e[b] = local_expert(ids, row_src[rb + min(b, nb - 1)], expert_offset);
+      e[b] = local_expert(ids, row_src[rb + min(b, nb - 1)], experts);
     // The rows' experts come from routing: before the wait for GEMM1.
     if (rb == r0) pdl_begin();
 #pragma unroll
@@ -186,13 +186,13 @@ activation_cols_kernel(const T* g, const T* bias, uint8_t* out, int64_t inter, c
 
 template <int kAct, typename T, typename IdT, int kFormat>
 cudaError_t run(const void* g, const void* bias, void* out, int64_t max_rows, int64_t inter,
-                   const void* ids, int64_t expert_offset, const RoutingBuffers& rb,
+                   const void* ids, ExpertIndex experts, const RoutingBuffers& rb,
                    int num_experts, float alpha, float limit, const Fp8Scales& q,
                    cudaStream_t stream) {
   auto go = [&](auto team, unsigned blocks, int threads) {
     return launch(activation_kernel<kAct, T, IdT, kFormat, decltype(team)>, blocks, threads, 0,
                   stream, static_cast<const T*>(g), static_cast<const T*>(bias), out, inter,
-                  static_cast<const IdT*>(ids), expert_offset, rb.offsets, rb.row_src,
+                  static_cast<const IdT*>(ids), experts, rb.offsets, rb.row_src,
                   num_experts, alpha, limit, q);
   };
   // A warp per row, unless the row is long and the rows are few: a warp walks its row's
@@ -207,7 +207,7 @@ cudaError_t run(const void* g, const void* bias, void* out, int64_t max_rows, in
       const int threads = static_cast<int>((inter / 8 + 31) / 32 * 32);
       return launch(activation_cols_kernel<kAct, T, IdT>, static_cast<unsigned>((max_rows + kColRows - 1) / kColRows),
                     threads, 0, stream, static_cast<const T*>(g), static_cast<const T*>(bias),
-                    static_cast<uint8_t*>(out), inter, static_cast<const IdT*>(ids), expert_offset, rb.offsets,
+                    static_cast<uint8_t*>(out), inter, static_cast<const IdT*>(ids), experts, rb.offsets,
                     rb.row_src, num_experts, alpha, limit, q);
     }
   }
@@ -222,12 +222,12 @@ cudaError_t run(const void* g, const void* bias, void* out, int64_t max_rows, in
 
 template <typename T, typename IdT, int kFormat>
 cudaError_t dispatch_act(int activation, const void* g, const void* bias, void* out,
-                         int64_t max_rows, int64_t inter, const void* ids, int64_t expert_offset,
+                         int64_t max_rows, int64_t inter, const void* ids, ExpertIndex experts,
                          const RoutingBuffers& rb, int num_experts, float alpha, float limit,
                          const Fp8Scales& q, cudaStream_t stream) {
   cudaError_t err = cudaErrorInvalidValue;  // not an activation
   with_activation(activation, [&](auto act) {
-    err = run<decltype(act)::value, T, IdT, kFormat>(g, bias, out, max_rows, inter, ids, expert_offset,
+    err = run<decltype(act)::value, T, IdT, kFormat>(g, bias, out, max_rows, inter, ids, experts,
                                                       rb, num_experts, alpha, limit, q, stream);
   });
   return err;
@@ -237,14 +237,14 @@ cudaError_t dispatch_act(int activation, const void* g, const void* bias, void* 
 
 cudaError_t launch_activation(int activation, bool fp16, const void* g, const void* bias,
                               void* out, int64_t max_rows, int64_t inter_size,
-                              const void* topk_ids, bool ids_int64, int64_t expert_offset,
+                              const void* topk_ids, bool ids_int64, ExpertIndex experts,
                               const RoutingBuffers& rb, int num_experts, float alpha,
                               float limit, const Fp8Scales& q, cudaStream_t stream) {
   auto by_format = [&](auto t, auto id) {
     cudaError_t err = cudaErrorInvalidValue;  // an activation format this kernel does not write
     with_act_format(q.act_format, [&](auto format) {
       err = dispatch_act<decltype(t), decltype(id), decltype(format)::value>(
-          activation, g, bias, out, max_rows, inter_size, topk_ids, expert_offset, rb, num_experts,
+          activation, g, bias, out, max_rows, inter_size, topk_ids, experts, rb, num_experts,
           alpha, limit, q, stream);
     });
     return err;

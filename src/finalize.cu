@@ -12,13 +12,14 @@ constexpr int kThreads = 256;
 constexpr int kSlotBatch = 8;  // slot rows loaded together, so their latencies overlap
 
 // Block (t, c): token t, columns [c * kThreads * 8, ...), 8 per thread. The token's slot
-// rows and weights are read once into shared memory; each thread then loads its columns of
+// rows and weights (times weight_scale; null weights: 1, the inputs were weighted) are read
+// once into shared memory; each thread then loads its columns of
 // up to kSlotBatch rows at a time and adds them up in slot order. y is GEMM2's output as it
 // wrote it (FP8: dequantized by GEMM2).
 template <typename T, typename IdT>
 __global__ void __launch_bounds__(kThreads)
-finalize_kernel(const T* y, const T* bias, const float* weights, const IdT* ids,
-                int64_t expert_offset, const int32_t* pair_dst, T* out, int64_t hidden,
+finalize_kernel(const T* y, const T* bias, const float* weights, float weight_scale, const IdT* ids,
+                ExpertIndex experts, const int32_t* pair_dst, T* out, int64_t hidden,
                 int top_k) {
   extern __shared__ int32_t s_meta[];  // rows, experts, weights: top_k each
   int32_t* s_row = s_meta;
@@ -29,8 +30,8 @@ finalize_kernel(const T* y, const T* bias, const float* weights, const IdT* ids,
     const int64_t p = t * top_k + s;
     const int32_t row = pair_dst[p];  // -1: the expert is not on this rank
     s_row[s] = row;
-    s_w[s] = weights[p];
-    s_expert[s] = row >= 0 && bias ? static_cast<int32_t>(local_expert(ids, p, expert_offset)) : 0;
+    s_w[s] = (weights ? weights[p] : 1.f) * weight_scale;
+    s_expert[s] = row >= 0 && bias ? static_cast<int32_t>(local_expert(ids, p, experts)) : 0;
   }
   // The slots' rows and weights come from routing, two or more launches back (launch.cuh):
   // read before the wait for GEMM2, which GEMM2's rows need.
@@ -73,8 +74,8 @@ finalize_kernel(const T* y, const T* bias, const float* weights, const IdT* ids,
 }
 
 template <typename T, typename IdT>
-cudaError_t run(const void* y, const void* bias, const float* w, const void* ids,
-                   int64_t expert_offset, const RoutingBuffers& rb, void* out, int64_t tokens,
+cudaError_t run(const void* y, const void* bias, const float* w, float weight_scale, const void* ids,
+                   ExpertIndex experts, const RoutingBuffers& rb, void* out, int64_t tokens,
                    int top_k, int64_t hidden, cudaStream_t stream) {
   const int64_t vecs = hidden / 8;
   // Few tokens (decode): narrower blocks, so that each token's columns spread over more SMs.
@@ -82,19 +83,19 @@ cudaError_t run(const void* y, const void* bias, const float* w, const void* ids
   const int threads = static_cast<int>(vecs >= per_block ? per_block : (vecs + 31) / 32 * 32);
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>((vecs + threads - 1) / threads));
   return launch(finalize_kernel<T, IdT>, grid, threads, 3 * sizeof(int32_t) * top_k, stream,
-                static_cast<const T*>(y), static_cast<const T*>(bias), w,
-                static_cast<const IdT*>(ids), expert_offset, rb.pair_dst, static_cast<T*>(out),
+                static_cast<const T*>(y), static_cast<const T*>(bias), w, weight_scale,
+                static_cast<const IdT*>(ids), experts, rb.pair_dst, static_cast<T*>(out),
                 hidden, top_k);
 }
 
 }  // namespace
 
 cudaError_t launch_finalize(bool fp16, const void* y, const void* bias, const float* topk_weights,
-                            const void* topk_ids, bool ids_int64, int64_t expert_offset,
+                            float weight_scale, const void* topk_ids, bool ids_int64, ExpertIndex experts,
                             const RoutingBuffers& rb, void* out, int64_t num_tokens, int top_k,
                             int64_t hidden_size, cudaStream_t stream) {
   auto go = [&](auto t, auto id) {
-    return run<decltype(t), decltype(id)>(y, bias, topk_weights, topk_ids, expert_offset, rb, out,
+    return run<decltype(t), decltype(id)>(y, bias, topk_weights, weight_scale, topk_ids, experts, rb, out,
                                           num_tokens, top_k, hidden_size, stream);
   };
   auto by_type = [&](auto id) { return fp16 ? go(__half{}, id) : go(__nv_bfloat16{}, id); };

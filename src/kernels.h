@@ -15,6 +15,19 @@ namespace moe_kernels {
 // FP8 GEMMs also get scale pointers: SFA_e = sfa_base + offsets[e] rows of sfa_per_row floats,
 // SFB_e = sfb_base + e * sfb_per_group (fp8_block: [ceil(k/128)] per row and [ceil(n/128),
 // ceil(k/128)] per expert; fp8: one per row, and n per expert per channel or one per tensor).
+// Which local expert a global expert id is: id - offset (this rank's experts are a contiguous
+// range), or map[id] with a global-to-local map (-1: held elsewhere; ids past it: none). The
+// callers check the result against the local expert count.
+struct ExpertIndex {
+  int64_t offset;
+  const int32_t* map;  // [map_size], or null
+  int64_t map_size;
+  __host__ __device__ __forceinline__ int64_t local(int64_t id) const {
+    if (!map) return id - offset;
+    return id >= 0 && id < map_size ? map[id] : -1;
+  }
+};
+
 struct GroupSetup {
   int32_t* problem_shapes;  // [E][3]: (M, N, K)
   int32_t* problem_shapes_t;  // [E][3]: (N, M, K), for the swap-AB kernels
@@ -33,6 +46,7 @@ struct GroupSetup {
   const float** ptr_sfb;    // NULL unless the weights are scaled (INT4: 16-bit scales)
   const float* sfa_base;
   const float* sfb_base;
+  const void* zero_base;    // INT4 with zero points: 16-bit zero terms, laid out as the scales; else NULL
   int64_t sfa_per_row;      // floats
   int64_t sfb_group_bytes;  // bytes of one expert's weight scales (FP8: floats; INT4: 16-bit)
   bool sfb_per_channel;     // FP8: n weight scales per expert (else one)
@@ -72,7 +86,7 @@ struct RoutingBuffers {
 // each pair's hidden row into its expert's block of `x`: copied (16-bit), or quantized to
 // E4M3 as q.quant says, scales written to `q.row_out`.
 cudaError_t launch_routing(const void* topk_ids, bool ids_int64, int64_t num_pairs, int top_k,
-                           int64_t expert_offset, int num_experts, const void* hidden,
+                           ExpertIndex experts, int num_experts, const void* hidden,
                            bool hidden_fp16, int64_t hidden_size, void* x,
                            const Fp8Scales& q, RoutingBuffers rb, GroupSetup gemm1,
                            GroupSetup gemm2, int sm_count, cudaStream_t stream);
@@ -81,13 +95,14 @@ cudaError_t launch_routing(const void* topk_ids, bool ids_int64, int64_t num_pai
 // Both FP8 modes quantize out to E4M3 (q).
 cudaError_t launch_activation(int activation, bool fp16, const void* g, const void* bias,
                               void* out, int64_t max_rows, int64_t inter_size,
-                              const void* topk_ids, bool ids_int64, int64_t expert_offset,
+                              const void* topk_ids, bool ids_int64, ExpertIndex experts,
                               const RoutingBuffers& rb, int num_experts, float alpha,
                               float limit, const Fp8Scales& q, cudaStream_t stream);
 
-// out[t, :] = sum over slots, in slot order, of w[t, slot] * (y[row(t, slot)] + bias[e]).
+// out[t, :] = sum over slots, in slot order, of w[t, slot] * weight_scale * (y[row(t, slot)] + bias[e])
+// (w = 1 where topk_weights is null: they were applied to the inputs).
 cudaError_t launch_finalize(bool fp16, const void* y, const void* bias, const float* topk_weights,
-                            const void* topk_ids, bool ids_int64, int64_t expert_offset,
+                            float weight_scale, const void* topk_ids, bool ids_int64, ExpertIndex experts,
                             const RoutingBuffers& rb, void* out, int64_t num_tokens, int top_k,
                             int64_t hidden_size, cudaStream_t stream);
 

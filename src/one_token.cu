@@ -144,7 +144,9 @@ cudaError_t launch_one_token(const moek_args& a, float* y, int sm_count, int sme
   p.a2_scale = a.a2_scale;
   p.out = a.out;
   p.y = y;
-  p.expert_offset = s.expert_offset;
+  p.experts = ExpertIndex{s.expert_offset, a.expert_map, s.expert_map_size};
+  p.weight_scale = s.routed_scaling_factor;
+  p.unit_weights = s.router_weight_on_input;
   p.hidden_size = int(s.hidden_size);
   p.inter = int(s.inter_size);
   p.top_k = int(s.top_k);

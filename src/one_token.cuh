@@ -80,7 +80,9 @@ struct Params {
   const float* a2_scale;
   void* out;                  // [1, H] 16-bit
   float* y;                   // workspace [k, I]: the activation's output, for every CTA
-  int64_t expert_offset;
+  ExpertIndex experts;
+  float weight_scale;         // routed_scaling_factor: times every slot's weight
+  int unit_weights;           // the inputs were weighted: slots sum with weight 1
   int hidden_size, inter, top_k, num_experts;
   int ids64, w13_per_channel, w2_per_channel;
   float alpha, limit;
@@ -301,8 +303,9 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     if (lane < p.top_k) {
       const int64_t id = p.ids64 ? static_cast<const int64_t*>(p.topk_ids)[lane]
                                  : static_cast<const int32_t*>(p.topk_ids)[lane];
-      e = id - p.expert_offset < 0 || id - p.expert_offset >= p.num_experts ? -1 : int(id - p.expert_offset);
-      w = p.topk_weights[lane];
+      const int64_t local = p.experts.local(id);
+      e = local < 0 || local >= p.num_experts ? -1 : int(local);
+      w = (p.unit_weights ? 1.f : p.topk_weights[lane]) * p.weight_scale;
     }
     const unsigned local = __ballot_sync(0xffffffffu, e >= 0);  // -1: another rank's expert (or -1)
     if (e >= 0) {

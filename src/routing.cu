@@ -19,7 +19,7 @@ constexpr int kScanThreads = 1024;
 constexpr int64_t kSmallRoutingPairs = 8 * kScanThreads;
 
 template <typename IdT, bool kSmem>
-__global__ void histogram_kernel(const IdT* ids, int64_t num_pairs, int64_t expert_offset,
+__global__ void histogram_kernel(const IdT* ids, int64_t num_pairs, ExpertIndex experts,
                                  int num_experts, int32_t* counts) {
   extern __shared__ int32_t s_counts[];
   pdl_begin();
@@ -29,7 +29,7 @@ __global__ void histogram_kernel(const IdT* ids, int64_t num_pairs, int64_t expe
   }
   for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < num_pairs;
        p += int64_t(gridDim.x) * blockDim.x) {
-    int64_t e = local_expert(ids, p, expert_offset);
+    int64_t e = local_expert(ids, p, experts);
     if (e >= 0 && e < num_experts) atomicAdd(kSmem ? &s_counts[e] : &counts[e], 1);
   }
   if constexpr (kSmem) {
@@ -128,7 +128,7 @@ build_groups_kernel(const int32_t* counts, int num_experts, int32_t* offsets, Gr
 // claimed in arrival order; any order gives the same GEMM rows, so results do not depend on it.
 template <typename IdT>
 __global__ void __launch_bounds__(kScanThreads)
-route_small_kernel(const IdT* ids, int64_t num_pairs, int64_t expert_offset, int num_experts,
+route_small_kernel(const IdT* ids, int64_t num_pairs, ExpertIndex experts, int num_experts,
                    int32_t* offsets, int32_t* row_src, int32_t* pair_dst, GroupSetup g1,
                    GroupSetup g2) {
   extern __shared__ int32_t s_counts[];  // counts, then the next free row per expert
@@ -136,13 +136,13 @@ route_small_kernel(const IdT* ids, int64_t num_pairs, int64_t expert_offset, int
   for (int i = threadIdx.x; i < num_experts; i += blockDim.x) s_counts[i] = 0;
   __syncthreads();
   for (int64_t p = threadIdx.x; p < num_pairs; p += blockDim.x) {
-    const int64_t e = local_expert(ids, p, expert_offset);
+    const int64_t e = local_expert(ids, p, experts);
     if (e >= 0 && e < num_experts) atomicAdd(&s_counts[e], 1);
   }
   __syncthreads();
   scan_experts(s_counts, num_experts, offsets, g1, g2, s_counts);
   for (int64_t p = threadIdx.x; p < num_pairs; p += blockDim.x) {
-    const int64_t e = local_expert(ids, p, expert_offset);
+    const int64_t e = local_expert(ids, p, experts);
     int32_t row = -1;
     if (e >= 0 && e < num_experts) {
       row = atomicAdd(&s_counts[e], 1);
@@ -239,7 +239,7 @@ expand_kernel(const int32_t* pair_dst, int top_k, const T* hidden, void* x, int6
 // the block expands the token's hidden row to them.
 template <typename IdT, typename T, int kFormat>
 __global__ void __launch_bounds__(256)
-scatter_expand_kernel(const IdT* ids, int top_k, int64_t expert_offset, int num_experts,
+scatter_expand_kernel(const IdT* ids, int top_k, ExpertIndex experts, int num_experts,
                       const int32_t* offsets, int32_t* cursors, int32_t* row_src,
                       int32_t* pair_dst, const T* hidden, void* x, int64_t hidden_size,
                       Fp8Scales q) {
@@ -248,7 +248,7 @@ scatter_expand_kernel(const IdT* ids, int top_k, int64_t expert_offset, int num_
   const int64_t t = blockIdx.x;
   for (int s = threadIdx.x; s < top_k; s += blockDim.x) {
     const int64_t p = t * top_k + s;
-    const int64_t e = local_expert(ids, p, expert_offset);
+    const int64_t e = local_expert(ids, p, experts);
     int32_t row = -1;
     if (e >= 0 && e < num_experts) {
       row = offsets[e] + atomicAdd(&cursors[e], 1);
@@ -263,7 +263,7 @@ scatter_expand_kernel(const IdT* ids, int top_k, int64_t expert_offset, int num_
 }
 
 template <typename IdT, typename T, int kFormat>
-cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert_offset,
+cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, ExpertIndex experts,
                     int num_experts, const T* hidden, int64_t hidden_size, void* x,
                     const Fp8Scales& q, RoutingBuffers rb, GroupSetup g1, GroupSetup g2,
                     int sm_count, cudaStream_t stream) {
@@ -273,7 +273,7 @@ cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert
   const size_t rows_smem = sizeof(int32_t) * top_k;
   if (num_pairs <= kSmallRoutingPairs && num_experts <= kSmemHistogramExperts) {
     err = launch(route_small_kernel<IdT>, 1, kScanThreads, num_experts * sizeof(int32_t), stream,
-                 ids, num_pairs, expert_offset, num_experts, rb.offsets, rb.row_src, rb.pair_dst,
+                 ids, num_pairs, experts, num_experts, rb.offsets, rb.row_src, rb.pair_dst,
                  g1, g2);
     if (err != cudaSuccess) return err;
     const bool split = expand_splits(kFormat, q) && hidden_size > kExpandChunk;
@@ -289,9 +289,9 @@ cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert
   const int blocks = static_cast<int>(want < 2 * sm_count ? want : 2 * sm_count);
   if (num_experts <= kSmemHistogramExperts) {
     histogram_kernel<IdT, true><<<blocks, hist_threads, num_experts * sizeof(int32_t), stream>>>(
-        ids, num_pairs, expert_offset, num_experts, rb.counts);
+        ids, num_pairs, experts, num_experts, rb.counts);
   } else {
-    histogram_kernel<IdT, false><<<blocks, hist_threads, 0, stream>>>(ids, num_pairs, expert_offset,
+    histogram_kernel<IdT, false><<<blocks, hist_threads, 0, stream>>>(ids, num_pairs, experts,
                                                                  num_experts, rb.counts);
   }
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
@@ -299,14 +299,14 @@ cudaError_t routing(const IdT* ids, int64_t num_pairs, int top_k, int64_t expert
                rb.offsets, g1, g2);
   if (err != cudaSuccess) return err;
   return launch(scatter_expand_kernel<IdT, T, kFormat>, tokens, threads, rows_smem, stream, ids,
-                top_k, expert_offset, num_experts, rb.offsets, rb.cursors, rb.row_src,
+                top_k, experts, num_experts, rb.offsets, rb.cursors, rb.row_src,
                 rb.pair_dst, hidden, x, hidden_size, q);
 }
 
 }  // namespace
 
 cudaError_t launch_routing(const void* topk_ids, bool ids_int64, int64_t num_pairs, int top_k,
-                           int64_t expert_offset, int num_experts, const void* hidden,
+                           ExpertIndex experts, int num_experts, const void* hidden,
                            bool hidden_fp16, int64_t hidden_size, void* x,
                            const Fp8Scales& q, RoutingBuffers rb, GroupSetup gemm1,
                            GroupSetup gemm2, int sm_count, cudaStream_t stream) {
@@ -316,7 +316,7 @@ cudaError_t launch_routing(const void* topk_ids, bool ids_int64, int64_t num_pai
     cudaError_t err = cudaErrorInvalidValue;  // an activation format routing does not implement
     with_act_format(q.act_format, [&](auto format) {
       err = routing<IdT, T, decltype(format)::value>(
-          static_cast<const IdT*>(topk_ids), num_pairs, top_k, expert_offset, num_experts,
+          static_cast<const IdT*>(topk_ids), num_pairs, top_k, experts, num_experts,
           static_cast<const T*>(hidden), hidden_size, x, q, rb, gemm1, gemm2, sm_count, stream);
     });
     return err;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 
 #include "gemm/grouped_gemm.h"
@@ -121,12 +122,18 @@ int check_for_problem(const KernelEntry& k, const moek_shape& s, const DeviceLim
   if (!kernel_fits(k, s))
     return fail(err, errlen, MOEK_INVALID_ARGUMENT, "kernel %s is for %s with %s out; the problem is %s with %s out",
                 k.info.name, k.info.mode, dtype_name(k.info.out_dtype), mode_of(s)->name, dtype_name(s.dtype));
-  // CUTLASS's mixed-input mainloop loads one weight scale per K tile.
+  // CUTLASS's mixed-input mainloop loads one weight scale per K tile, and is built with zero
+  // points or without.
   if (k.info.kind == MOEK_KERNEL_GROUPED && kWeightFormats[s.weight_format].group_scales16 &&
       s.weight_group % k.info.tile_k)
     return fail(err, errlen, MOEK_UNSUPPORTED,
                 "kernel %s takes scale groups that are multiples of its K tile (%d); the weights have groups of %d",
                 k.info.name, k.info.tile_k, s.weight_group);
+  const bool zero_mainloop = strcmp(k.info.mainloop, "zero") == 0;
+  if (k.info.kind == MOEK_KERNEL_GROUPED && kWeightFormats[s.weight_format].zero_point &&
+      zero_mainloop != (s.weight_zero != 0))
+    return fail(err, errlen, MOEK_UNSUPPORTED, "kernel %s is built %s zero points; the weights have %s",
+                k.info.name, zero_mainloop ? "for" : "without", s.weight_zero ? "them" : "none");
   if (k.info.kind == MOEK_KERNEL_FORWARD) {
     char why[256];
     if (one_token_problem(s, d.sm_count, d.smem_optin, why, sizeof(why)))
@@ -204,6 +211,19 @@ int validate_shape(const moek_shape& s, char* err, size_t errlen) {
     return fail(err, errlen, MOEK_INVALID_ARGUMENT,
                 "%s: hidden_size=%lld and inter_size=%lld must be multiples of %d (%s)", mode->name,
                 (long long)s.hidden_size, (long long)s.inter_size, mode->align, mode->why_align);
+  if ((s.weight_zero != 0 && s.weight_zero != 1) || (s.weight_zero && !wf.zero_point))
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "%s: weight_zero=%d, expected %s", mode->name, s.weight_zero,
+                wf.zero_point ? "0 or 1" : "0 (the weight format has no zero points)");
+  if (s.router_weight_on_input != 0 && s.router_weight_on_input != 1)
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "router_weight_on_input=%d, expected 0 or 1",
+                s.router_weight_on_input);
+  if (!std::isfinite(s.routed_scaling_factor))
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "routed_scaling_factor=%g, expected a finite number",
+                s.routed_scaling_factor);
+  if (s.expert_map_size < 0 || s.expert_map_size > INT32_MAX || (s.expert_map_size > 0 && s.expert_offset != 0))
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT, "expert_map_size=%lld with expert_offset=%lld, expected "
+                "0 (no map), or a positive size with expert_offset 0", (long long)s.expert_map_size,
+                (long long)s.expert_offset);
   return MOEK_OK;
 }
 
@@ -239,7 +259,7 @@ Layout plan(const moek_shape& s, int sm_count) {
 // sfb_per_channel: FP8's weight scales are per output column (else one per expert).
 GroupSetup group_setup(char* ws, size_t at, const moek_shape& s, const void* a, const void* b,
                        void* d, int64_t n, int64_t k, const float* sfa, const float* sfb,
-                       bool sfb_per_channel, int32_t* active) {
+                       bool sfb_per_channel, const void* zero, int32_t* active) {
   const int64_t e = s.num_experts;
   char* p = ws + at;
   GroupSetup g{};
@@ -262,6 +282,7 @@ GroupSetup group_setup(char* ws, size_t at, const moek_shape& s, const void* a, 
   if (!weight_scaled(s)) g.ptr_sfb = nullptr;
   g.sfa_base = sfa;
   g.sfb_base = sfb;
+  g.zero_base = s.weight_zero ? zero : nullptr;
   g.sfa_per_row = scales_per_row(s, k);
   switch (s.weight_format) {  // the weights' scales per expert
     case MOEK_WEIGHT_FORMAT_E4M3_BLOCK128:
@@ -314,6 +335,7 @@ GroupedGemmArgs gemm_args(const GroupSetup& g, int e, int64_t rows, const int32_
   a.ptr_sfb = g.ptr_sfb;
   a.sfb_per_channel = g.sfb_per_channel;
   a.weight_group = g.weight_group;
+  a.zero_base = g.zero_base;
   a.workspace = ws;
   a.device = device;
   a.sm_count = sms;
@@ -386,6 +408,8 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
       {a->w13_scale, s.w13_scale_per_channel || s.weight_group ? 16u : 4u, "w13_scale", weight_scaled(s)},
       {a->w2_scale, s.w2_scale_per_channel || s.weight_group ? 16u : 4u, "w2_scale", weight_scaled(s)},
       {a->a13_scale, 4, "a13_scale", false}, {a->a2_scale, 4, "a2_scale", false},
+      {a->w13_zero, 16, "w13_zero", s.weight_zero != 0}, {a->w2_zero, 16, "w2_zero", s.weight_zero != 0},
+      {a->expert_map, 4, "expert_map", s.expert_map_size > 0},
       {a->workspace, kAlign, "workspace", true}};
   for (const auto& p : ptrs) {
     if (!p.p && p.required)
@@ -394,6 +418,9 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
       return fail(err, errlen, MOEK_INVALID_ARGUMENT, "%s at %p is not %zu-byte aligned",
                   p.name, p.p, p.align);
   }
+  if ((!s.weight_zero && (a->w13_zero || a->w2_zero)) || (!s.expert_map_size && a->expert_map))
+    return fail(err, errlen, MOEK_INVALID_ARGUMENT,
+                "w13_zero/w2_zero must be NULL without weight_zero, expert_map without expert_map_size");
   if (!act_format(s).static_scale && (a->a13_scale || a->a2_scale))
     return fail(err, errlen, MOEK_INVALID_ARGUMENT,
                 "%s: activation format %s takes no static scale: a13_scale and a2_scale must be NULL",
@@ -475,10 +502,10 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   int32_t* active = reinterpret_cast<int32_t*>(ws + L.active);
   GroupSetup g1 = group_setup(ws, L.groups[0], s, ws + L.x, a->w13, ws + L.g, n1, s.hidden_size,
                               x_scale, static_cast<const float*>(a->w13_scale),
-                              s.w13_scale_per_channel != 0, active);
+                              s.w13_scale_per_channel != 0, a->w13_zero, active);
   GroupSetup g2 = group_setup(ws, L.groups[1], s, ws + L.a, a->w2, ws + L.x, s.hidden_size,
                               s.inter_size, a_scale, static_cast<const float*>(a->w2_scale),
-                              s.w2_scale_per_channel != 0, active);
+                              s.w2_scale_per_channel != 0, a->w2_zero, active);
   Fp8Scales q_in, q_mid;
   q_in.act_format = q_mid.act_format = s.act_format;
   q_in.static_out = a->a13_scale;
@@ -503,7 +530,8 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   if (int st = k1->ops->check(args1, err, errlen)) return st;
   if (int st = k2->ops->check(args2, err, errlen)) return st;
 
-  MOEK_CUDA_TRY(launch_routing(a->topk_ids, ids64, rows, top_k, s.expert_offset, e, a->hidden,
+  const ExpertIndex experts{s.expert_offset, a->expert_map, s.expert_map_size};
+  MOEK_CUDA_TRY(launch_routing(a->topk_ids, ids64, rows, top_k, experts, e, a->hidden,
                                fp16, s.hidden_size, ws + L.x, q_in, rb, g1, g2, d.sm_count,
                                stream),
                 "routing");
@@ -517,14 +545,14 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   if (last <= 2) return MOEK_OK;
   if (!fuse_act)
     MOEK_CUDA_TRY(launch_activation(s.activation, fp16, ws + L.g, a->w13_bias, ws + L.a, rows,
-                                    s.inter_size, a->topk_ids, ids64, s.expert_offset, rb, e,
+                                    s.inter_size, a->topk_ids, ids64, experts, rb, e,
                                     s.act_alpha, s.act_limit, q_mid, stream),
                   "activation");
   if (last <= 3) return MOEK_OK;
   if (int st = k2->ops->run(args2, err, errlen)) return st;
   if (last <= 4) return MOEK_OK;
-  MOEK_CUDA_TRY(launch_finalize(fp16, ws + L.x, a->w2_bias, a->topk_weights, a->topk_ids, ids64,
-                                s.expert_offset, rb, a->out, s.num_tokens, top_k, s.hidden_size,
+  MOEK_CUDA_TRY(launch_finalize(fp16, ws + L.x, a->w2_bias, s.router_weight_on_input ? nullptr : a->topk_weights,
+                                s.routed_scaling_factor, a->topk_ids, ids64, experts, rb, a->out, s.num_tokens, top_k, s.hidden_size,
                                 stream),
                 "finalize");
   return MOEK_OK;

@@ -8,6 +8,7 @@
 
 #include <type_traits>
 
+#include "kernels.h"  // ExpertIndex
 #include "moe_kernels/c_api.h"
 
 namespace moe_kernels {
@@ -190,10 +191,10 @@ __device__ __forceinline__ void quantize_row(Team team, F value, int64_t n,
   }
 }
 
-// topk_ids come as int32 or int64; the expert index relative to this rank's first expert.
+// topk_ids come as int32 or int64.
 template <typename IdT>
-__device__ __forceinline__ int64_t local_expert(const IdT* ids, int64_t pair, int64_t expert_offset) {
-  return static_cast<int64_t>(ids[pair]) - expert_offset;
+__device__ __forceinline__ int64_t local_expert(const IdT* ids, int64_t pair, const ExpertIndex& experts) {
+  return experts.local(static_cast<int64_t>(ids[pair]));
 }
 
 }  // namespace moe_kernels

@@ -16,7 +16,7 @@ W4A16 = ("w4a16_int4", "w4a16_mxfp4")
 
 def make_problem(T, E, k, H, I, *, dtype="bf16", gated=True, bias=False, ids_dtype=torch.int32,
                  device="cuda", seed=None, ids=None, global_experts=None, granularity="channel",
-                 act_dtype=None, group=128):
+                 act_dtype=None, group=128, symmetric=True):
     """Fresh random inputs; weights scaled so every stage stays O(1). act_dtype ("bf16" or
     "fp16"): the FP8 modes' hidden states, biases and output type (default bf16)."""
     g = torch.Generator(device="cpu")
@@ -43,11 +43,13 @@ def make_problem(T, E, k, H, I, *, dtype="bf16", gated=True, bias=False, ids_dty
     if bias:
         p["w13_bias"] = randn(E, n1, scale=0.5)
         p["w2_bias"] = randn(E, H, scale=0.5)
-    if dtype in W4A16:  # symmetric INT4 (GPTQ-like) in groups of `group`, or MXFP4; scales for the hidden dtype
+    if dtype in W4A16:  # INT4 in groups of `group` (symmetric: GPTQ-like; else AWQ-like zero terms), or MXFP4
         from moe_kernels.prepare import quantize_weights
         q = quantize_weights(p["w13"], p["w2"], quant=dtype, group_size=group, scale_dtype=dt,
-                             activation="swiglu" if gated else "silu")
+                             activation="swiglu" if gated else "silu", symmetric=symmetric)
         p.update(w13=q["w13"], w2=q["w2"], w13_scale=q["w13_scale"], w2_scale=q["w2_scale"], quant=dtype)
+        if q.get("w13_zero") is not None:
+            p.update(w13_zero=q["w13_zero"], w2_zero=q["w2_zero"])
     if dtype in ("fp8", "fp8_block"):  # p["quant"]: the mode, passed to fused_moe and reference
         from moe_kernels.prepare import quantize_weights
         q = quantize_weights(p["w13"], p["w2"], quant=dtype,
@@ -58,7 +60,7 @@ def make_problem(T, E, k, H, I, *, dtype="bf16", gated=True, bias=False, ids_dty
     return p
 
 
-SCALES = ("w13_scale", "w2_scale", "a13_scale", "a2_scale")
+SCALES = ("w13_scale", "w2_scale", "a13_scale", "a2_scale", "w13_zero", "w2_zero")
 
 
 def scale_kwargs(p):

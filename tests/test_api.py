@@ -1,4 +1,5 @@
 """Public API, validation and the reference (CPU only: run in CI)."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -181,7 +182,7 @@ def test_no_integer_tactic_in_public_signatures():
 
 
 _KINDS = {"decode": ("decode", False), "contig": ("contiguous", False), "coop_swapab": ("grouped", True),
-          "one_token": ("forward", False)}
+          "one_token": ("forward", False), "tiled": ("tiled", False)}
 
 
 def _info(name, mode, tile, sched, cluster=(1, 1), mainloop=""):
@@ -213,6 +214,25 @@ def test_default_rule():
     gpt_oss = dict(top_k=4, num_experts=128, hidden_size=2880, gemm1_n=5760, sm_count=132)
     assert default_tactic(ks, num_tokens=12288, **gpt_oss) == Tactic("p64x256", "p64x256")  # 384 rows
     assert default_tactic(ks, num_tokens=12320, **gpt_oss) == Tactic("c128x256", "c128x256")  # 385
+
+
+def test_default_rule_four_bit():
+    def k(name, tm, tn, sched, quant, tk=64):
+        return _info(name, quant, (tm, tn, tk), sched)
+    decode = [k(f"d{m}", m, 16, "decode", "w4a16_mxfp4", 128) for m in (8, 16)]
+    tiled = [k(f"t{m}", m, 128, "tiled", "w4a16_mxfp4") for m in (32, 64)]
+    gpt_oss = dict(top_k=4, num_experts=128, hidden_size=2880, gemm1_n=5760, sm_count=132)
+    # MXFP4 (no CUTLASS kernel takes groups of 32): decode up to 16 rows per expert, then the
+    # narrowest tiled tile that holds the rows
+    assert default_tactic(decode + tiled, num_tokens=512, **gpt_oss) == Tactic("d16", "d16")   # 16 rows
+    assert default_tactic(decode + tiled, num_tokens=1024, **gpt_oss) == Tactic("t32", "t32")  # 32
+    assert default_tactic(decode + tiled, num_tokens=4096, **gpt_oss) == Tactic("t64", "t64")  # 128
+    assert default_tactic(decode, num_tokens=4096, **gpt_oss) == Tactic("d16", "d16")
+    # INT4 with CUTLASS's kernels: those past the decode kernel, the tiled ones unused
+    grouped = [k(f"c{m}", m, 128, "coop_swapab", "w4a16_int4") for m in (16, 64, 128)]
+    int4 = [dataclasses.replace(x, mode="w4a16_int4", weight_format="int4") for x in decode + tiled] + grouped
+    assert default_tactic(int4, num_tokens=4096, **gpt_oss) == Tactic("c128", "c128")
+    assert default_tactic(int4, num_tokens=1024, **gpt_oss) == Tactic("c64", "c64")
 
 
 def test_default_rule_fp8():

@@ -176,6 +176,12 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
                 assert (f"DecodeW4A16<{generate.CUDA_TYPES[c.act_dtype]}, {generate.CUDA_TYPES[c.out]}, "
                         f"decode_w4::{weight}, {c.tile_m}>::kOps") in text
                 continue
+            if c.schedule == "tiled":
+                assert '#include "gemm/tiled_w4a16.cuh"' in text
+                weight = {"int4": "Int4", "e2m1": "E2M1"}[c.weight_dtype]
+                assert (f"TiledW4A16<{generate.CUDA_TYPES[c.act_dtype]}, {generate.CUDA_TYPES[c.out]}, "
+                        f"decode_w4::{weight}, {c.tile_m}>::kOps") in text
+                continue
             if c.schedule == "decode":
                 blockwise = "true" if c.mainloop == "blockwise" else "false"
                 assert '#include "gemm/decode_gemm.cuh"' in text
@@ -190,6 +196,7 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
             if c.weight_dtype != c.act_dtype:  # mixed input: our template over CUTLASS's RS mainloop
                 assert (f"MixedGroupedGemm<{catalog.DTYPES[c.act_dtype]}, {catalog.DTYPES[c.weight_dtype]}, "
                         f"{catalog.DTYPES[c.out]}, {c.tile_m}, ") in text
+                assert text.count(f"Cooperative, {str(c.mainloop == 'zero').lower()}>::kOps") == 1
                 continue
             assert generate.SCHEDULE_TYPES[c.schedule] + generate.MAINLOOP_SUFFIX[c.mainloop] + ">" in text
     assert set(generate.SCHEDULE_TYPES) == {s for v in catalog.SCHEDULES.values() for s in v} - {"one_token"}

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import moe_kernels
-from moe_kernels import Activation, FusedMoE, Tactic, fused_moe
+from moe_kernels import Activation, FusedMoE, Tactic, fused_moe, reference
 from helpers import TOLERANCE, W4A16, make_problem, poisoned_out, reference_out, rel_error, scale_kwargs, worst_row_error
 
 pytestmark = pytest.mark.gpu
@@ -827,6 +827,8 @@ def test_w4a16_every_built_kernel(quant, group, act_dtype, error_log):
     for kern in kernels:
         if kern.kind == "grouped" and group % kern.tile[2]:  # refused: see test_w4a16_refusals
             continue
+        if kern.mainloop == "zero":  # for weights with zero points: test_w4a16_int4_zero_points
+            continue
         out = run(p, tactic=Tactic(kern.name, kern.name))
         err = rel_error(out, ref)
         error_log.add(f"{quant}/{act_dtype}/g{group}/kernel/{kern.name}", err)
@@ -891,10 +893,76 @@ def test_w4a16_refusals():
         run(p, tactic=Tactic(grouped[0].name, grouped[0].name))
     assert rel_error(run(p), reference_out(p)) < TOLERANCE["w4a16_int4"]
     q = make_problem(T=8, E=4, k=2, H=256, I=128, dtype="w4a16_int4")
-    with pytest.raises(NotImplementedError, match="w13_zero: got zero terms"):
-        run(q, w13_zero=torch.zeros_like(q["w13_scale"]))
     with pytest.raises(ValueError, match=r"w2_scale: got shape"):
         run({**q, "w2_scale": q["w2_scale"][..., :128].contiguous()})
     m = make_problem(T=8, E=4, k=2, H=256, I=128, dtype="w4a16_mxfp4")
     with pytest.raises(TypeError, match=r"w13_scale: got dtype torch.uint8"):  # E8M0 as stored: prepare first
         run({**m, "w13_scale": torch.zeros(4, 256, 8, dtype=torch.uint8, device="cuda")})
+
+
+@pytest.mark.parametrize("T", [1, 7, 300])
+@pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
+def test_w4a16_int4_zero_points(T, act_dtype, error_log):
+    """AWQ-style asymmetric INT4: additive zero terms, by default and on every kernel built for
+    them (the decode kernels, CUTLASS's "zero" mainloop); the plain CUTLASS build refuses them."""
+    p = make_problem(T=T, E=8, k=2, H=512, I=256, dtype="w4a16_int4", act_dtype=act_dtype, bias=True,
+                     symmetric=False)
+    assert p.get("w13_zero") is not None
+    out = check(p, error_log, f"w4a16_int4/zero/{act_dtype}/T{T}", "w4a16_int4")
+    assert worst_row_error(out, reference_out(p)) < 2 * TOLERANCE["w4a16_int4"]
+    kernels = [x for x in moe_kernels.list_kernels(quant="w4a16_int4", out_dtype=act_dtype) if x.gemm]
+    ref = reference_out(p)
+    for kern in kernels:
+        if kern.kind == "grouped" and kern.mainloop != "zero":
+            with pytest.raises((RuntimeError, ValueError), match="zero points"):
+                run(p, tactic=Tactic(kern.name, kern.name))
+            continue
+        err = rel_error(run(p, tactic=Tactic(kern.name, kern.name)), ref)
+        error_log.add(f"w4a16_int4/zero/{act_dtype}/T{T}/{kern.name}", err)
+        assert err < TOLERANCE["w4a16_int4"], f"{kern.name}: relative error {err:.3e}"
+
+
+def test_expert_map_routed_scaling_and_router_weight_on_input(error_log):
+    """A general global-to-local expert map (not a contiguous range), DeepSeek's routed scaling
+    factor and Llama 4's router weight on the input, against the reference."""
+    E_global, E, H, I = 24, 8, 256, 128
+    emap = torch.full((E_global,), -1, dtype=torch.int32)
+    local = torch.randperm(E_global)[:E]
+    emap[local] = torch.arange(E, dtype=torch.int32)
+    emap = emap.cuda()
+    for T, k in ((1, 4), (40, 4), (300, 2)):
+        p = make_problem(T=T, E=E, k=k, H=H, I=I, global_experts=E_global, bias=True)
+        check(p, error_log, f"bf16/expert_map/T{T}", ref_kw=dict(expert_map=emap), expert_map=emap)
+        check(p, error_log, f"bf16/routed_scaling/T{T}", ref_kw=dict(expert_map=emap, routed_scaling_factor=2.5),
+              expert_map=emap, routed_scaling_factor=2.5)
+    for quant in ("bf16", "fp8"):
+        p = make_problem(T=50, E=E, k=1, H=H, I=I, dtype=quant)
+        check(p, error_log, f"{quant}/router_weight_on_input", quant,
+              ref_kw=dict(apply_router_weight_on_input=True), apply_router_weight_on_input=True)
+    fp8 = make_problem(T=1, E=E, k=4, H=H, I=I, dtype="fp8", global_experts=E_global)
+    check(fp8, error_log, "fp8/expert_map/T1", "fp8", ref_kw=dict(expert_map=emap, routed_scaling_factor=0.5),
+          expert_map=emap, routed_scaling_factor=0.5)
+
+
+def test_torch_compile_and_opcheck(error_log):
+    """The registered op: torch.compile (default and fullgraph, dynamic T) gives the reference
+    result, and torch.library.opcheck passes."""
+    p = make_problem(T=33, E=8, k=2, H=256, I=128)
+    w13, w2 = p["w13"], p["w2"]
+
+    def layer(x, w, ids):
+        return moe_kernels.fused_moe(x, w13, w2, w, ids) * 2
+
+    for kw in ({}, {"fullgraph": True, "dynamic": True}):
+        compiled = torch.compile(layer, **kw)
+        for T in (33, 5, 70):
+            q = make_problem(T=T, E=8, k=2, H=256, I=128)
+            out = compiled(q["hidden_states"], q["topk_weights"], q["topk_ids"])
+            ref = 2 * reference.fused_moe(q["hidden_states"], w13, w2, q["topk_weights"], q["topk_ids"])
+            err = rel_error(out, ref)
+            error_log.add(f"bf16/compile/{sorted(kw)}/T{T}", err)
+            assert err < TOLERANCE["bf16"]
+    out = torch.empty_like(p["hidden_states"])
+    args = (p["hidden_states"], w13, w2, p["topk_weights"], p["topk_ids"], None, None, None, None, None, None,
+            None, None, None, out, None, "", "swiglu", [-1, -1, -1, -1], 1.702, 7.0, False, 1.0, "", 0)
+    torch.library.opcheck(torch.ops.moe_kernels.fused_moe.default, args)

@@ -42,11 +42,12 @@ def test_int4_quantizer_is_exact_on_representable_weights(symmetric, group):
     assert (z is None) == symmetric and s.dtype == torch.bfloat16 and packed.shape == (N, K // 2)
     assert torch.equal(quant4.int4_values(packed), q) and torch.equal(s, scale.t())  # q and scale recovered
     # dequantized as the kernels compute it: q * scale rounded to bf16 (symmetric); with zero
-    # terms exact up to the zero term's rounding to the scales' dtype (bf16: 8 bits)
+    # terms q * scale + zero rounded once, the zero term itself rounded to bf16 before (|w| < 24,
+    # |zero| < 12: half a bf16 step of each, 1/16 + 1/32)
     if symmetric:
         torch.testing.assert_close(back, w.bfloat16().float(), rtol=0, atol=0)
     else:
-        torch.testing.assert_close(back, w, rtol=0, atol=16 * 2 ** -8)
+        torch.testing.assert_close(back, w, rtol=0, atol=2 ** -4 + 2 ** -5)
 
 
 def test_int4_quantizer_error_is_small_on_random_weights():
@@ -282,8 +283,6 @@ def test_fused_moe_validates_int4_arguments_on_the_host():
                          quant="w4a16_int4", group_size=128)
     with pytest.raises(ValueError, match="w2_scale: got groups of 128 along K, expected groups of 64"):
         fused_moe(x, p["w13"], p["w2"], wts, ids, **{**kw, "w2_scale": q["w2_scale"]})
-    with pytest.raises(NotImplementedError, match="w13_zero: got zero terms"):
-        fused_moe(x, p["w13"], p["w2"], wts, ids, w13_zero=torch.zeros_like(p["w13_scale"]), **kw)
 
 
 def test_flashinfer_named_interleave_helpers():

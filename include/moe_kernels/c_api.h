@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MOEK_ABI_VERSION 5
+#define MOEK_ABI_VERSION 6
 
 #if defined(__GNUC__)
 #define MOEK_EXPORT __attribute__((visibility("default")))
@@ -48,6 +48,10 @@ typedef struct {
   int32_t w2_scale_per_channel;   // E4M3 weights: w2_scale is [E, H] (1) or [E] (0)
                                   // (E4M3_BLOCK128: [E, N1/128, H/128] and [E, H/128, I/128])
   int32_t weight_group;   // 4-bit weights (INT4, MXFP4): 16-bit scales per this many along K ([E, K/g, N]); else 0
+  int32_t weight_zero;    // INT4: w13_zero/w2_zero hold additive zero terms (dequantized = q * scale + zero)
+  int32_t router_weight_on_input;  // the inputs were multiplied by the router weights: outputs sum unweighted
+  float routed_scaling_factor;     // the output is multiplied by it (1: none)
+  int64_t expert_map_size;         // > 0: expert_map maps this many global ids to local experts (then expert_offset is 0)
 } moek_shape;
 
 // One fused forward. All pointers are device pointers on `device`; biases may be NULL.
@@ -64,6 +68,9 @@ typedef struct {
   const void* w2_scale;        //   dequantized weight = q * scale), or NULL for unscaled formats
   const float* a13_scale;      // FP8_ROW: static per-tensor input scale, or NULL for per-token
   const float* a2_scale;       //   (other activation formats: must be NULL)
+  const void* w13_zero;        // INT4 with weight_zero: 16-bit zero terms laid out as the scales, else NULL
+  const void* w2_zero;
+  const int32_t* expert_map;   // [expert_map_size]: global id -> local expert or -1, or NULL
   void* out;                   // [T, H]
   void* workspace;
   size_t workspace_bytes;

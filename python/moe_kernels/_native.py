@@ -88,7 +88,7 @@ class KernelInfo:
     out_dtype: str      # "bf16" or "fp16"
     kind: str           # "grouped" (CUTLASS), "decode", "contiguous" or "forward" (the whole forward)
     schedule: str
-    mainloop: str       # "", "fastaccum" or "blockwise"
+    mainloop: str       # "", "fastaccum", "blockwise" or "zero" (INT4 with zero points)
     swap_ab: bool       # the weights are the MMA's A operand
     tile: tuple
     cluster: tuple

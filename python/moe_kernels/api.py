@@ -1,5 +1,6 @@
-"""The public forward: validation on the host (moe_kernels.problem), tactic resolution
-(moe_kernels.tactic), then one call into the per-arch library.
+"""The public forward, through the registered op (moe_kernels.ops): validation on the host
+(moe_kernels.problem) and tactic resolution (moe_kernels.tactic), once per signature, then one
+call into the per-arch library.
 
 With `workspace=` and `out=` given, a forward allocates nothing and never waits on the
 device, so it can be captured in a CUDA graph.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _native
+from . import _native, ops
 from .modes import Activation, QuantMode
 from .problem import (WORKSPACE_ALIGNMENT, MAX_TOP_K, Problem, c_shape, check_tensor, device_index,
                       fail, out_dtype_name, require_built)
@@ -63,17 +64,20 @@ def choose_tactic(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
 def fused_moe(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, quant=None,
               activation="swiglu", w13_bias=None, w2_bias=None, expert_offset=None,
-              ep_rank=None, ep_size=None, num_experts=None, swiglu_alpha: float = 1.702,
-              swiglu_limit: float = 7.0, w13_scale=None, w2_scale=None, a13_scale=None,
-              a2_scale=None, w13_zero=None, w2_zero=None, workspace=None, out=None, tactic=None,
-              _last_step: int = 0) -> torch.Tensor:
+              ep_rank=None, ep_size=None, num_experts=None, expert_map=None,
+              swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, w13_scale=None, w2_scale=None,
+              a13_scale=None, a2_scale=None, w13_zero=None, w2_zero=None,
+              apply_router_weight_on_input: bool = False, routed_scaling_factor=None,
+              workspace=None, out=None, tactic=None, _last_step: int = 0) -> torch.Tensor:
     """Fused MoE forward: out[t] = sum_slot topk_weights[t, slot] * expert(topk_ids[t, slot])(x[t]).
 
     hidden_states [T, H]; w13 [E_local, 2I, H] (gate rows, then up rows; [E_local, I, H] for
     non-gated activations); w2 [E_local, H, I]; topk_weights [T, k] float32; topk_ids [T, k]
     int32/int64 global expert ids. Ids outside [expert_offset, expert_offset + E_local)
-    (including -1) contribute nothing. quant defaults to the dtype of hidden_states (fp8
-    when the weights are torch.float8_e4m3fn; fp8_block when w13_scale is 3-D as well).
+    (including -1) contribute nothing; `expert_map` (int32 [global experts], the local index
+    or -1) says instead which experts are local, in any order. quant defaults to the dtype of
+    hidden_states (fp8 when the weights are torch.float8_e4m3fn; fp8_block when w13_scale is
+    3-D as well).
 
     fp8: bf16 or fp16 hidden_states (out in the same type), float8_e4m3fn weights with float32 w13_scale /
     w2_scale per tensor [E] or per output channel [E, N]; the GEMM inputs are quantized on
@@ -82,43 +86,36 @@ def fused_moe(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     w13_scale [E, N1/128, H/128] and w2_scale [E, H/128, I/128] (checkpoints'
     weight_scale_inv as stored); GEMM inputs are quantized per token per 128 columns on the
     device; H and I must be multiples of 128.
-    w4a16_int4: uint8 INT4 weights [E, N, K/2] with scales [E, K/g, N] in the hidden dtype
-    (g = 128 or 64; moe_kernels.prepare makes or imports them); w13_zero/w2_zero (asymmetric
-    zero terms) have no kernel yet. moe_kernels.modes.MODES lists every mode.
+    w4a16_int4 / w4a16_mxfp4: 4-bit weights [E, N, K/2] with 16-bit scales [E, K/g, N] and,
+    for asymmetric INT4 (AWQ), additive zero terms w13_zero/w2_zero in the scales' layout, as
+    moe_kernels.prepare makes or imports them. moe_kernels.modes.MODES lists every mode.
+
+    apply_router_weight_on_input: top_k 1 only (Llama 4): the token's input row is multiplied
+    by its router weight before GEMM1 (a [T, H] temporary) and the output is not weighted.
+    routed_scaling_factor: the output is multiplied by it (DeepSeek-V3's 2.5).
+
+    Runs as `torch.ops.moe_kernels.fused_moe` (moe_kernels.ops) on the current stream: under
+    torch.compile and other tracing through the dispatcher, eagerly (and in CUDA graphs) its
+    implementation directly. With `workspace=` and `out=` given, a forward allocates nothing
+    and never waits on the device.
     `_last_step` is for the benchmark's step breakdown only (out is then not written).
     """
-    p = Problem(hidden_states, w13, w2, topk_weights, topk_ids, quant=quant,
-                activation=activation, w13_bias=w13_bias, w2_bias=w2_bias,
-                expert_offset=expert_offset, ep_rank=ep_rank, ep_size=ep_size,
-                num_experts=num_experts, swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit,
-                w13_scale=w13_scale, w2_scale=w2_scale, a13_scale=a13_scale, a2_scale=a2_scale,
-                w13_zero=w13_zero, w2_zero=w2_zero)
-    x, ids, wts, w13, w2, b13, b2 = p.tensors
-    if out is None:
-        out = torch.empty_like(x)
-    else:
-        check_tensor("out", out, dtype=x.dtype, ndim=2, shape=(p.T, p.H), device=p.device)
-    p.require_cuda()
-    if p.T == 0:
-        return out
-    dev = p.device.index
-    tactic = resolve(p, tactic)
-    need = _native.C().workspace_size(dev, p.shape)
-    if workspace is None:
-        workspace = torch.empty(need, dtype=torch.uint8, device=p.device)
-    else:
-        check_tensor("workspace", workspace, dtype=torch.uint8, ndim=1, device=p.device,
-                     align=WORKSPACE_ALIGNMENT)
-        if workspace.numel() < need:
-            fail("workspace", f"{workspace.numel()} bytes",
-                 f"at least {need} bytes (moe_kernels.workspace_size(...))")
-    stream = torch.cuda.current_stream(p.device).cuda_stream
-
-    def ptr(t):
-        return t.data_ptr() if t is not None else 0
-    s13, s2, a13, a2 = p.scales
-    _native.C().run(dev, p.shape, x.data_ptr(), ids.data_ptr(), wts.data_ptr(), w13.data_ptr(),
-                    w2.data_ptr(), ptr(b13), ptr(b2), ptr(s13), ptr(s2), ptr(a13), ptr(a2),
-                    out.data_ptr(), workspace.data_ptr(), workspace.numel(), tactic.forward,
-                    tactic.gemm1, tactic.gemm2, stream, _last_step)
+    options = ops.op_options(quant, activation, expert_offset, ep_rank, ep_size, num_experts,
+                             swiglu_alpha, swiglu_limit, apply_router_weight_on_input,
+                             routed_scaling_factor, tactic, _last_step)
+    tensors = (hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, w13_scale, w2_scale,
+               a13_scale, a2_scale, w13_zero, w2_zero, expert_map)
+    if out is None and isinstance(hidden_states, torch.Tensor):
+        out = torch.empty_like(hidden_states)
+    if ops.traced(hidden_states):
+        if not all(isinstance(t, torch.Tensor) for t in tensors[:5] + (out,)) or \
+                not all(t is None or isinstance(t, torch.Tensor) for t in tensors[5:] + (workspace,)):
+            # The op takes tensors only: the validation names the argument that is not one.
+            ops.problem(tensors, *options[:7])
+            for name, t in (("out", out), ("workspace", workspace)):
+                if t is not None:
+                    check_tensor(name, t)
+        torch.ops.moe_kernels.fused_moe(*tensors, out, workspace, *options)
+    else:  # eager: the op's implementation without the dispatcher's argument boxing
+        ops.forward(*tensors, out, workspace, *options)
     return out

@@ -109,6 +109,7 @@ class TuningCache:
             return False
         for sig, buckets in data.get("entries", {}).items():
             self.entries.setdefault(sig, {}).update(buckets)
+        _changed()
         return True
 
     def get(self, spec: ProblemSpec, bucket: int):
@@ -118,6 +119,7 @@ class TuningCache:
 
     def put(self, spec: ProblemSpec, bucket: int, record: dict) -> None:
         self.entries.setdefault(spec.signature, {})[str(bucket)] = record
+        _changed()
 
     def save(self, path: str | None = None) -> None:
         path = path or self.path
@@ -127,6 +129,16 @@ class TuningCache:
         with open(tmp, "w") as f:
             json.dump({"format": CACHE_FORMAT, "key": self.key, "entries": self.entries}, f, indent=1)
         os.replace(tmp, path)
+
+
+# Bumped whenever a table gains records: forwards cache their tactic per signature (moe_kernels.ops)
+# and resolve again after a change.
+generation = 0
+
+
+def _changed() -> None:
+    global generation
+    generation += 1
 
 
 _caches: dict = {}       # device -> TuningCache holding every choice this process knows

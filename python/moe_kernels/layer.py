@@ -15,11 +15,14 @@ class FusedMoE(torch.nn.Module):
     With expert parallelism, each rank builds FusedMoE(..., ep_rank=r, ep_size=n) and holds
     num_experts // ep_size experts; the caller sums the ranks' outputs. With tensor
     parallelism, pass weights already sliced along the intermediate dimension.
+    routed_scaling_factor multiplies the output (DeepSeek-V3); apply_router_weight_on_input
+    weights the input row instead of the output (Llama 4, top_k 1).
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
                  quant="bf16", activation="swiglu", ep_rank: int = 0, ep_size: int = 1,
-                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, device=None):
+                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, routed_scaling_factor=None,
+                 apply_router_weight_on_input: bool = False, device=None):
         super().__init__()
         for name, v in (("num_experts", num_experts), ("hidden_size", hidden_size),
                         ("intermediate_size", intermediate_size), ("ep_size", ep_size)):
@@ -38,6 +41,8 @@ class FusedMoE(torch.nn.Module):
         self.activation = Activation.parse(activation)
         self.ep_rank, self.ep_size = ep_rank, ep_size
         self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit
+        self.routed_scaling_factor = routed_scaling_factor
+        self.apply_router_weight_on_input = apply_router_weight_on_input
         self.device = torch.device(device) if device is not None else None
         self.weights = None
 
@@ -90,7 +95,9 @@ class FusedMoE(torch.nn.Module):
                              swiglu_limit=self.swiglu_limit, w13_scale=w.get("w13_scale"),
                              w2_scale=w.get("w2_scale"), a13_scale=w.get("a13_scale"),
                              a2_scale=w.get("a2_scale"), w13_zero=w.get("w13_zero"),
-                             w2_zero=w.get("w2_zero"), workspace=workspace, out=out, tactic=tactic)
+                             w2_zero=w.get("w2_zero"), routed_scaling_factor=self.routed_scaling_factor,
+                             apply_router_weight_on_input=self.apply_router_weight_on_input,
+                             workspace=workspace, out=out, tactic=tactic)
 
     def _require_weights(self):
         if self.weights is None:

@@ -7,6 +7,8 @@ the C ABI's shape (moek_shape) is built.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import _native
@@ -43,9 +45,14 @@ def check_tensor(name, t, *, dtype=None, ndim=None, shape=None, device=None, ali
                      f"(dimension {i} must be {want})")
     if not t.is_contiguous():
         fail(name, f"strides {t.stride()} for shape {tuple(t.shape)}", "a contiguous tensor")
-    if t.numel() and t.data_ptr() % align:
+    if align and t.numel() and not _is_fake(t) and t.data_ptr() % align:
         fail(name, f"data pointer {t.data_ptr():#x}", f"{align}-byte alignment")
     return t
+
+
+def _is_fake(t) -> bool:
+    """A tensor without data (torch.compile's fake tensors, meta tensors): no pointer to check."""
+    return t.device.type == "meta" or type(t).__name__ == "FakeTensor"
 
 
 # ---- the mode table, applied ------------------------------------------------------------------
@@ -186,7 +193,8 @@ def infer_mode(hidden_states, w13=None, w13_scale=None) -> QuantMode:
 
 
 def c_shape(*, T, H, I, E, k, dtype: str, mode: Mode, activation: Activation, index_dtype=torch.int32,
-            expert_offset=0, alpha=1.0, limit=1.0, per_channel=(0, 0), weight_group=None) -> dict:
+            expert_offset=0, alpha=1.0, limit=1.0, per_channel=(0, 0), weight_group=None, weight_zero=False,
+            router_weight_on_input=False, routed_scaling_factor=1.0, expert_map_size=0) -> dict:
     """The C ABI's moek_shape, as a dict for the native module (src/python/module.cpp)."""
     return {"num_tokens": T, "hidden_size": H, "inter_size": I, "num_experts": E, "top_k": k,
             "expert_offset": expert_offset, "dtype": _DTYPE_CODE[dtype], "act_format": mode.act_code,
@@ -195,7 +203,9 @@ def c_shape(*, T, H, I, E, k, dtype: str, mode: Mode, activation: Activation, in
             "w13_scale_per_channel": int(per_channel[0]), "w2_scale_per_channel": int(per_channel[1]),
             # 4-bit formats: the scale group (by default the format's); the C ABI's 0 for others
             "weight_group": (weight_group or mode.weight_format.groups[0]) if mode.weight_format.group_scales16
-            else 0}
+            else 0,
+            "weight_zero": int(weight_zero), "router_weight_on_input": int(router_weight_on_input),
+            "routed_scaling_factor": float(routed_scaling_factor), "expert_map_size": expert_map_size}
 
 
 def resolve_expert_offset(expert_offset, ep_rank, ep_size, num_experts, e_local) -> int:
@@ -217,6 +227,35 @@ def resolve_expert_offset(expert_offset, ep_rank, ep_size, num_experts, e_local)
     return offset
 
 
+def zero_terms(fmt: WeightFormat, quant: QuantMode, zeros, scales) -> tuple:
+    """Additive zero terms (dequantized = q * scale + zero) of formats that take them, checked
+    against their scales: both given or neither, the scales' shape, dtype and layout."""
+    given = [z is not None for z in zeros]
+    if not any(given):
+        return (None, None)
+    if not fmt.zero_point:
+        fail("w13_zero/w2_zero", "zero terms", f"None for quant={quant.value!r} (its weights have no zero points)")
+    if not all(given):
+        fail("w13_zero/w2_zero", "only one of them", "both (asymmetric checkpoints have zero points in both GEMMs)")
+    return tuple(check_tensor(name, z, dtype=s.dtype, shape=tuple(s.shape), ndim=s.dim(), device=s.device)
+                 for name, z, s in (("w13_zero", zeros[0], scales[0]), ("w2_zero", zeros[1], scales[1])))
+
+
+def check_expert_map(expert_map, expert_offset, ep_rank, ep_size, num_experts, device) -> None:
+    """A global-to-local expert map: int32 [global experts], -1 for experts held elsewhere. Its
+    values are not read on the host (a device sync); ids it maps outside the local experts
+    contribute nothing, as absent ones do."""
+    check_tensor("expert_map", expert_map, dtype=torch.int32, ndim=1, device=device, align=4)
+    if expert_offset is not None or ep_rank is not None or ep_size is not None:
+        fail("expert_offset/ep_rank/ep_size", (expert_offset, ep_rank, ep_size),
+             "None with expert_map (the map says which experts are local)")
+    n = expert_map.shape[0]
+    if n == 0:
+        fail("expert_map", "shape (0,)", "one entry per global expert")
+    if num_experts is not None and num_experts != n:
+        fail("num_experts", num_experts, f"expert_map's length {n}")
+
+
 def device_index(device) -> int:
     device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     if device.type != "cuda":
@@ -231,7 +270,8 @@ class Problem:
                  activation="swiglu", w13_bias=None, w2_bias=None, expert_offset=None,
                  ep_rank=None, ep_size=None, num_experts=None, swiglu_alpha=1.702,
                  swiglu_limit=7.0, w13_scale=None, w2_scale=None, a13_scale=None, a2_scale=None,
-                 w13_zero=None, w2_zero=None):
+                 w13_zero=None, w2_zero=None, expert_map=None, apply_router_weight_on_input=False,
+                 routed_scaling_factor=None):
         self.quant = infer_mode(hidden_states, w13, w13_scale) if quant is None else QuantMode.parse(quant)
         spec = self.mode = self.quant.spec
         require_built(self.quant, getattr(hidden_states, "device", None))
@@ -258,10 +298,7 @@ class Problem:
         self.per_channel = (0, 0)
         self.weight_group = None
         fmt = spec.weight_format
-        for name, zero in (("w13_zero", w13_zero), ("w2_zero", w2_zero)):
-            if zero is not None:  # INT4 zero terms (asymmetric AWQ): not in any kernel yet
-                fail(name, "zero terms", f"None: no kernel of quant={self.quant.value!r} in this build takes zero "
-                     "points yet (symmetric GPTQ and compressed-tensors checkpoints run)", NotImplementedError)
+        self.zeros = (None, None)
         if fmt.scale is not None:
             kspec = fmt.kernel_scale
             s13 = weight_scale("w13_scale", w13_scale, fmt, E, n1, H, self.device, dtype=dtype, spec=kspec)
@@ -276,8 +313,9 @@ class Problem:
                 if scale_group(fmt, s2, I, kspec) != self.weight_group:
                     fail("w2_scale", f"groups of {scale_group(fmt, s2, I, kspec)} along K",
                          f"groups of {self.weight_group}, as w13_scale's")
-        elif any(t is not None for t in (w13_scale, w2_scale, a13_scale, a2_scale)):
-            fail("w13_scale/w2_scale/a13_scale/a2_scale", "scales",
+            self.zeros = zero_terms(fmt, self.quant, (w13_zero, w2_zero), (s13, s2))
+        elif any(t is not None for t in (w13_scale, w2_scale, a13_scale, a2_scale, w13_zero, w2_zero)):
+            fail("w13_scale/w2_scale/a13_scale/a2_scale/w13_zero/w2_zero", "scales",
                  f"none for quant={self.quant.value!r} (its weights are unscaled)")
         ids = check_tensor("topk_ids", topk_ids, dtype=(torch.int32, torch.int64), ndim=2, device=self.device,
                            align=topk_ids.element_size() if isinstance(topk_ids, torch.Tensor) else 4)
@@ -293,7 +331,21 @@ class Problem:
             check_tensor("w2_bias", w2_bias, dtype=dtype, ndim=2, shape=(E, H), device=self.device)
         if T * k >= 2**31:
             fail("topk_ids", f"T*k = {T * k}", "fewer than 2**31 (token, slot) pairs")
-        self.expert_offset = resolve_expert_offset(expert_offset, ep_rank, ep_size, num_experts, E)
+        if expert_map is None:
+            self.expert_offset = resolve_expert_offset(expert_offset, ep_rank, ep_size, num_experts, E)
+        else:
+            check_expert_map(expert_map, expert_offset, ep_rank, ep_size, num_experts, self.device)
+            self.expert_offset = 0
+        self.expert_map = expert_map
+        if not isinstance(apply_router_weight_on_input, bool):
+            fail("apply_router_weight_on_input", repr(apply_router_weight_on_input), "a bool", TypeError)
+        if apply_router_weight_on_input and k != 1:
+            fail("apply_router_weight_on_input", f"True with top_k={k}",
+                 "top_k 1 (the weight scales the token's one input row, as Llama 4 routes)")
+        self.router_weight_on_input = apply_router_weight_on_input
+        scaling = 1.0 if routed_scaling_factor is None else routed_scaling_factor
+        if not isinstance(scaling, (int, float)) or isinstance(scaling, bool) or not math.isfinite(scaling):
+            fail("routed_scaling_factor", repr(routed_scaling_factor), "a finite float or None")
         if not (swiglu_alpha > 0 and swiglu_limit > 0):
             fail("swiglu_alpha/swiglu_limit", (swiglu_alpha, swiglu_limit), "positive numbers")
         self.tensors = (x, ids, wts, w13, w2, w13_bias, w2_bias)
@@ -301,7 +353,11 @@ class Problem:
         self.shape = c_shape(T=T, H=H, I=I, E=E, k=k, dtype=self.out_dtype, mode=spec,
                              activation=self.activation, index_dtype=ids.dtype,
                              expert_offset=self.expert_offset, alpha=swiglu_alpha, limit=swiglu_limit,
-                             per_channel=self.per_channel, weight_group=self.weight_group)
+                             per_channel=self.per_channel, weight_group=self.weight_group,
+                             weight_zero=self.zeros[0] is not None,
+                             router_weight_on_input=apply_router_weight_on_input,
+                             routed_scaling_factor=scaling,
+                             expert_map_size=0 if expert_map is None else expert_map.shape[0])
 
     def require_cuda(self) -> None:
         if self.device.type != "cuda":

@@ -64,12 +64,13 @@ def expand_groups(s: torch.Tensor, K: int) -> torch.Tensor:
 
 def dequantize_int4(packed, scale, zero=None) -> torch.Tensor:
     """float32 [..., N, K] = q * scale (+ zero), scale/zero [..., K/g, N]. With 16-bit scales
-    and no zero terms, q * scale is rounded to the scales' type, as the kernels compute it."""
+    the result is rounded once to the scales' type, as the kernels compute it (a multiply, or
+    a fused multiply-add with zero terms)."""
     q = int4_values(packed).float()
     K = q.shape[-1]
     w = q * expand_groups(scale.float().transpose(-1, -2), K)
     if zero is not None:
-        return w + expand_groups(zero.float().transpose(-1, -2), K)
+        w = w + expand_groups(zero.float().transpose(-1, -2), K)
     return w.to(scale.dtype).float() if scale.dtype in (torch.bfloat16, torch.float16) else w
 
 

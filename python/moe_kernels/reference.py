@@ -72,13 +72,18 @@ def dequantize_weight(w, weight_format: str, scale=None, zero=None):
 def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
               activation="swiglu", w13_bias=None, w2_bias=None, expert_offset: int = 0,
               swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, w13_scale=None,
-              w2_scale=None, a13_scale=None, a2_scale=None, w13_zero=None, w2_zero=None) -> torch.Tensor:
+              w2_scale=None, a13_scale=None, a2_scale=None, w13_zero=None, w2_zero=None,
+              expert_map=None, apply_router_weight_on_input: bool = False,
+              routed_scaling_factor=None) -> torch.Tensor:
     """The fused MoE forward of `moe_kernels.fused_moe`, in float32. Returns [T, H] float32.
 
     Quantized modes: weights and w13_scale/w2_scale (and int4's w13_zero/w2_zero) as
     `moe_kernels.prepare` returns them, dequantized as moe_kernels.fp8 and moe_kernels.quant4
     define; FP8 GEMM inputs are quantized with the static per-tensor a13_scale/a2_scale when
-    given, else dynamically, exactly where the kernels quantize."""
+    given, else dynamically, exactly where the kernels quantize. expert_map: global id ->
+    local expert or -1 (instead of expert_offset). apply_router_weight_on_input: each input
+    row times its router weight, rounded to the hidden dtype, and the outputs summed
+    unweighted. routed_scaling_factor: multiplies the output."""
     spec = QuantMode.parse(quant).spec if quant is not None else None
     if spec is not None and spec.name not in MODES:
         raise NotImplementedError(f"reference for quant={spec.name!r} is not written yet "
@@ -87,23 +92,33 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
     if weight_format != "w16" and (w13_scale is None or w2_scale is None):
         raise ValueError(f"quant={spec.name!r}: w13_scale and w2_scale are required")
     act = Activation.parse(activation)
-    x = gemm_input(hidden_states.float(), act_format, a13_scale)
     ids = topk_ids.long()
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    if expert_map is None:
+        local = ids - expert_offset
+    else:
+        inside = (ids >= 0) & (ids < expert_map.shape[0])
+        local = torch.where(inside, expert_map.long()[ids.clamp(0, expert_map.shape[0] - 1)], -1)
+    out = torch.zeros(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
     for e in range(w13.shape[0]):
-        token, slot = torch.nonzero(ids == e + expert_offset, as_tuple=True)
+        token, slot = torch.nonzero(local == e, as_tuple=True)
         if token.numel() == 0:
             continue
+        weight = topk_weights[token, slot].float()[:, None]
+        rows = hidden_states[token]
+        if apply_router_weight_on_input:
+            rows = (rows.float() * weight).to(hidden_states.dtype)
+            weight = torch.ones_like(weight)
+        rows = gemm_input(rows.float(), act_format, a13_scale)
         def pick(t):
             return None if t is None else t[e]
         g13 = dequantize_weight(w13[e], weight_format, pick(w13_scale), pick(w13_zero))
         g2 = dequantize_weight(w2[e], weight_format, pick(w2_scale), pick(w2_zero))
-        h = x[token] @ g13.t()
+        h = rows @ g13.t()
         if w13_bias is not None:
             h = h + w13_bias[e].float()
         y = apply_activation(h, act, swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit)
         y = gemm_input(y, act_format, a2_scale) @ g2.t()
         if w2_bias is not None:
             y = y + w2_bias[e].float()
-        out.index_add_(0, token, y * topk_weights[token, slot].float()[:, None])
-    return out
+        out.index_add_(0, token, y * weight)
+    return out if routed_scaling_factor is None else out * routed_scaling_factor

@@ -114,15 +114,16 @@ CONTIG_TILE_N = 256
 
 
 # 4-bit weights (W4A16): our decode kernel (src/gemm/decode_w4a16.cuh) up to this many rows
-# per expert, then CUTLASS's mixed-input GEMM with the narrowest token tile that holds them.
+# per expert, then CUTLASS's mixed-input GEMM with the narrowest token tile that holds them,
+# else (groups of 32: MXFP4, INT4 g32) our tiled kernel (src/gemm/tiled_w4a16.cuh) likewise.
 FOUR_BIT_FORMATS = ("int4", "mxfp4")
 FOUR_BIT_DECODE_ROWS = 16
 
 
 def _pick_four_bit(kernels: list, rows_per_expert: float) -> KernelInfo:
-    decode = sorted((k for k in kernels if k.kind == "decode"), key=lambda k: k.tile[0])
-    grouped = sorted((k for k in kernels if k.kind != "decode"), key=lambda k: k.tile[0])
-    pool = decode if decode and (rows_per_expert <= FOUR_BIT_DECODE_ROWS or not grouped) else grouped
+    decode, grouped, tiled = (sorted((k for k in kernels if k.kind == kind), key=lambda k: k.tile[0])
+                              for kind in ("decode", "grouped", "tiled"))
+    pool = decode if decode and rows_per_expert <= FOUR_BIT_DECODE_ROWS else grouped or tiled or decode
     return next((k for k in pool if k.tile[0] >= rows_per_expert), pool[-1])
 
 
@@ -214,11 +215,11 @@ _group_checks: dict = {}
 
 
 def _serves(device: int, p: Problem, k: KernelInfo) -> bool:
-    """A GEMM kernel serves any problem of its formats (4-bit ones: of scale groups it takes,
-    the library's check, asked once per kernel, group and sizes); a forward kernel only those
+    """A GEMM kernel serves any problem of its formats (4-bit ones: of scale groups and zero
+    points it takes, the library's check, asked once per kernel, group, zero points and sizes); a forward kernel only those
     within its limits."""
     if k.gemm and p.weight_group:
-        key = (device, k.name, p.weight_group, p.H, p.I)
+        key = (device, k.name, p.weight_group, p.shape["weight_zero"], p.H, p.I)
         if key not in _group_checks:
             _group_checks[key] = not _native.C().check_kernel(device, k.name, p.shape)
         return _group_checks[key]

@@ -13,8 +13,9 @@
 //
 // Dequantization: INT4 (two's complement nibbles) as CUTLASS converts it (the nibble put into
 // a 16-bit float of value 128 + (q ^ 8), minus 136); E2M1 by e2m1_bits below. Then times the
-// group's scale ([K/g, N] in the hidden dtype), rounded to the hidden dtype: the value the
-// prefill kernels' mainloop computes too.
+// group's scale ([K/g, N] in the hidden dtype) plus, for asymmetric INT4, its zero term (same
+// layout), rounded once to the hidden dtype (one fma; without zero terms the value the
+// prefill kernels' mainloop computes too).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -48,6 +49,7 @@ struct Params {
   void* const* ptr_d;
   const int64_t* stride_d;
   const float* const* ptr_sfb;    // 16-bit scales [K / group, N] per group
+  const unsigned short* zero;     // 16-bit zero terms [G][K / group, N], or null
   int group;                      // scale group along K
 };
 
@@ -58,6 +60,13 @@ template <class T>
 __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
   using T2 = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
   T2 v = __hmul2(reinterpret_cast<const T2&>(a), reinterpret_cast<const T2&>(b));
+  return reinterpret_cast<uint32_t&>(v);
+}
+
+template <class T>
+__device__ __forceinline__ uint32_t fma2(uint32_t a, uint32_t b, uint32_t c) {
+  using T2 = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
+  T2 v = __hfma2(reinterpret_cast<const T2&>(a), reinterpret_cast<const T2&>(b), reinterpret_cast<const T2&>(c));
   return reinterpret_cast<uint32_t&>(v);
 }
 
@@ -109,6 +118,7 @@ struct WeightTile {
   bool row_ok[2];
   const char* wrow[2];
   const unsigned short* scale;  // 16-bit scales [K / group, N]
+  const unsigned short* zero;   // zero terms in the same layout, or null
   int group;
 
   __device__ __forceinline__ WeightTile(const Params& p, int group_index) : g(group_index) {
@@ -125,12 +135,14 @@ struct WeightTile {
     wrow[1] = wbase + (n0 + r + 8) * ldw;
     scale = reinterpret_cast<const unsigned short*>(p.ptr_sfb[g]);
     group = p.group;
+    zero = p.zero ? p.zero + int64_t(g) * (k / group) * n : nullptr;
   }
   __device__ __forceinline__ bool has_rows() const { return n0 < n; }
 
-  // The lane's weights and their scales (broadcast to both halves) of steps s0, s0 + kWarps,
-  // ... (kBatch of them); zeros past K or N.
-  __device__ __forceinline__ void load(int s0, uint4 (&w)[kBatch][2], uint32_t (&sc)[kBatch][2]) const {
+  // The lane's weights, their scales and zero terms (broadcast to both halves) of steps s0,
+  // s0 + kWarps, ... (kBatch of them); zeros past K or N, and without zero terms.
+  __device__ __forceinline__ void load(int s0, uint4 (&w)[kBatch][2], uint32_t (&sc)[kBatch][2],
+                                       uint32_t (&zr)[kBatch][2]) const {
     const int r = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
@@ -141,8 +153,11 @@ struct WeightTile {
       for (int j = 0; j < 2; ++j) {
         const bool ok = in_k && row_ok[j];
         w[i][j] = ok ? load_stream(wrow[j] + kk / 2) : make_uint4(0, 0, 0, 0);
-        const unsigned short bits = ok ? __ldg(scale + int64_t(kk / group) * n + n0 + r + 8 * j) : 0;
+        const int64_t at = int64_t(kk / group) * n + n0 + r + 8 * j;
+        const unsigned short bits = ok ? __ldg(scale + at) : 0;
+        const unsigned short zbits = ok && zero ? __ldg(zero + at) : 0;
         sc[i][j] = bits * 0x10001u;
+        zr[i][j] = zbits * 0x10001u;
       }
     }
   }
@@ -164,8 +179,8 @@ __device__ __forceinline__ void group_tile(const Params& p, const WeightTile<T>&
     float acc[kTiles][4] = {};
     for (int s0 = warp; s0 < steps; s0 += kWarps * kBatch) {
       uint4 w[kBatch][2];
-      uint32_t sc[kBatch][2];
-      t.load(s0, w, sc);
+      uint32_t sc[kBatch][2], zr[kBatch][2];
+      t.load(s0, w, sc, zr);
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
         const int s = s0 + i * kWarps;
@@ -191,7 +206,7 @@ __device__ __forceinline__ void group_tile(const Params& p, const WeightTile<T>&
             uint32_t out[4];
             dequant8<T, W>(word(w[i][j], c), out);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) wv[j][4 * c + e] = mul2<T>(out[e], sc[i][j]);
+            for (int e = 0; e < 4; ++e) wv[j][4 * c + e] = fma2<T>(out[e], sc[i][j], zr[i][j]);
           }
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
@@ -266,7 +281,8 @@ struct DecodeW4A16 {
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
     decode_w4::Params p{a.problem_shapes, a.active_groups, a.ptr_a, a.stride_a, a.ptr_b, a.stride_b,
-                        a.ptr_d, a.stride_d, a.ptr_sfb, a.weight_group};
+                        a.ptr_d, a.stride_d, a.ptr_sfb, static_cast<const unsigned short*>(a.zero_base),
+                        a.weight_group};
     const dim3 grid(static_cast<unsigned>((a.n + decode_w4::kRows - 1) / decode_w4::kRows),
                     static_cast<unsigned>(a.max_active_groups < 65535 ? a.max_active_groups : 65535));
     const cudaError_t e = launch(decode_w4::decode_w4a16_kernel<T, Out, W, kTiles>, grid,

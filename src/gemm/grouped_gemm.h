@@ -38,6 +38,9 @@ struct GroupedGemmArgs {
   // Mixed-input (4-bit) kernels: weight scales per group of this many along K; B's scale
   // pointers are ptr_sfb (one per group, [K / weight_group, N] each).
   int weight_group;
+  // INT4 with zero points: 16-bit additive zero terms (dequantized = q * scale + zero) laid out
+  // as the scales, group g's at zero_base + g * (K / weight_group) * N elements; else NULL.
+  const void* zero_base;
   // For kernels that address all groups through one tensor each (the contiguous schedule):
   // the experts' row offsets [num_groups + 1] on the device, the row capacity of A and D, and
   // the base pointers the per-group ones above point into; and a counter (zero at launch,

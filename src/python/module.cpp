@@ -164,6 +164,10 @@ moek_shape make_shape(py::dict s) {
   r.w13_scale_per_channel = s["w13_scale_per_channel"].cast<int32_t>();
   r.w2_scale_per_channel = s["w2_scale_per_channel"].cast<int32_t>();
   r.weight_group = s["weight_group"].cast<int32_t>();
+  r.weight_zero = s["weight_zero"].cast<int32_t>();
+  r.router_weight_on_input = s["router_weight_on_input"].cast<int32_t>();
+  r.routed_scaling_factor = s["routed_scaling_factor"].cast<float>();
+  r.expert_map_size = s["expert_map_size"].cast<int64_t>();
   return r;
 }
 
@@ -239,7 +243,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("run", [](int device, py::dict shape, uintptr_t hidden, uintptr_t topk_ids,
                   uintptr_t topk_weights, uintptr_t w13, uintptr_t w2, uintptr_t w13_bias,
                   uintptr_t w2_bias, uintptr_t w13_scale, uintptr_t w2_scale,
-                  uintptr_t a13_scale, uintptr_t a2_scale, uintptr_t out, uintptr_t workspace,
+                  uintptr_t a13_scale, uintptr_t a2_scale, uintptr_t w13_zero, uintptr_t w2_zero,
+                  uintptr_t expert_map, uintptr_t out, uintptr_t workspace,
                   size_t workspace_bytes, const std::string& forward,
                   const std::string& gemm1, const std::string& gemm2, uintptr_t stream,
                   int last_step) {
@@ -256,6 +261,9 @@ PYBIND11_MODULE(_C, m) {
     a.w2_scale = reinterpret_cast<const void*>(w2_scale);
     a.a13_scale = reinterpret_cast<const float*>(a13_scale);
     a.a2_scale = reinterpret_cast<const float*>(a2_scale);
+    a.w13_zero = reinterpret_cast<const void*>(w13_zero);
+    a.w2_zero = reinterpret_cast<const void*>(w2_zero);
+    a.expert_map = reinterpret_cast<const int32_t*>(expert_map);
     a.out = reinterpret_cast<void*>(out);
     a.workspace = reinterpret_cast<void*>(workspace);
     a.workspace_bytes = workspace_bytes;
@@ -277,7 +285,7 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("device"), py::arg("shape"), py::arg("hidden"), py::arg("topk_ids"),
      py::arg("topk_weights"), py::arg("w13"), py::arg("w2"), py::arg("w13_bias"),
      py::arg("w2_bias"), py::arg("w13_scale"), py::arg("w2_scale"), py::arg("a13_scale"),
-     py::arg("a2_scale"), py::arg("out"), py::arg("workspace"), py::arg("workspace_bytes"),
+     py::arg("a2_scale"), py::arg("w13_zero"), py::arg("w2_zero"), py::arg("expert_map"), py::arg("out"), py::arg("workspace"), py::arg("workspace_bytes"),
      py::arg("forward"), py::arg("gemm1"), py::arg("gemm2"), py::arg("stream"),
      py::arg("last_step") = 0);
 }

@@ -112,6 +112,9 @@ def add_arguments(p) -> None:
                         "--sweep-rounds times (e.g. the tuned picks of two token buckets)")
     p.add_argument("--breakdown", action="store_true",
                    help="also time each step (routing, GEMM1, activation, GEMM2, finalize)")
+    p.add_argument("--host", action="store_true",
+                   help="also time the host side of an eager call with workspace= and out= given (the GPU "
+                        "held busy, so that no launch waits): the library's overhead per forward")
     p.add_argument("--kernels", action="store_true",
                    help="also list each kernel's GPU time per forward (torch.profiler, eager calls; "
                         "run with MOE_KERNELS_PDL=0 so that no kernel's time holds a wait)")
@@ -629,6 +632,8 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
                 prefix = [timed(lambda *a, s=s: ours(*a, last_step=s), check=False)["us"] for s in (1, 2, 3, 4)]
                 prefix.append(row["results"]["moe_kernels"]["us"])
                 row["breakdown_us"] = {n: b - a for n, a, b in zip(STEPS, [0.0] + prefix[:-1], prefix)}
+            if getattr(args, "host", False):
+                row["host_us"] = host_time(lambda: ours(*sets[0], outs[0]))
             if getattr(args, "kernels", False):
                 order = iter(range(1 << 62))
 
@@ -646,6 +651,24 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
         del ws, outs, sets
     del w13, w2, peer_list  # the fp8_block peer holds a 16-bit copy of the weights
     torch.cuda.empty_cache()
+
+
+def host_time(call, calls=64, rounds=5) -> float:
+    """us of host time per eager call: calls issued behind a GPU spin, so that launches queue
+    and none waits for the device; the median of `rounds` batches, after a first call."""
+    import time
+    import torch
+    call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU clocks: longer than the batch takes to issue
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        times.append((time.perf_counter() - t0) / calls)
+        torch.cuda.synchronize()
+    return statistics.median(times) * 1e6
 
 
 def _timer(ours, timed):
@@ -712,6 +735,8 @@ def format_row(row, peer_names) -> str:
         lines.append(f"    ours ran at {ours['sm_mhz']:.0f} MHz, {ours['power_w']:.0f} W ({ours['samples']} samples)")
     if "breakdown_us" in row:
         lines.append("    steps (us): " + ", ".join(f"{k} {v:.1f}" for k, v in row["breakdown_us"].items()))
+    if "host_us" in row:
+        lines.append(f"    host time per eager call: {row['host_us']:.1f} us")
     for name, us in row.get("kernels_us", {}).items():
         lines.append(f"    kernel {us:8.1f} us  {name}")
     return "\n".join(lines)

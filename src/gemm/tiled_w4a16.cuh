@@ -1,0 +1,226 @@
+// A grouped W4A16 GEMM for many rows per expert (the catalog's "tiled" schedule): 4-bit weights
+// (INT4 or E2M1) with 16-bit group scales of any group of 32 or more (MXFP4's 32, which
+// CUTLASS's mixed-input mainloop cannot take) and optional INT4 zero terms, dequantized in
+// registers once per block tile and reused for all of its tokens.
+//
+// A block owns kRows = 128 weight rows (output columns) of one expert and walks the expert's
+// tokens in tiles of kTokens; its 8 warps each take 16 of the weight rows (one mma.sync M) and
+// all kTokens tokens (kTokens / 8 mmas of N = 8). K advances 64 values per stage through a
+// 3-stage cp.async ring in shared memory: the weight rows (32 bytes each), the token rows (128
+// bytes each) and the stage's scales (and zero terms).
+//
+// K order within a stage: lane q (= lane % 4) dequantizes values 16q .. 16q + 15 of its two
+// weight rows (8 bytes each, inside one scale group since groups are 32 or more and stages
+// start at multiples of 64) and feeds them to the stage's 4 mmas, mma t taking values
+// 16q + 4t .. 16q + 4t + 3 as its k = {2q, 2q + 1, 2q + 8, 2q + 9}; it reads the tokens' values
+// in the same order (32 contiguous bytes of each token row), so the sums are the natural ones.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdio>
+#include <type_traits>
+
+#include "gemm/decode_gemm.cuh"   // mma, to_out
+#include "gemm/decode_w4a16.cuh"  // dequant8, fma2, Int4, E2M1
+#include "gemm/grouped_gemm.h"
+#include "launch.cuh"
+
+namespace moe_kernels {
+namespace tiled_w4 {
+
+constexpr int kWarps = 8;
+constexpr int kRows = 16 * kWarps;  // weight rows per block
+constexpr int kStageK = 64;         // K values per stage
+constexpr int kStages = 3;
+constexpr int kMaxScaleRows = kStageK / 32;  // scale groups a stage spans, at most
+
+using decode_w4::Params;
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+template <int kTokens>
+struct Stage {
+  uint4 weights[kRows][2];                // 32 bytes of each weight row
+  uint4 tokens[kTokens][8];               // 128 bytes of each token row, 16-byte chunks swizzled
+  unsigned short scale[kMaxScaleRows][kRows];
+  unsigned short zero[kMaxScaleRows][kRows];
+};
+
+// Chunk c (of 8) of token row m lives at chunk c ^ (m & 1): lanes reading rows m and m + 1 at
+// the same chunk hit different banks.
+__device__ __forceinline__ int swizzle(int m, int c) { return c ^ (m & 1); }
+
+// One block: the tile's kRows weight rows of group g, for all of the group's tokens.
+template <class T, class Out, class W, int kTokens>
+__device__ __forceinline__ void group_tile(const Params& p, int g, Stage<kTokens> (&stages)[kStages]) {
+  const int m_rows = p.problem_shapes[3 * g];
+  const int n = p.problem_shapes[3 * g + 1];
+  const int k = p.problem_shapes[3 * g + 2];
+  const int n0 = blockIdx.x * kRows;
+  const int group = p.group;
+  const int scale_k = k / group;
+  const int k_stages = (k + kStageK - 1) / kStageK;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = lane >> 2, q = lane & 3;
+  const char* wbase = static_cast<const char*>(p.ptr_b[g]);
+  const int64_t ldw = p.stride_b[g] / 2;  // bytes per weight row
+  const char* abase = static_cast<const char*>(p.ptr_a[g]);
+  const int64_t lda = p.stride_a[g] * int64_t(sizeof(T));
+  const unsigned short* scale = reinterpret_cast<const unsigned short*>(p.ptr_sfb[g]);
+  const unsigned short* zero = p.zero ? p.zero + int64_t(g) * scale_k * n : nullptr;
+  Out* d = static_cast<Out*>(p.ptr_d[g]);
+  const int64_t ldd = p.stride_d[g];
+
+  for (int m0 = 0; m0 < m_rows; m0 += kTokens) {
+    // Stage s's loads: every thread copies 16-byte chunks (zeros past K, N or the rows).
+    auto load = [&](int s) {
+      Stage<kTokens>& st = stages[s % kStages];
+      const int k0 = s * kStageK;
+      {  // weights: kRows rows x 2 chunks, one per thread
+        const int row = tid >> 1, c = tid & 1;
+        const bool ok = s < k_stages && n0 + row < n && k0 + 32 * c < k;
+        cp_async16(&st.weights[row][c], ok ? wbase + (n0 + row) * ldw + k0 / 2 + 16 * c : wbase, ok);
+      }
+      for (int i = tid; i < kTokens * 8; i += kWarps * 32) {  // tokens: kTokens rows x 8 chunks
+        const int m = i >> 3, c = i & 7;
+        const bool ok = s < k_stages && m0 + m < m_rows && k0 + 8 * c < k;
+        cp_async16(&st.tokens[m][swizzle(m, c)], ok ? abase + (m0 + m) * lda + int64_t(k0 + 8 * c) * sizeof(T) : abase,
+                   ok);
+      }
+      if (tid < 2 * kMaxScaleRows * (kRows / 8)) {  // scales, then zero terms: kRows / 8 chunks per row
+        const bool is_zero = tid >= kMaxScaleRows * (kRows / 8);
+        const int i = is_zero ? tid - kMaxScaleRows * (kRows / 8) : tid;
+        const int j = i / (kRows / 8), c = i % (kRows / 8);
+        const int srow = k0 / group + j;
+        const unsigned short* src = is_zero ? zero : scale;
+        const bool ok = s < k_stages && src && srow < scale_k && (k0 + j * 32) < k && n0 + 8 * c < n &&
+                        (j == 0 || group == 32);
+        cp_async16(is_zero ? &st.zero[j][8 * c] : &st.scale[j][8 * c],
+                   ok ? src + int64_t(srow) * n + n0 + 8 * c : scale, ok);
+      }
+    };
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      load(s);
+      cp_async_commit();
+    }
+
+    float acc[kTokens / 8][4] = {};
+    const int row0 = 16 * warp + r;  // this lane's weight rows: row0 and row0 + 8 of the tile
+    const int srow = group == 32 ? q >> 1 : 0;  // the stage's scale row of values 16q .. 16q + 15
+    for (int s = 0; s < k_stages; ++s) {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();  // stage s landed for every thread; stage s - 1's buffer is free
+      load(s + kStages - 1);
+      cp_async_commit();
+      const Stage<kTokens>& st = stages[s % kStages];
+      // The lane's 16 values of rows row0 and row0 + 8, dequantized: pair j of word c holds
+      // values 16q + 8c + 2j, + 1.
+      uint32_t wv[2][8];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 8 * h;
+        const uint2 raw = reinterpret_cast<const uint2*>(&st.weights[row][0])[q];
+        const uint32_t sc = uint32_t(st.scale[srow][row]) * 0x10001u;
+        const uint32_t zr = zero ? uint32_t(st.zero[srow][row]) * 0x10001u : 0u;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          uint32_t out[4];
+          decode_w4::dequant8<T, W>(c ? raw.y : raw.x, out);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) wv[h][4 * c + e] = decode_w4::fma2<T>(out[e], sc, zr);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kTokens / 8; ++u) {
+        const int m = 8 * u + r;
+        const uint4 x0 = st.tokens[m][swizzle(m, 2 * q)];
+        const uint4 x1 = st.tokens[m][swizzle(m, 2 * q + 1)];
+        const uint32_t xb[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const uint32_t fa[4] = {wv[0][2 * t], wv[1][2 * t], wv[0][2 * t + 1], wv[1][2 * t + 1]};
+          decode::mma<T>(acc[u], fa, xb[2 * t], xb[2 * t + 1]);
+        }
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the ring is reused by the next token tile
+    // c0: (weight row r, token 2q), c1: (r, 2q + 1), c2: (r + 8, 2q), c3: (r + 8, 2q + 1).
+#pragma unroll
+    for (int u = 0; u < kTokens / 8; ++u) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = m0 + 8 * u + 2 * q + (e & 1);
+        const int col = n0 + row0 + 8 * (e >> 1);
+        if (m < m_rows && col < n) d[int64_t(m) * ldd + col] = decode::to_out<Out>(acc[u][e]);
+      }
+    }
+  }
+}
+
+template <class T, class Out, class W, int kTokens>
+__global__ void __launch_bounds__(kWarps * 32) tiled_w4a16_kernel(Params p) {
+  __shared__ __align__(16) Stage<kTokens> stages[kStages];
+  pdl_begin();
+  const int active = p.active_groups[0];
+  for (int y = blockIdx.y; y < active; y += gridDim.y) {
+    const int g = p.active_groups[1 + y];
+    if (int(blockIdx.x) * kRows < p.problem_shapes[3 * g + 1])  // the same for the whole block
+      group_tile<T, Out, W, kTokens>(p, g, stages);
+  }
+}
+
+}  // namespace tiled_w4
+
+// kTokens: the catalog's tile_m (tokens per tile, a multiple of 8); 128 output columns per block.
+template <class T, class Out, class W, int kTokens>
+struct TiledW4A16 {
+  static_assert(kTokens % 8 == 0 && kTokens <= 64, "W4A16 tiled GEMM: 8 to 64 tokens per tile, in 8s");
+
+  static size_t workspace_size(int, int) { return 0; }
+
+  static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
+    if (a.n <= 0 || a.max_active_groups <= 0 || !a.active_groups || !a.ptr_sfb) {
+      snprintf(err, errlen, "W4A16 tiled GEMM: needs N, the active-group list and the weight scales");
+      return MOEK_INVALID_ARGUMENT;
+    }
+    // A lane's 16 values of a 64-value stage share one scale; rows of 16-byte chunks.
+    if (a.weight_group < 32 || a.weight_group % 32 || a.k % 32 || a.k % a.weight_group || a.n % 8) {
+      snprintf(err, errlen, "W4A16 tiled GEMM: scale group %d and K=%lld must be multiples of 32 (the group "
+               "dividing K), N=%lld a multiple of 8", a.weight_group, (long long)a.k, (long long)a.n);
+      return MOEK_UNSUPPORTED;
+    }
+    return MOEK_OK;
+  }
+
+  static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
+    if (int st = check(a, err, errlen)) return st;
+    decode_w4::Params p{a.problem_shapes, a.active_groups, a.ptr_a, a.stride_a, a.ptr_b, a.stride_b,
+                        a.ptr_d, a.stride_d, a.ptr_sfb, static_cast<const unsigned short*>(a.zero_base),
+                        a.weight_group};
+    const dim3 grid(static_cast<unsigned>((a.n + tiled_w4::kRows - 1) / tiled_w4::kRows),
+                    static_cast<unsigned>(a.max_active_groups < 65535 ? a.max_active_groups : 65535));
+    const cudaError_t e = launch(tiled_w4::tiled_w4a16_kernel<T, Out, W, kTokens>, grid, tiled_w4::kWarps * 32,
+                                 0, a.stream, p);
+    if (e != cudaSuccess) {
+      snprintf(err, errlen, "W4A16 tiled GEMM launch: %s", cudaGetErrorString(e));
+      return MOEK_CUDA_ERROR;
+    }
+    return MOEK_OK;
+  }
+
+  static constexpr GemmKernelOps kOps{
+      &run, &check, &workspace_size,
+      static_cast<int>(sizeof(tiled_w4::Stage<kTokens>) * tiled_w4::kStages), false};
+};
+
+}  // namespace moe_kernels
