@@ -290,7 +290,7 @@ _SM90_FP8_BLOCK_SWAPAB = [
 _SM90_W4A16_INT4_FULL = [(m, 128, 64, 1, 1, "coop_swapab", z) for m in (16, 64, 128) for z in ("", "zero")]
 _SM90_W4A16_INT4_MINIMAL = [(64, 128, 64, 1, 1, "coop_swapab", z) for z in ("", "zero")]
 # W4A16 decode (src/gemm/decode_w4a16.cuh, mma.sync): 8 or 16 tokens per pass, 16 weight rows
-# per block, K steps of 128 values; both 4-bit formats.
+# per block, K steps of 128 values; both 4-bit formats, and W4A8's E4M3 tokens.
 _SM90_W4A16_DECODE = [(m, 16, 128, 1, 1, "decode") for m in (8, 16)]
 # W4A16 past the decode kernel where CUTLASS's mixed-input mainloop cannot serve (it loads one
 # scale per K tile of 64 or more; MXFP4 has a scale per 32): our tiled kernel
@@ -344,6 +344,9 @@ def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4=(), sm
                      for r in _rows(arch, "w4a16_int4", sm90_int4 + _SM90_W4A16_DECODE + sm90_w4_tiled, out)]
             rows += [r for out in ("bf16", "fp16")
                      for r in _rows(arch, "w4a16_mxfp4", _SM90_W4A16_DECODE + sm90_w4_tiled, out)]
+            # W4A8: the same kernels with E4M3 tokens (widened to 16 bits, row scales on the output)
+            rows += [r for mode in ("w4a8_int4", "w4a8_mxfp4") for out in ("bf16", "fp16")
+                     for r in _rows(arch, mode, _SM90_W4A16_DECODE + sm90_w4_tiled, out)]
     return rows
 
 

@@ -4,14 +4,16 @@ import torch
 from moe_kernels import reference
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16,
-          "fp8_block": torch.bfloat16, "w4a16_int4": torch.bfloat16, "w4a16_mxfp4": torch.bfloat16}
+          "fp8_block": torch.bfloat16, "w4a16_int4": torch.bfloat16, "w4a16_mxfp4": torch.bfloat16,
+          "w4a8_int4": torch.bfloat16, "w4a8_mxfp4": torch.bfloat16}
 # ||out - ref|| / ||ref|| against the float32 reference; the kernels round GEMM1's output,
 # the activation and GEMM2's output to 16 bits, the reference rounds nothing. For fp8 the
 # reference quantizes where the kernels do; rounding GEMM1's output first moves some of
 # the activation's E4M3 roundings by one step.
 TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3, "fp8": 5e-2, "fp8_block": 5e-2, "w4a16_int4": 2e-2,
-             "w4a16_mxfp4": 2e-2}
+             "w4a16_mxfp4": 2e-2, "w4a8_int4": 5e-2, "w4a8_mxfp4": 5e-2}
 W4A16 = ("w4a16_int4", "w4a16_mxfp4")
+W4 = W4A16 + ("w4a8_int4", "w4a8_mxfp4")  # 4-bit weights, 16-bit or E4M3 tokens
 
 
 def make_problem(T, E, k, H, I, *, dtype="bf16", gated=True, bias=False, ids_dtype=torch.int32,
@@ -21,7 +23,7 @@ def make_problem(T, E, k, H, I, *, dtype="bf16", gated=True, bias=False, ids_dty
     "fp16"): the FP8 modes' hidden states, biases and output type (default bf16)."""
     g = torch.Generator(device="cpu")
     g.manual_seed(seed if seed is not None else torch.randint(0, 2**31 - 1, ()).item())
-    assert act_dtype is None or dtype in ("fp8", "fp8_block") + W4A16, "act_dtype is for the quantized modes"
+    assert act_dtype is None or dtype in ("fp8", "fp8_block") + W4, "act_dtype is for the quantized modes"
     dt = DTYPES[act_dtype or dtype]
     n1 = 2 * I if gated else I
     ge = global_experts or E
@@ -43,7 +45,7 @@ def make_problem(T, E, k, H, I, *, dtype="bf16", gated=True, bias=False, ids_dty
     if bias:
         p["w13_bias"] = randn(E, n1, scale=0.5)
         p["w2_bias"] = randn(E, H, scale=0.5)
-    if dtype in W4A16:  # INT4 in groups of `group` (symmetric: GPTQ-like; else AWQ-like zero terms), or MXFP4
+    if dtype in W4:  # INT4 in groups of `group` (symmetric: GPTQ-like; else AWQ-like zero terms), or MXFP4
         from moe_kernels.prepare import quantize_weights
         q = quantize_weights(p["w13"], p["w2"], quant=dtype, group_size=group, scale_dtype=dt,
                              activation="swiglu" if gated else "silu", symmetric=symmetric)

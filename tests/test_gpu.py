@@ -6,7 +6,7 @@ import torch
 
 import moe_kernels
 from moe_kernels import Activation, FusedMoE, Tactic, fused_moe, reference
-from helpers import TOLERANCE, W4A16, make_problem, poisoned_out, reference_out, rel_error, scale_kwargs, worst_row_error
+from helpers import TOLERANCE, W4, make_problem, poisoned_out, reference_out, rel_error, scale_kwargs, worst_row_error
 
 pytestmark = pytest.mark.gpu
 
@@ -799,10 +799,10 @@ W4_SHAPES = [(0, 8, 2), (1, 8, 2), (2, 8, 2), (7, 16, 4), (64, 128, 8), (1000, 8
 
 @pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("T,E,k", W4_SHAPES)
-@pytest.mark.parametrize("quant", W4A16)
+@pytest.mark.parametrize("quant", W4)
 def test_w4a16_shapes(quant, T, E, k, act_dtype, error_log):
     p = make_problem(T=T, E=E, k=k, H=512, I=256, dtype=quant, act_dtype=act_dtype, bias=True,
-                     group=32 if quant == "w4a16_mxfp4" else 128)
+                     group=32 if quant.endswith("mxfp4") else 128)
     if T == 0:
         assert run(p).shape == (0, 512)
         return
@@ -812,7 +812,7 @@ def test_w4a16_shapes(quant, T, E, k, act_dtype, error_log):
 
 
 @pytest.mark.parametrize("quant,group", [("w4a16_int4", 32), ("w4a16_int4", 64), ("w4a16_int4", 128),
-                                         ("w4a16_mxfp4", 32)])
+                                         ("w4a16_mxfp4", 32), ("w4a8_int4", 128), ("w4a8_mxfp4", 32)])
 @pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
 def test_w4a16_every_built_kernel(quant, group, act_dtype, error_log):
     kernels = [x for x in moe_kernels.list_kernels(quant=quant, out_dtype=act_dtype) if x.gemm]
@@ -820,7 +820,7 @@ def test_w4a16_every_built_kernel(quant, group, act_dtype, error_log):
     assert any(x.kind == "decode" for x in kernels)
     # H, I not multiples of the 128-row weight tile (MXFP4: nor of the decode kernel's 128-value
     # K step); ~170 rows per expert: full and partial tiles, several decode passes
-    H, I = (608, 352) if quant == "w4a16_mxfp4" else (640, 384)
+    H, I = (608, 352) if quant.endswith("mxfp4") else (640, 384)
     p = make_problem(T=333, E=4, k=2, H=H, I=I, dtype=quant, act_dtype=act_dtype, group=group)
     ref = reference_out(p)
     ran = 0
@@ -837,7 +837,7 @@ def test_w4a16_every_built_kernel(quant, group, act_dtype, error_log):
     assert ran
 
 
-@pytest.mark.parametrize("quant", W4A16)
+@pytest.mark.parametrize("quant", W4)
 def test_w4a16_experts_without_tokens_and_expert_parallel(quant, error_log):
     E, T, k = 16, 96, 2
     ids = torch.rand(T, 2 * E).argsort(dim=1)[:, :k].to(torch.int32)  # half the ids on the other rank
@@ -849,7 +849,7 @@ def test_w4a16_experts_without_tokens_and_expert_parallel(quant, error_log):
 
 
 @pytest.mark.parametrize("T", [5, 48])
-@pytest.mark.parametrize("quant", W4A16)
+@pytest.mark.parametrize("quant", W4)
 def test_w4a16_graph_replay_and_determinism(quant, T, error_log):
     E, k, H, I = 8, 2, 256, 128
     p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype=quant, bias=True)
@@ -966,3 +966,23 @@ def test_torch_compile_and_opcheck(error_log):
     args = (p["hidden_states"], w13, w2, p["topk_weights"], p["topk_ids"], None, None, None, None, None, None,
             None, None, None, out, None, "", "swiglu", [-1, -1, -1, -1], 1.702, 7.0, False, 1.0, "", 0)
     torch.library.opcheck(torch.ops.moe_kernels.fused_moe.default, args)
+
+
+@pytest.mark.parametrize("T", [3, 200])
+@pytest.mark.parametrize("quant", ["w4a8_int4", "w4a8_mxfp4"])
+def test_w4a8_static_activation_scales_and_extremes(quant, T, error_log):
+    """W4A8 with static per-tensor input scales (the max over the rank's experts), rows that
+    saturate at +-448 and all-zero rows, and the weights' extreme codes."""
+    p = make_problem(T=T, E=8, k=2, H=256, I=128, dtype=quant, group=32 if quant.endswith("mxfp4") else 128)
+    x = p["hidden_states"]
+    x[0] = 0
+    x[1 % T] *= 1e4  # saturates against a static scale made for the other rows
+    a13 = (x[2 % T:].float().abs().max() / 448).reshape(1)
+    a2 = torch.tensor([0.05], device="cuda")
+    p["w13"][0, :4] = 0x88 if quant.endswith("int4") else 0x77  # INT4 -8, E2M1 +6
+    p["w13"][0, 4:8] = 0x77 if quant.endswith("int4") else 0xFF  # INT4 7, E2M1 -6
+    out = run(p, a13_scale=a13, a2_scale=a2)
+    ref = reference_out(p, a13_scale=a13, a2_scale=a2)
+    err = rel_error(out, ref)
+    error_log.add(f"{quant}/static/T{T}", err)
+    assert err < TOLERANCE[quant]

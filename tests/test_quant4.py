@@ -296,8 +296,9 @@ def test_flashinfer_named_interleave_helpers():
     assert s.dtype == torch.bfloat16 and s.shape == (E, K // 32, N)
     torch.testing.assert_close(quant4.dequantize_mxfp4(q, s), quant4.dequantize_mxfp4(q, e))
     torch.testing.assert_close(interleave_moe_scales_for_sm90_mixed_gemm(e, dtype=torch.float16).float(), s.float())
-    with pytest.raises(ValueError, match=r"quant_type: got 'fp4_fp8', expected one of \['fp4', 'int4'\] \(W4A8"):
-        interleave_moe_weights_for_sm90_mixed_gemm(q, "fp4_fp8")
+    assert torch.equal(interleave_moe_weights_for_sm90_mixed_gemm(q, "fp4_fp8"), q)  # W4A8 reads the same
+    with pytest.raises(ValueError, match=r"quant_type: got 'fp8', expected one of \['fp4', 'fp4_fp8', 'int4'\]"):
+        interleave_moe_weights_for_sm90_mixed_gemm(q, "fp8")
     with pytest.raises(TypeError, match=r"weight: got dtype torch.int8, expected torch.uint8"):
         interleave_moe_weights_for_sm90_mixed_gemm(q.view(torch.int8))
     with pytest.raises(ValueError, match=r"weight: got shape \(64, 128\), expected a 3-D tensor"):

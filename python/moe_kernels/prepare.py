@@ -324,19 +324,18 @@ def from_gpt_oss(gate_up_blocks, gate_up_scales, down_blocks, down_scales, gate_
 
 # ---- FlashInfer-named helpers (its SM90 mixed-input MoE), for users switching from it --------
 
-_INTERLEAVE_QUANT_TYPES = {"fp4": "w4a16_mxfp4", "int4": "w4a16_int4"}
+_INTERLEAVE_QUANT_TYPES = {"fp4": "w4a16_mxfp4", "fp4_fp8": "w4a8_mxfp4", "int4": "w4a16_int4"}
 
 
 def interleave_moe_weights_for_sm90_mixed_gemm(weight, quant_type: str = "fp4") -> torch.Tensor:
-    """4-bit expert weights uint8 [E, N, K/2] as this package's W4A16 kernels read them.
+    """4-bit expert weights uint8 [E, N, K/2] as this package's W4A16 and W4A8 kernels read them.
 
     FlashInfer's kernels need its interleaved layout; these read the checkpoint's packing as
     it is (two values per byte along K, the even k in the low nibble), so this validates and
-    returns the weights contiguous on their device. quant_type: "fp4" (MXFP4) or "int4";
-    "fp4_fp8" (MXFP4 x FP8, W4A8) has no kernels yet and is refused."""
+    returns the weights contiguous on their device. quant_type: "fp4" (MXFP4), "fp4_fp8"
+    (MXFP4 x FP8) or "int4" (INT4, with 16-bit or FP8 activations)."""
     if quant_type not in _INTERLEAVE_QUANT_TYPES:
-        raise ValueError(f"quant_type: got {quant_type!r}, expected one of {list(_INTERLEAVE_QUANT_TYPES)}"
-                         + (" (W4A8 has no kernels yet)" if quant_type == "fp4_fp8" else ""))
+        raise ValueError(f"quant_type: got {quant_type!r}, expected one of {list(_INTERLEAVE_QUANT_TYPES)}")
     _importer_tensor("weight", weight, torch.uint8, 3)
     mode = QuantMode.parse(_INTERLEAVE_QUANT_TYPES[quant_type]).spec
     E, N, K = weight.shape[0], weight.shape[1], weight.shape[2] * 2

@@ -1,5 +1,8 @@
-// A grouped GEMM for W4A16 at a few rows per expert (the catalog's "decode" schedule with
-// 4-bit weights): the time is the 4-bit weight bytes, read once, dequantized in registers.
+// A grouped GEMM for 4-bit weights at a few rows per expert (the catalog's "decode" schedule
+// with INT4 or E2M1 weights): the time is the 4-bit weight bytes, read once, dequantized in
+// registers. Tokens come 16-bit (W4A16) or as E4M3 with a scale per row (W4A8: each value
+// widened exactly to the 16-bit type, the row's scale applied to the output), so the MMAs are
+// 16-bit either way and every product is exact.
 //
 // A block owns 16 output columns (weight rows) of one expert; its 4 warps split K and add
 // their partial sums in shared memory. mma.sync m16n8k16 with the weights as A (16 rows)
@@ -20,6 +23,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdio>
 #include <type_traits>
@@ -49,6 +53,7 @@ struct Params {
   void* const* ptr_d;
   const int64_t* stride_d;
   const float* const* ptr_sfb;    // 16-bit scales [K / group, N] per group
+  const float* const* ptr_sfa;    // E4M3 tokens: each row's scale, per group (else unused)
   const unsigned short* zero;     // 16-bit zero terms [G][K / group, N], or null
   int group;                      // scale group along K
 };
@@ -111,6 +116,44 @@ __device__ __forceinline__ void dequant8(uint32_t x, uint32_t (&out)[4]) {
   }
 }
 
+// Two E4M3 values (the low 16 bits of v, the first in the low byte) as a pair of T, exactly:
+// fp16 by the hardware's conversion; bf16 by placing the code's exponent and mantissa in a
+// bf16's lowest exponent bits and top mantissa bits (a subnormal for E4M3's subnormals) and
+// multiplying by 2^120, the difference of the two biases.
+template <class T>
+__device__ __forceinline__ uint32_t e4m3x2_to(uint32_t v) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xFFFFu), __NV_E4M3);
+    return uint32_t(h.x) | (uint32_t(h.y) << 16);
+  } else {
+    const uint32_t spread = (v & 0xFFu) | ((v & 0xFF00u) << 8);  // bytes to bits 0-7 and 16-23
+    return mul2<T>(((spread & 0x007F007Fu) << 4) | ((spread & 0x00800080u) << 8), 0x7B807B80u);
+  }
+}
+
+// A lane's 32 token values from `src` (zeros where !ok) as 16-bit pairs: x[c] word j holds
+// values 8c + 2j, 8c + 2j + 1. In: T (64 bytes read) or E4M3 (32 bytes, widened).
+template <class In, class T>
+__device__ __forceinline__ void load_tokens(const char* src, bool ok, uint4 (&x)[4]) {
+  const uint4* v = reinterpret_cast<const uint4*>(src);
+  if constexpr (sizeof(In) == 2) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) x[c] = ok ? __ldg(v + c) : make_uint4(0, 0, 0, 0);
+  } else {
+    static_assert(std::is_same_v<In, __nv_fp8_e4m3>, "tokens: 16-bit or E4M3");
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint4 raw = ok ? __ldg(v + i) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {  // values 16i + 4w .. + 3
+        const uint32_t lo = e4m3x2_to<T>(word(raw, w)), hi = e4m3x2_to<T>(word(raw, w) >> 16);
+        uint4& dst = x[2 * i + w / 2];
+        if (w % 2 == 0) { dst.x = lo; dst.y = hi; } else { dst.z = lo; dst.w = hi; }
+      }
+    }
+  }
+}
+
 // The weights a block reads: 16 rows (n0 ..) of group g.
 template <class T>
 struct WeightTile {
@@ -164,16 +207,19 @@ struct WeightTile {
 };
 
 // One block: the tile's 16 weight rows for all of group g's tokens, in passes of 8 * kTiles.
-template <class T, class Out, class W, int kTiles>
+// In: the tokens' element type; T: the MMAs' and the output's.
+template <class In, class T, class W, int kTiles>
 __device__ __forceinline__ void group_tile(const Params& p, const WeightTile<T>& t,
                                            float (&partial)[kWarps][kTiles * 8][kRows + 1]) {
   const int g = t.g, n = t.n, k = t.k, n0 = t.n0, steps = t.steps;
   const int m_rows = p.problem_shapes[3 * g];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 2, q = lane & 3;
   const char* a = static_cast<const char*>(p.ptr_a[g]);
-  const int64_t lda = p.stride_a[g] * int64_t(sizeof(T));
-  Out* d = static_cast<Out*>(p.ptr_d[g]);
+  const int64_t lda = p.stride_a[g] * int64_t(sizeof(In));
+  T* d = static_cast<T*>(p.ptr_d[g]);
   const int64_t ldd = p.stride_d[g];
+  constexpr bool kScaledRows = sizeof(In) == 1;
+  const float* sfa = kScaledRows ? p.ptr_sfa[g] : nullptr;
 
   for (int m0 = 0; m0 < m_rows; m0 += 8 * kTiles) {
     float acc[kTiles][4] = {};
@@ -186,15 +232,13 @@ __device__ __forceinline__ void group_tile(const Params& p, const WeightTile<T>&
         const int s = s0 + i * kWarps;
         if (s >= steps) break;  // the same for the whole warp
         const int kk = s * kStepK + 32 * q;
-        // Tokens m0 + 8u + r, values kk .. kk + 31 (64 bytes); zeros past K or the rows.
+        // Tokens m0 + 8u + r, values kk .. kk + 31; zeros past K or the rows.
         uint4 x[kTiles][4];
 #pragma unroll
         for (int u = 0; u < kTiles; ++u) {
           const int m = m0 + 8 * u + r;
           const bool ok = kk < k && m < m_rows;
-          const uint4* src = reinterpret_cast<const uint4*>(a + m * lda + int64_t(kk) * sizeof(T));
-#pragma unroll
-          for (int c = 0; c < 4; ++c) x[u][c] = ok ? __ldg(src + c) : make_uint4(0, 0, 0, 0);
+          load_tokens<In, T>(a + (ok ? m * lda + int64_t(kk) * sizeof(In) : 0), ok, x[u]);
         }
         // Dequantize the lane's 32 values of rows r and r + 8: pair j of word c is values
         // 8c + 2j, 8c + 2j + 1.
@@ -232,14 +276,15 @@ __device__ __forceinline__ void group_tile(const Params& p, const WeightTile<T>&
         float v = 0.f;
 #pragma unroll
         for (int ww = 0; ww < kWarps; ++ww) v += partial[ww][i / kRows][i % kRows];
-        d[int64_t(m) * ldd + col] = decode::to_out<Out>(v);
+        if constexpr (kScaledRows) v *= sfa[m];
+        d[int64_t(m) * ldd + col] = decode::to_out<T>(v);
       }
     }
     __syncthreads();  // `partial` is reused by the next pass
   }
 }
 
-template <class T, class Out, class W, int kTiles>
+template <class In, class T, class W, int kTiles>
 __global__ void __launch_bounds__(kWarps * 32) decode_w4a16_kernel(Params p) {
   __shared__ float partial[kWarps][kTiles * 8][kRows + 1];
   // Unlike the 16-bit/FP8 decode kernel, no weights are requested before the wait for the
@@ -250,14 +295,16 @@ __global__ void __launch_bounds__(kWarps * 32) decode_w4a16_kernel(Params p) {
   for (int y = blockIdx.y; y < active; y += gridDim.y) {  // gridDim.y is capped at 65535
     const WeightTile<T> t(p, p.active_groups[1 + y]);
     if (t.has_rows())  // the same for the whole block (it syncs)
-      group_tile<T, Out, W, kTiles>(p, t, partial);
+      group_tile<In, T, W, kTiles>(p, t, partial);
   }
 }
 
 }  // namespace decode_w4
 
-// kTokens: the catalog's tile_m (tokens per pass, a multiple of 8); 16 output columns per block.
-template <class T, class Out, class W, int kTokens>
+// In: the tokens' element type (T, or E4M3 for W4A8); T: the MMAs' and the output's (bf16,
+// fp16). kTokens: the catalog's tile_m (tokens per pass, a multiple of 8); 16 output columns
+// per block.
+template <class In, class T, class W, int kTokens>
 struct DecodeW4A16 {
   static_assert(kTokens % 8 == 0, "W4A16 decode GEMM: tokens per pass in multiples of 8");
   static constexpr int kTiles = kTokens / 8;
@@ -265,8 +312,10 @@ struct DecodeW4A16 {
   static size_t workspace_size(int, int) { return 0; }
 
   static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
-    if (a.n <= 0 || a.max_active_groups <= 0 || !a.active_groups || !a.ptr_sfb) {
-      snprintf(err, errlen, "W4A16 decode GEMM: needs N, the active-group list and the weight scales");
+    if (a.n <= 0 || a.max_active_groups <= 0 || !a.active_groups || !a.ptr_sfb ||
+        (sizeof(In) == 1 && !a.ptr_sfa)) {
+      snprintf(err, errlen, "4-bit decode GEMM: needs N, the active-group list, the weight scales (and the "
+               "E4M3 tokens' row scales)");
       return MOEK_INVALID_ARGUMENT;
     }
     // Each lane's 32 values along K share one scale; K in whole 32-value pieces (16 bytes).
@@ -281,11 +330,11 @@ struct DecodeW4A16 {
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
     decode_w4::Params p{a.problem_shapes, a.active_groups, a.ptr_a, a.stride_a, a.ptr_b, a.stride_b,
-                        a.ptr_d, a.stride_d, a.ptr_sfb, static_cast<const unsigned short*>(a.zero_base),
+                        a.ptr_d, a.stride_d, a.ptr_sfb, a.ptr_sfa, static_cast<const unsigned short*>(a.zero_base),
                         a.weight_group};
     const dim3 grid(static_cast<unsigned>((a.n + decode_w4::kRows - 1) / decode_w4::kRows),
                     static_cast<unsigned>(a.max_active_groups < 65535 ? a.max_active_groups : 65535));
-    const cudaError_t e = launch(decode_w4::decode_w4a16_kernel<T, Out, W, kTiles>, grid,
+    const cudaError_t e = launch(decode_w4::decode_w4a16_kernel<In, T, W, kTiles>, grid,
                                  decode_w4::kWarps * 32, 0, a.stream, p);
     if (e != cudaSuccess) {
       snprintf(err, errlen, "W4A16 decode GEMM launch: %s", cudaGetErrorString(e));

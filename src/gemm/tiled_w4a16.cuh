@@ -1,13 +1,14 @@
-// A grouped W4A16 GEMM for many rows per expert (the catalog's "tiled" schedule): 4-bit weights
-// (INT4 or E2M1) with 16-bit group scales of any group of 32 or more (MXFP4's 32, which
+// A grouped 4-bit-weight GEMM for many rows per expert (the catalog's "tiled" schedule): INT4 or
+// E2M1 weights with 16-bit group scales of any group of 32 or more (MXFP4's 32, which
 // CUTLASS's mixed-input mainloop cannot take) and optional INT4 zero terms, dequantized in
-// registers once per block tile and reused for all of its tokens.
+// registers once per block tile and reused for all of its tokens. Tokens are 16-bit (W4A16)
+// or E4M3 with a scale per row (W4A8: widened exactly, the row's scale applied to the output).
 //
 // A block owns kRows = 128 weight rows (output columns) of one expert and walks the expert's
 // tokens in tiles of kTokens; its 8 warps each take 16 of the weight rows (one mma.sync M) and
 // all kTokens tokens (kTokens / 8 mmas of N = 8). K advances 64 values per stage through a
 // 3-stage cp.async ring in shared memory: the weight rows (32 bytes each), the token rows (128
-// bytes each) and the stage's scales (and zero terms).
+// bytes each; 64 for E4M3) and the stage's scales (and zero terms).
 //
 // K order within a stage: lane q (= lane % 4) dequantizes values 16q .. 16q + 15 of its two
 // weight rows (8 bytes each, inside one scale group since groups are 32 or more and stages
@@ -47,21 +48,27 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-template <int kTokens>
+// 16-byte chunks of a token row per stage: 8 (16-bit tokens) or 4 (E4M3).
+template <class In>
+constexpr int kChunks = kStageK * int(sizeof(In)) / 16;
+
+template <class In, int kTokens>
 struct Stage {
-  uint4 weights[kRows][2];                // 32 bytes of each weight row
-  uint4 tokens[kTokens][8];               // 128 bytes of each token row, 16-byte chunks swizzled
+  uint4 weights[kRows][2];                   // 32 bytes of each weight row
+  uint4 tokens[kTokens][kChunks<In>];        // the stage's bytes of each token row, chunks swizzled
   unsigned short scale[kMaxScaleRows][kRows];
   unsigned short zero[kMaxScaleRows][kRows];
 };
 
-// Chunk c (of 8) of token row m lives at chunk c ^ (m & 1): lanes reading rows m and m + 1 at
-// the same chunk hit different banks.
-__device__ __forceinline__ int swizzle(int m, int c) { return c ^ (m & 1); }
+// 16-bit tokens: chunk c (of 8) of token row m lives at chunk c ^ (m & 1), so that lanes reading
+// rows m and m + 1 at the same chunk hit different banks (E4M3 rows of 64 bytes do not collide).
+template <class In>
+__device__ __forceinline__ int swizzle(int m, int c) { return kChunks<In> == 8 ? c ^ (m & 1) : c; }
 
-// One block: the tile's kRows weight rows of group g, for all of the group's tokens.
-template <class T, class Out, class W, int kTokens>
-__device__ __forceinline__ void group_tile(const Params& p, int g, Stage<kTokens> (&stages)[kStages]) {
+// One block: the tile's kRows weight rows of group g, for all of the group's tokens. In: the
+// tokens' element type; T: the MMAs' and the output's.
+template <class In, class T, class W, int kTokens>
+__device__ __forceinline__ void group_tile(const Params& p, int g, Stage<In, kTokens> (&stages)[kStages]) {
   const int m_rows = p.problem_shapes[3 * g];
   const int n = p.problem_shapes[3 * g + 1];
   const int k = p.problem_shapes[3 * g + 2];
@@ -73,27 +80,30 @@ __device__ __forceinline__ void group_tile(const Params& p, int g, Stage<kTokens
   const char* wbase = static_cast<const char*>(p.ptr_b[g]);
   const int64_t ldw = p.stride_b[g] / 2;  // bytes per weight row
   const char* abase = static_cast<const char*>(p.ptr_a[g]);
-  const int64_t lda = p.stride_a[g] * int64_t(sizeof(T));
+  const int64_t lda = p.stride_a[g] * int64_t(sizeof(In));
+  constexpr int kC = kChunks<In>, kPerChunk = 16 / int(sizeof(In));  // chunks per row, values per chunk
+  constexpr bool kScaledRows = sizeof(In) == 1;
+  const float* sfa = kScaledRows ? p.ptr_sfa[g] : nullptr;
   const unsigned short* scale = reinterpret_cast<const unsigned short*>(p.ptr_sfb[g]);
   const unsigned short* zero = p.zero ? p.zero + int64_t(g) * scale_k * n : nullptr;
-  Out* d = static_cast<Out*>(p.ptr_d[g]);
+  T* d = static_cast<T*>(p.ptr_d[g]);
   const int64_t ldd = p.stride_d[g];
 
   for (int m0 = 0; m0 < m_rows; m0 += kTokens) {
     // Stage s's loads: every thread copies 16-byte chunks (zeros past K, N or the rows).
     auto load = [&](int s) {
-      Stage<kTokens>& st = stages[s % kStages];
+      Stage<In, kTokens>& st = stages[s % kStages];
       const int k0 = s * kStageK;
       {  // weights: kRows rows x 2 chunks, one per thread
         const int row = tid >> 1, c = tid & 1;
         const bool ok = s < k_stages && n0 + row < n && k0 + 32 * c < k;
         cp_async16(&st.weights[row][c], ok ? wbase + (n0 + row) * ldw + k0 / 2 + 16 * c : wbase, ok);
       }
-      for (int i = tid; i < kTokens * 8; i += kWarps * 32) {  // tokens: kTokens rows x 8 chunks
-        const int m = i >> 3, c = i & 7;
-        const bool ok = s < k_stages && m0 + m < m_rows && k0 + 8 * c < k;
-        cp_async16(&st.tokens[m][swizzle(m, c)], ok ? abase + (m0 + m) * lda + int64_t(k0 + 8 * c) * sizeof(T) : abase,
-                   ok);
+      for (int i = tid; i < kTokens * kC; i += kWarps * 32) {  // tokens: kTokens rows x kC chunks
+        const int m = i / kC, c = i % kC;
+        const bool ok = s < k_stages && m0 + m < m_rows && k0 + kPerChunk * c < k;
+        cp_async16(&st.tokens[m][swizzle<In>(m, c)],
+                   ok ? abase + (m0 + m) * lda + int64_t(k0 + kPerChunk * c) * sizeof(In) : abase, ok);
       }
       if (tid < 2 * kMaxScaleRows * (kRows / 8)) {  // scales, then zero terms: kRows / 8 chunks per row
         const bool is_zero = tid >= kMaxScaleRows * (kRows / 8);
@@ -121,7 +131,7 @@ __device__ __forceinline__ void group_tile(const Params& p, int g, Stage<kTokens
       __syncthreads();  // stage s landed for every thread; stage s - 1's buffer is free
       load(s + kStages - 1);
       cp_async_commit();
-      const Stage<kTokens>& st = stages[s % kStages];
+      const Stage<In, kTokens>& st = stages[s % kStages];
       // The lane's 16 values of rows row0 and row0 + 8, dequantized: pair j of word c holds
       // values 16q + 8c + 2j, + 1.
       uint32_t wv[2][8];
@@ -142,9 +152,21 @@ __device__ __forceinline__ void group_tile(const Params& p, int g, Stage<kTokens
 #pragma unroll
       for (int u = 0; u < kTokens / 8; ++u) {
         const int m = 8 * u + r;
-        const uint4 x0 = st.tokens[m][swizzle(m, 2 * q)];
-        const uint4 x1 = st.tokens[m][swizzle(m, 2 * q + 1)];
-        const uint32_t xb[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        uint32_t xb[8];  // values 16q + 2i, + 1 in word i
+        if constexpr (kC == 8) {
+          const uint4 x0 = st.tokens[m][swizzle<In>(m, 2 * q)];
+          const uint4 x1 = st.tokens[m][swizzle<In>(m, 2 * q + 1)];
+          const uint32_t words[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+          for (int i = 0; i < 8; ++i) xb[i] = words[i];
+        } else {
+          const uint4 x8 = st.tokens[m][swizzle<In>(m, q)];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            xb[2 * i] = decode_w4::e4m3x2_to<T>(decode::word(x8, i));
+            xb[2 * i + 1] = decode_w4::e4m3x2_to<T>(decode::word(x8, i) >> 16);
+          }
+        }
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
           const uint32_t fa[4] = {wv[0][2 * t], wv[1][2 * t], wv[0][2 * t + 1], wv[1][2 * t + 1]};
@@ -161,36 +183,41 @@ __device__ __forceinline__ void group_tile(const Params& p, int g, Stage<kTokens
       for (int e = 0; e < 4; ++e) {
         const int m = m0 + 8 * u + 2 * q + (e & 1);
         const int col = n0 + row0 + 8 * (e >> 1);
-        if (m < m_rows && col < n) d[int64_t(m) * ldd + col] = decode::to_out<Out>(acc[u][e]);
+        if (m < m_rows && col < n)
+          d[int64_t(m) * ldd + col] = decode::to_out<T>(kScaledRows ? acc[u][e] * sfa[m] : acc[u][e]);
       }
     }
   }
 }
 
-template <class T, class Out, class W, int kTokens>
+template <class In, class T, class W, int kTokens>
 __global__ void __launch_bounds__(kWarps * 32) tiled_w4a16_kernel(Params p) {
-  __shared__ __align__(16) Stage<kTokens> stages[kStages];
+  __shared__ __align__(16) Stage<In, kTokens> stages[kStages];
   pdl_begin();
   const int active = p.active_groups[0];
   for (int y = blockIdx.y; y < active; y += gridDim.y) {
     const int g = p.active_groups[1 + y];
     if (int(blockIdx.x) * kRows < p.problem_shapes[3 * g + 1])  // the same for the whole block
-      group_tile<T, Out, W, kTokens>(p, g, stages);
+      group_tile<In, T, W, kTokens>(p, g, stages);
   }
 }
 
 }  // namespace tiled_w4
 
-// kTokens: the catalog's tile_m (tokens per tile, a multiple of 8); 128 output columns per block.
-template <class T, class Out, class W, int kTokens>
+// In: the tokens' element type (T, or E4M3 for W4A8); T: the MMAs' and the output's (bf16,
+// fp16). kTokens: the catalog's tile_m (tokens per tile, a multiple of 8); 128 output columns
+// per block.
+template <class In, class T, class W, int kTokens>
 struct TiledW4A16 {
   static_assert(kTokens % 8 == 0 && kTokens <= 64, "W4A16 tiled GEMM: 8 to 64 tokens per tile, in 8s");
 
   static size_t workspace_size(int, int) { return 0; }
 
   static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
-    if (a.n <= 0 || a.max_active_groups <= 0 || !a.active_groups || !a.ptr_sfb) {
-      snprintf(err, errlen, "W4A16 tiled GEMM: needs N, the active-group list and the weight scales");
+    if (a.n <= 0 || a.max_active_groups <= 0 || !a.active_groups || !a.ptr_sfb ||
+        (sizeof(In) == 1 && !a.ptr_sfa)) {
+      snprintf(err, errlen, "4-bit tiled GEMM: needs N, the active-group list, the weight scales (and the "
+               "E4M3 tokens' row scales)");
       return MOEK_INVALID_ARGUMENT;
     }
     // A lane's 16 values of a 64-value stage share one scale; rows of 16-byte chunks.
@@ -205,11 +232,11 @@ struct TiledW4A16 {
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
     decode_w4::Params p{a.problem_shapes, a.active_groups, a.ptr_a, a.stride_a, a.ptr_b, a.stride_b,
-                        a.ptr_d, a.stride_d, a.ptr_sfb, static_cast<const unsigned short*>(a.zero_base),
+                        a.ptr_d, a.stride_d, a.ptr_sfb, a.ptr_sfa, static_cast<const unsigned short*>(a.zero_base),
                         a.weight_group};
     const dim3 grid(static_cast<unsigned>((a.n + tiled_w4::kRows - 1) / tiled_w4::kRows),
                     static_cast<unsigned>(a.max_active_groups < 65535 ? a.max_active_groups : 65535));
-    const cudaError_t e = launch(tiled_w4::tiled_w4a16_kernel<T, Out, W, kTokens>, grid, tiled_w4::kWarps * 32,
+    const cudaError_t e = launch(tiled_w4::tiled_w4a16_kernel<In, T, W, kTokens>, grid, tiled_w4::kWarps * 32,
                                  0, a.stream, p);
     if (e != cudaSuccess) {
       snprintf(err, errlen, "W4A16 tiled GEMM launch: %s", cudaGetErrorString(e));
@@ -220,7 +247,7 @@ struct TiledW4A16 {
 
   static constexpr GemmKernelOps kOps{
       &run, &check, &workspace_size,
-      static_cast<int>(sizeof(tiled_w4::Stage<kTokens>) * tiled_w4::kStages), false};
+      static_cast<int>(sizeof(tiled_w4::Stage<In, kTokens>) * tiled_w4::kStages), false};
 };
 
 }  // namespace moe_kernels
