@@ -58,7 +58,8 @@ def test_declared_modes_without_kernels_say_so(quant):
         moe_kernels.workspace_size(T, k, E, H, I, quant=quant)
     with pytest.raises(NotImplementedError, match=rf"prepare_weights: quant='{quant}' is not supported yet"):
         prepare_weights(packed, w2, quant=quant)
-    FusedMoE(E, H, I, quant=quant)  # a layer can be declared: it fails at load/first use
+    with pytest.raises(NotImplementedError, match=rf"quant='{quant}' has no kernels"):  # as fused_moe
+        FusedMoE(E, H, I, quant=quant)
 
 
 def test_scale_shapes_come_from_the_weight_format():

@@ -13,6 +13,18 @@ import os
 # The distributions of this package, one per CUDA major; each installs the import name moe_kernels.
 DISTRIBUTIONS = {12: "moe-kernels-cu12", 13: "moe-kernels-cu13"}
 
+# The GPUs each per-arch library runs on: "a" machine code runs only on its own compute capability.
+ARCH_GPUS = {
+    "sm90a": {"compute_capability": "9.0", "gpus": ["H100", "H200", "H20", "GH200"]},
+    "sm100a": {"compute_capability": "10.0", "gpus": ["B200", "GB200"]},
+    "sm103a": {"compute_capability": "10.3", "gpus": ["B300", "GB300"]},
+}
+
+
+def arch_gpus(arch: str) -> str:
+    """The GPUs a library's arch runs on, for messages: "H100/H200/H20/GH200"."""
+    return "/".join(ARCH_GPUS[arch]["gpus"]) if arch in ARCH_GPUS else "GPUs of its compute capability"
+
 
 def installed_distributions() -> list:
     import importlib.metadata

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from . import _native, ops
-from .modes import Activation, QuantMode
-from .problem import (WORKSPACE_ALIGNMENT, MAX_TOP_K, Problem, c_shape, check_tensor, device_index,
-                      fail, out_dtype_name, require_built)
+from .modes import Activation
+from .problem import (WORKSPACE_ALIGNMENT, MAX_TOP_K, Problem, c_shape, check_alignment, check_tensor,
+                      device_index, fail, out_dtype_name, parse_quant, require_built)
 from .tactic import Tactic, resolve
 
 __all__ = ["choose_tactic", "fused_moe", "list_kernels", "workspace_size", "WORKSPACE_ALIGNMENT"]
@@ -24,9 +24,10 @@ def workspace_size(num_tokens: int, top_k: int, num_experts: int, hidden_size: i
     """Bytes of workspace a forward with these sizes needs on `device` (num_experts is local).
 
     A workspace sized for T tokens serves every forward with at most T tokens (for modes with
-    several hidden dtypes, with any of them alike).
+    several hidden dtypes, with any of them alike). The arguments are checked before a GPU is
+    looked for; without one, a RuntimeError says so.
     """
-    mode = QuantMode.parse(quant)
+    mode = parse_quant(quant)
     require_built(mode)
     act = Activation.parse(activation)
     for name, v in (("num_tokens", num_tokens), ("top_k", top_k), ("num_experts", num_experts),
@@ -35,9 +36,10 @@ def workspace_size(num_tokens: int, top_k: int, num_experts: int, hidden_size: i
             fail(name, v, "a positive int")
     if top_k > MAX_TOP_K:
         fail("top_k", top_k, f"at most {MAX_TOP_K}")
+    check_alignment(mode.spec, hidden_size, intermediate_size, "hidden_size/intermediate_size")
     shape = c_shape(T=num_tokens, H=hidden_size, I=intermediate_size, E=num_experts, k=top_k,
                     dtype=mode.spec.hidden[0], mode=mode.spec, activation=act)
-    return int(_native.C().workspace_size(device_index(device), shape))
+    return int(_native.C().workspace_size(device_index(device, "workspace_size"), shape))
 
 
 def list_kernels(device=None, quant=None, out_dtype=None) -> list:
@@ -45,16 +47,17 @@ def list_kernels(device=None, quant=None, out_dtype=None) -> list:
     whole-forward kernels; KernelInfo.kind tells them apart). For modes with several hidden
     dtypes, those writing `out_dtype` (by default the mode's first: bf16)."""
     if quant is None:
-        dev = device_index(device)
+        dev = device_index(device, "list_kernels")
         return [k for k in _native.library_for(dev)["kernels"] if not _native.kernel_problem(dev, k.name)]
-    mode = QuantMode.parse(quant)
+    mode = parse_quant(quant)
     out = out_dtype_name(mode, out_dtype)  # checked before any device is looked at
-    return list(_native.usable_kernels(device_index(device), mode.value, out).values())
+    return list(_native.usable_kernels(device_index(device, "list_kernels"), mode.value, out).values())
 
 
 def choose_tactic(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
                   activation="swiglu", w13_scale=None, w2_scale=None) -> Tactic:
     """The tactic a fused_moe call with these arguments would use by default."""
+    quant = None if quant is None else parse_quant(quant)
     p = Problem(hidden_states, w13, w2, topk_weights, topk_ids, quant=quant, activation=activation,
                 w13_scale=w13_scale, w2_scale=w2_scale)
     p.require_cuda()

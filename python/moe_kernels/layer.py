@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 
 from . import api
-from .modes import Activation, QuantMode
+from .modes import Activation
 from .prepare import prepare_weights
-from .problem import check_alignment
+from .problem import check_alignment, parse_quant, require_built
 
 
 class FusedMoE(torch.nn.Module):
@@ -36,7 +36,8 @@ class FusedMoE(torch.nn.Module):
         self.local_experts = num_experts // ep_size
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
-        self.quant = QuantMode.parse(quant)
+        self.quant = parse_quant(quant)
+        require_built(self.quant)  # as fused_moe does: a mode without kernels fails here, not at first use
         check_alignment(self.quant.spec, hidden_size, intermediate_size, "hidden_size/intermediate_size")
         self.activation = Activation.parse(activation)
         self.ep_rank, self.ep_size = ep_rank, ep_size
@@ -57,7 +58,12 @@ class FusedMoE(torch.nn.Module):
         [num_experts, ...] experts, from which this rank's slice is taken. FP8 modes also
         take the checkpoint's weight scales, and `fp8` static activation scales (one, or one
         per expert: the max over this rank's experts is used); see
-        moe_kernels.prepare.prepare_weights."""
+        moe_kernels.prepare.prepare_weights. Without device= the weights stay where they are
+        (CPU weights are validated without a GPU); device='cuda' needs torch with CUDA."""
+        if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"FusedMoE.load_weights: device={str(self.device)!r} needs a CUDA GPU and torch "
+                               "sees none (torch.cuda.is_available() is False); build the layer without "
+                               "device= (or with device='cpu') to validate the weights where they are")
         if isinstance(w13, torch.Tensor) and w13.dim() == 3 and self.ep_size > 1 and \
                 w13.shape[0] == self.num_experts:
             lo, hi = self.ep_rank * self.local_experts, (self.ep_rank + 1) * self.local_experts
@@ -80,9 +86,14 @@ class FusedMoE(torch.nn.Module):
     def workspace_size(self, max_num_tokens: int, top_k: int) -> int:
         """Bytes of `workspace=` that serve every forward of up to max_num_tokens tokens."""
         self._require_weights()
+        device = self.weights["w13"].device
+        if device.type != "cuda":
+            raise RuntimeError(f"FusedMoE.workspace_size: the weights are on {device}, and a workspace is sized "
+                               "for the GPU that runs the layer: load CUDA weights, or build the layer with "
+                               "device='cuda'")
         return api.workspace_size(max_num_tokens, top_k, self.local_experts, self.hidden_size,
                                   self.intermediate_size, quant=self.quant,
-                                  activation=self.activation, device=self.weights["w13"].device)
+                                  activation=self.activation, device=device)
 
     def forward(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor, *, workspace=None, out=None, tactic=None) -> torch.Tensor:

@@ -63,17 +63,37 @@ def built_modes() -> set:
 
 
 def require_built(mode: QuantMode, device=None) -> None:
-    """NotImplementedError, naming the GPU and what the build holds, for a mode without kernels."""
-    if mode.value in built_modes():
+    """NotImplementedError for a mode without kernels: the modes this build runs first, then
+    each library's modes and GPUs, and where the mode's kernels are built."""
+    built = built_modes()
+    if mode.value in built:
         return
     where = ""
     if isinstance(device, torch.device) and device.type == "cuda":
         info = _native.device_info(device.index if device.index is not None else torch.cuda.current_device())
         where = f" for {info['name']} (compute capability {info['major']}.{info['minor']})"
-    built = sorted({(lib["arch"], k.mode) for lib in _native.libraries() for k in lib["kernels"]})
+    libs = "; ".join(f"{lib['arch']} on {_native.arch_gpus(lib['arch'])}: "
+                     + ", ".join(m for m in MODES if m in {k.mode for k in lib["kernels"]})
+                     for lib in _native.libraries())
+    archs = mode.spec.archs
+    planned = (f"its kernels are built for {', '.join('sm' + a for a in archs)} (MOE_KERNELS_ARCHS)" if archs
+               else "its kernels are not written yet")
     raise NotImplementedError(
         f"quant={mode.value!r} has no kernels{where} in this build of moe_kernels; it supports "
-        f"{sorted(built_modes(), key=list(MODES).index)} (built (arch, mode): {built})")
+        f"{[m for m in MODES if m in built]} ({libs}); {planned}")
+
+
+def parse_quant(quant, argument: str = "quant") -> QuantMode:
+    """QuantMode.parse, whose error for an unknown name lists the modes this build runs first,
+    then those declared without kernels in it."""
+    try:
+        return QuantMode.parse(quant, argument)
+    except ValueError:
+        built = built_modes()
+        others = [m for m in MODES if m not in built]
+        raise ValueError(f"{argument}={quant!r} is not a quantization mode; this build runs "
+                         f"{[m for m in MODES if m in built]}"
+                         + (f" (declared, without kernels in this build: {others})" if others else "")) from None
 
 
 def out_dtype_name(mode: QuantMode, out_dtype=None) -> str:
@@ -256,11 +276,27 @@ def check_expert_map(expert_map, expert_offset, ep_rank, ep_size, num_experts, d
         fail("num_experts", num_experts, f"expert_map's length {n}")
 
 
-def device_index(device) -> int:
-    device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
-    if device.type != "cuda":
-        fail("device", device, "a CUDA device")
-    return device.index if device.index is not None else torch.cuda.current_device()
+def device_index(device, caller: str | None = None) -> int:
+    """The CUDA device index `device` names (default: torch's current device, or 0 where torch
+    has no CUDA). `caller`: the public call that needs the GPU, for a clear error where the CUDA
+    runtime sees none (native calls would fail with the runtime's misleading driver message)."""
+    if device is not None:
+        device = torch.device(device)
+        if device.type != "cuda":
+            fail("device", device, "a CUDA device")
+    if caller is not None and _native.C().device_count() == 0:
+        driver = _native.C().driver_version()
+        if driver:  # a driver too old for this build says so; else it sees no GPU
+            for lib in _native.libraries():
+                _native.check_driver(lib["cuda_version"])
+        why = (f"the NVIDIA driver (CUDA {_native.cuda_string(driver)}) reports no GPU" if driver
+               else "no NVIDIA driver is loaded")
+        raise RuntimeError(f"{caller} needs a CUDA GPU and none is visible: {why} "
+                           f"(torch.cuda.is_available() is {torch.cuda.is_available()}). "
+                           "`python -m moe_kernels info` shows what this build holds and the GPUs it runs on")
+    if device is not None and device.index is not None:
+        return device.index
+    return torch.cuda.current_device() if torch.cuda.is_available() else 0
 
 
 class Problem:

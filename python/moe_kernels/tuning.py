@@ -30,7 +30,7 @@ from . import _native
 from . import cache as _cache
 from .cache import ProblemSpec, TuningCache
 from .modes import Activation, QuantMode
-from .problem import device_index, out_dtype_name
+from .problem import device_index, out_dtype_name, parse_quant
 from .profiling import round_robin
 from .tactic import Tactic
 
@@ -57,9 +57,9 @@ class TacticSet:
 def list_tactics(quant="bf16", device=None, out_dtype=None) -> TacticSet:
     """Every tactic of kernels usable for `quant` on `device` (modes with several hidden
     dtypes: with output `out_dtype`, by default the mode's first, as in list_kernels)."""
-    mode = QuantMode.parse(quant)
+    mode = parse_quant(quant)
     out = out_dtype_name(mode, out_dtype)
-    dev = device_index(device)
+    dev = device_index(device, "list_tactics")
     gemms, forwards, filtered = [], [], {}
     for k in _native.library_for(dev)["kernels"]:
         if k.mode != mode.value or k.out_dtype != out:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 from .. import _native
-from ..modes import MODES, QuantMode
+from ..modes import MODES, Activation, QuantMode
 from ..profiling import (ROUTINGS, GpuSampler, kernel_times, load_histogram, make_weights, round_robin, routing,
                         time_graph)
 
@@ -163,22 +163,40 @@ def _regex(text: str) -> str:
     return text
 
 
+def add_preset_argument(p, default: str) -> None:
+    """--preset NAME, repeatable; argparse rejects an unknown name and lists the presets."""
+    p.add_argument("--preset", action="append", choices=list(PRESETS), metavar="NAME",
+                   help=f"model shape, repeatable; one of {', '.join(PRESETS)} ({default})")
+
+
+def add_shape_arguments(p) -> None:
+    """A custom shape (all four, instead of --preset) and the parallel split (bench, profile, tune)."""
+    p.add_argument("--experts", type=int, metavar="E", help="custom shape: number of experts")
+    p.add_argument("--top-k", dest="top_k", type=int, metavar="K", help="custom shape: experts per token")
+    p.add_argument("--hidden", type=int, metavar="H", help="custom shape: hidden size")
+    p.add_argument("--intermediate", type=int, metavar="I", help="custom shape: expert intermediate size")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel size: divides I (default 1)")
+    p.add_argument("--ep", type=int, default=1,
+                   help="expert parallel size: divides E (one rank's share; default 1)")
+
+
 def add_problem_arguments(p) -> None:
     """The shapes, inputs and tactic of the points (bench and profile)."""
-    p.add_argument("--preset", action="append", help=f"model shape, repeatable: {', '.join(PRESETS)}")
-    p.add_argument("--experts", type=int)
-    p.add_argument("--top-k", dest="top_k", type=int)
-    p.add_argument("--hidden", type=int)
-    p.add_argument("--intermediate", type=int)
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel size: divides I")
-    p.add_argument("--ep", type=int, default=1, help="expert parallel size: divides E (one rank's share)")
-    p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="comma-separated token counts")
-    p.add_argument("--quant", default="bf16", choices=list(MODES))
+    add_preset_argument(p, f"default: {' and '.join(DEFAULT_PRESETS)}")
+    add_shape_arguments(p)
+    p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)),
+                   help="comma-separated token counts (default %(default)s)")
+    p.add_argument("--quant", default="bf16", choices=list(MODES), metavar="MODE",
+                   help=f"quantization mode, one of {', '.join(MODES)} (default bf16; "
+                        "`python -m moe_kernels info` lists those this build runs)")
     p.add_argument("--fp16-out", dest="fp16_out", action="store_true",
                    help="fp8/fp8_block with fp16 hidden states and output (default bf16)")
-    p.add_argument("--activation", default="swiglu")
-    p.add_argument("--routing", choices=ROUTINGS, default="uniform")
-    p.add_argument("--skew", type=float, default=1.2, help="Zipf exponent for --routing skewed")
+    p.add_argument("--activation", default="swiglu", type=str.lower, choices=[a.value for a in Activation],
+                   metavar="NAME",
+                   help=f"expert activation, one of {', '.join(a.value for a in Activation)} (default swiglu)")
+    p.add_argument("--routing", choices=ROUTINGS, default="uniform",
+                   help=f"how tokens pick experts: {', '.join(ROUTINGS)} (default uniform)")
+    p.add_argument("--skew", type=float, default=1.2, help="Zipf exponent for --routing skewed (default 1.2)")
     p.add_argument("--routing-file", help="JSON list of per-expert token counts from a real trace "
                                           "(or {\"counts\": [...]}); overrides --routing")
     p.add_argument("--tactic", help="run this GEMM1+GEMM2 pair (kernel names joined by '+') "

@@ -4,6 +4,13 @@ from __future__ import annotations
 import json
 
 from .. import _native
+from ..modes import MODES
+
+
+def _modes(kernels) -> list:
+    """The quant modes a set of kernels serves, in the mode table's order."""
+    served = {k.mode for k in kernels}
+    return [m for m in MODES if m in served]
 
 
 def collect() -> dict:
@@ -11,8 +18,12 @@ def collect() -> dict:
     import torch
 
     libs = [{"arch": lib["arch"], "cuda_version": _native.cuda_string(lib["cuda_version"]),
+             "compute_capability": _native.ARCH_GPUS.get(lib["arch"], {}).get("compute_capability"),
+             "gpus": _native.ARCH_GPUS.get(lib["arch"], {}).get("gpus", []),
+             "modes": _modes(lib["kernels"]),
              "kernels": [k.name for k in lib["kernels"]],
-             "kinds": {k.name: k.kind for k in lib["kernels"]}} for lib in _native.libraries()]
+             "kinds": {k.name: k.kind for k in lib["kernels"]},
+             "kernel_modes": {k.name: k.mode for k in lib["kernels"]}} for lib in _native.libraries()]
     devices = []
     for d in range(_native.C().device_count()):
         info = _native.device_info(d)
@@ -32,7 +43,8 @@ def collect() -> dict:
     except RuntimeError as e:
         problem = str(e)
     return {"version": __version__, "torch": torch.__version__, "catalog": _native.build_info().get("catalog"),
-            "libraries": libs, "driver": _native.cuda_string(driver) if driver else None,
+            "modes": _modes(k for lib in _native.libraries() for k in lib["kernels"]), "libraries": libs,
+            "driver": _native.cuda_string(driver) if driver else None,
             **({"driver_problem": problem} if problem else {}), "devices": devices}
 
 
@@ -42,10 +54,15 @@ def main(args) -> int:
         print(json.dumps(info, indent=2))
         return 0
     print(f"moe_kernels {info['version']} (torch {info['torch']}), catalog: {info['catalog']}")
+    print(f"quant modes this build runs: {', '.join(info['modes']) or 'none'}")
     for lib in info["libraries"]:
-        print(f"  library {lib['arch']}: built with CUDA {lib['cuda_version']}, {len(lib['kernels'])} kernels")
+        gpus = (f"runs on {', '.join(lib['gpus'])} (compute capability {lib['compute_capability']})"
+                if lib["gpus"] else "runs on GPUs of its own compute capability only")
+        print(f"  library {lib['arch']}: {gpus}; built with CUDA {lib['cuda_version']}, "
+              f"{len(lib['kernels'])} kernels")
+        print(f"    modes: {', '.join(lib['modes'])}")
         for name in lib["kernels"]:
-            print(f"    {name:<60} {lib['kinds'][name]}")
+            print(f"    {name:<60} {lib['kinds'][name]:<10} {lib['kernel_modes'][name]}")
     if info.get("driver_problem"):
         print(f"CUDA driver: {info['driver_problem']}")
     elif info["driver"]:

@@ -2,29 +2,33 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..cache import BUCKETS, ProblemSpec, TuningCache, cache_key
-from ..modes import Activation, QuantMode
+from ..modes import MODES, Activation, QuantMode
 from ..tuning import tune
+from . import NO_GPU
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--preset", action="append", help="model shape from the benchmark presets; repeatable")
-    p.add_argument("--experts", type=int)
-    p.add_argument("--top-k", dest="top_k", type=int)
-    p.add_argument("--hidden", type=int)
-    p.add_argument("--intermediate", type=int)
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--ep", type=int, default=1)
-    p.add_argument("--quant", default="bf16")
+    from .bench import add_preset_argument, add_shape_arguments
+    add_preset_argument(p, "or give a custom shape")
+    add_shape_arguments(p)
+    p.add_argument("--quant", default="bf16", choices=list(MODES), metavar="MODE",
+                   help=f"quantization mode, one of {', '.join(MODES)} (default bf16; "
+                        "`python -m moe_kernels info` lists those this build runs)")
     p.add_argument("--fp16-out", dest="fp16_out", action="store_true",
                    help="fp8/fp8_block with fp16 hidden states and output (default bf16)")
-    p.add_argument("--activation", default="swiglu")
-    p.add_argument("--routing", choices=("uniform", "skewed", "balanced"), default="skewed")
-    p.add_argument("--skew", type=float, default=1.2)
+    p.add_argument("--activation", default="swiglu", type=str.lower, choices=[a.value for a in Activation],
+                   metavar="NAME",
+                   help=f"expert activation, one of {', '.join(a.value for a in Activation)} (default swiglu)")
+    p.add_argument("--routing", choices=("uniform", "skewed", "balanced"), default="skewed",
+                   help="how tokens pick experts while timing: uniform, skewed or balanced (default skewed)")
+    p.add_argument("--skew", type=float, default=1.2, help="Zipf exponent for --routing skewed (default 1.2)")
     p.add_argument("--histogram", help="JSON per-expert token counts from a real trace")
-    p.add_argument("--buckets", default=",".join(map(str, BUCKETS)))
-    p.add_argument("--replays", type=int, default=10)
+    p.add_argument("--buckets", default=",".join(map(str, BUCKETS)),
+                   help="comma-separated token buckets to tune (default: all of %(default)s)")
+    p.add_argument("--replays", type=int, default=10, help="timed graph replays per candidate (default 10)")
     p.add_argument("--exhaustive", action="store_true", help="time every (GEMM1, GEMM2) pair")
     p.add_argument("--out", required=True, help="JSON cache file to write (merged if it exists)")
 
@@ -64,9 +68,9 @@ def report(specs, results: dict, routing: str, exhaustive: bool) -> None:
 def main(args) -> int:
     import torch
     from . import bench
-    if not torch.cuda.is_available():
-        print("No CUDA GPU is visible: nothing to tune.")
-        return 1
+    if not torch.cuda.is_available():  # the same message and exit code as bench and profile (cli.main)
+        print(NO_GPU.format(verb="tune"), file=sys.stderr)
+        return 2
     bench_args = argparse.Namespace(experts=args.experts, top_k=args.top_k, hidden=args.hidden,
                                     intermediate=args.intermediate, preset=args.preset or None,
                                     tp=args.tp, ep=args.ep)
