@@ -177,7 +177,9 @@ def add_shape_arguments(p) -> None:
     p.add_argument("--intermediate", type=int, metavar="I", help="custom shape: expert intermediate size")
     p.add_argument("--tp", type=int, default=1, help="tensor parallel size: divides I (default 1)")
     p.add_argument("--ep", type=int, default=1,
-                   help="expert parallel size: divides E (one rank's share; default 1)")
+                   help="expert parallel size: divides E (one rank's share; default 1). Under torchrun "
+                        "(--nproc-per-node equal to it) every rank times its share, and its all-to-all "
+                        "dispatch and combine beside it")
 
 
 def add_problem_arguments(p) -> None:
@@ -652,6 +654,9 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
                 row["breakdown_us"] = {n: b - a for n, a, b in zip(STEPS, [0.0] + prefix[:-1], prefix)}
             if getattr(args, "host", False):
                 row["host_us"] = host_time(lambda: ours(*sets[0], outs[0]))
+            if _distributed():  # under torchrun with --ep: this rank's all-to-all beside its forward
+                elem = 1 if QuantMode.parse(args.quant).spec.act_format.quantized else 2
+                row["ranks"] = _gather_ranks(row["results"]["moe_kernels"]["us"], all_to_all_time(T * k, H, elem))
             if getattr(args, "kernels", False):
                 order = iter(range(1 << 62))
 
@@ -669,6 +674,61 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
         del ws, outs, sets
     del w13, w2, peer_list  # the fp8_block peer holds a 16-bit copy of the weights
     torch.cuda.empty_cache()
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized()
+
+
+def all_to_all_time(rows: int, hidden: int, elem_bytes: int, replays: int = 20) -> float:
+    """us of an expert-parallel step's communication on this rank: its rows [rows, hidden]
+    dispatched evenly to every rank and the 16-bit results combined back (two all_to_all_single),
+    median of `replays` timed with CUDA events."""
+    import torch
+    import torch.distributed as dist
+    world = dist.get_world_size()
+    rows = max(world, rows // world * world)
+    send = torch.empty(rows, hidden * elem_bytes, dtype=torch.uint8, device="cuda")
+    back = torch.empty(rows, hidden, dtype=torch.bfloat16, device="cuda")
+    recv, recv_back = torch.empty_like(send), torch.empty_like(back)
+    times = []
+    for i in range(replays + 3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        dist.barrier()
+        start.record()
+        dist.all_to_all_single(recv, send)
+        dist.all_to_all_single(recv_back, back)
+        end.record()
+        torch.cuda.synchronize()
+        if i >= 3:
+            times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def _gather_ranks(forward_us: float, a2a_us: float) -> list:
+    import torch.distributed as dist
+    mine = {"rank": dist.get_rank(), "forward_us": forward_us, "all_to_all_us": a2a_us}
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return everyone
+
+
+def _init_distributed(args) -> bool:
+    """Under torchrun (WORLD_SIZE > 1): one GPU per rank, NCCL, --ep equal to the ranks; every
+    rank times its own share, rank 0 reports. False when not launched that way."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return False
+    import torch
+    import torch.distributed as dist
+    if args.ep != world:
+        raise SystemExit(f"--ep {args.ep}: under torchrun expected --ep {world}, the number of ranks")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl")
+    args.no_peers = True  # peers are timed on one GPU, without --ep
+    return True
 
 
 def host_time(call, calls=64, rounds=5) -> float:
@@ -755,6 +815,9 @@ def format_row(row, peer_names) -> str:
         lines.append("    steps (us): " + ", ".join(f"{k} {v:.1f}" for k, v in row["breakdown_us"].items()))
     if "host_us" in row:
         lines.append(f"    host time per eager call: {row['host_us']:.1f} us")
+    if "ranks" in row:
+        lines.append("    per rank (forward / all-to-all dispatch + combine, us): " + ", ".join(
+            f"{r['rank']}: {r['forward_us']:.1f} / {r['all_to_all_us']:.1f}" for r in row["ranks"]))
     for name, us in row.get("kernels_us", {}).items():
         lines.append(f"    kernel {us:8.1f} us  {name}")
     return "\n".join(lines)
@@ -923,6 +986,12 @@ def main(args) -> int:
         return info.main(argparse.Namespace(json=False))
     tokens = parse_tokens(args.tokens)
     shapes = shapes_from_args(args)
+    distributed = _init_distributed(args)
+    if distributed:
+        import torch.distributed as dist
+        if dist.get_rank() != 0:  # every rank times, rank 0 reports
+            sys.stdout = open(os.devnull, "w")
+            args.json = args.markdown = args.plot = None
     dtype_name = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}[str(hidden_dtype(args))]
     env = _environment()
     print(f"moe_kernels {moe_kernels.__version__} ({env['commit'][:12]}, {env['catalog'] or 'unknown'} catalog) "
@@ -971,5 +1040,7 @@ def main(args) -> int:
             f.write(markdown(result))
     if args.plot:
         plot(rows, args.plot)
+    if distributed:
+        dist.destroy_process_group()
     return 0
 
