@@ -31,13 +31,7 @@ SCHEMA = (
 _lib = torch.library.Library("moe_kernels", "DEF")
 _lib.define(SCHEMA)
 
-# Arguments after the 16 tensors, as the schema lists them.
-_OPTIONS = ("quant", "activation", "experts", "swiglu_alpha", "swiglu_limit",
-            "apply_router_weight_on_input", "routed_scaling_factor", "tactic", "last_step")
-_TENSORS = ("hidden_states", "w13", "w2", "topk_weights", "topk_ids", "w13_bias", "w2_bias",
-            "w13_scale", "w2_scale", "a13_scale", "a2_scale", "w13_zero", "w2_zero", "expert_map",
-            "out", "workspace")
-_MAX_PLANS = 4096
+_MAX_PLANS = 4096  # signatures kept; more (a new T every call) start the cache afresh
 
 
 def _none_if_negative(v):
