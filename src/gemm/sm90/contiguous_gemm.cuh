@@ -15,30 +15,28 @@
 // last. So the tiles in flight are always about consecutive ones, which share their weight
 // tile (the M tiles of one N tile) and their A rows (the expert's N tiles) in L2, however
 // long each tile takes. With a fixed stride instead (blockIdx.x, +gridDim.x, ...), the CTAs
-// drifted apart (half tiles are short) and GEMM1 at DeepSeek-V3 16384 tokens read 35 GB from
-// DRAM where its operands hold 8.5 GB (ncu, H200).
+// drift apart (half tiles are short) and re-read their operands from DRAM.
 // Warp specialization: warp 0 loads (one lane issues the TMA loads of A, B and, every 4 K
 // blocks, of their scales; scale_at), warpgroups 1 and 2 each
 // compute 64 rows of the 128-row tile with wgmma (64x128x32 per 128 columns, fp32), promoting
 // each 128-deep K block's partial sums with scale(row) * scale(weight block) into their
 // accumulators. Both epilogues go through shared memory and leave by TMA stores, so the
-// warpgroups are back at their wgmmas while the tile is written out (GEMM2 at DeepSeek-V3 16384
-// tokens: 11% faster than 16-byte stores from registers after quad shuffles).
+// warpgroups are back at their wgmmas while the tile is written out.
 // A is loaded in 64-row halves, only those with rows of the tile's expert in them; a half may
 // still reach into the next expert's rows (or past the buffer: zeros): those rows are computed
 // and never stored, and their scales are the expert's last row's. A tile of at most 64 rows
 // (an expert's last or only one) is split by columns: warpgroup h multiplies those rows by
 // weight block h, so the wgmmas of one warpgroup still run while the other promotes (with one
-// warpgroup doing both blocks, the tensor cores idled through its promotions; split, GEMM1 at
-// DeepSeek-V3 4096 tokens took 1-2% less). But an expert's last rows up to 16 past a full tile
-// get no tile of their own: that tile multiplies them too (tail_rows), so they cost no second
-// stream of the weight tile (DeepSeek-V3 4096 tokens, uniform routing: 4470 us against 5023).
+// warpgroup doing both blocks, the tensor cores idle through its promotions). But an expert's
+// last rows up to 16 past a full tile get no tile of their own: that tile multiplies them too
+// (tail_rows), so they cost no second stream of the weight tile.
 // GEMM1 with a gated activation: the two 128-row weight blocks of a tile are
 // gate block n and up block n (I rows further), so the epilogue holds both halves of 128
 // intermediate columns and writes what the activation kernel would: act(gate, up) of the
 // outputs rounded to the output type (bf16 or fp16, as the unfused path stores them) plus bias,
 // quantized to E4M3 per row per 128 columns. That saves
 // GEMM1's 16-bit output (4I bytes per row), its reread and a launch.
+// Measurements and the variants tried: docs/kernels/contiguous-fp8-block.md.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -78,9 +76,9 @@ constexpr int kSfbPitch = 32;              // floats per weight block's set: TMA
 // Registers per thread after setmaxnreg: the consumers take what the producer warpgroup gives
 // back, within the CTA's allocation (128 * 40 + 256 * 232 = 128 * 24 + 256 * 240 = 384 * 168);
 // asking for more than the CTA holds blocks forever, so run() checks the kernel was built with
-// 168. The fused kernel's consumers take 240 (with 232 they spilled four accumulators in every
-// K block; GEMM1 at DeepSeek-V3 4096/16384 tokens 3-4% faster, the loader spilling instead), the
-// unfused one's 232 (with 240 its GEMM2 was 3-4% slower).
+// 168. Without scale sets the fused kernel's consumers take 240 (with 232 they spill four
+// accumulators in every K block; the loader spills instead, off the tensor path), the unfused
+// one's 232 (240 measured slower for it).
 constexpr int kRegsPerThread = 168;
 
 using namespace cute;
@@ -94,7 +92,8 @@ template <int kTileN, bool kFused>
 struct Config {
   static constexpr int kBlocksN = kTileN / kBlockN;
   static constexpr int kStageBytesA = kTileM * kTileK, kStageBytesB = kTileN * kTileK;
-  // x 48 KB; GEMM2 with 3 stages measured within 3% of 4 (DeepSeek-V3, 4096/16384 tokens).
+  // x 48 KB; the unfused kernel's 64 KB output buffer takes the fourth stage's room (3 stages
+  // measured close to 4).
   static constexpr int kStages = kFused ? 4 : 3;
   static constexpr int kBoxesPerHalf = kFused ? 1 : 2 * kTileN / 128;  // E4M3 or 16-bit rows
   static constexpr int kOutBytes = 2 * kBoxesPerHalf * kBoxBytes;
@@ -102,7 +101,7 @@ struct Config {
   static constexpr uint32_t kProducerRegs = (kThreads * kRegsPerThread - 256 * kConsumerRegs) / 128;
   // With scale sets (no per-lane scale copies) both kernels' consumers take 240: at 232 the
   // unfused one spilled an accumulator in every K block (ptxas); its loader spills instead.
-  // GEMM2 at 232 measured 0.6-3.5% slower (DeepSeek-V3 4096/16384 tokens, A/B on one H200).
+  // GEMM2 at 232 measured slower.
   static constexpr uint32_t kConsumerRegsSets = 240;
   static constexpr uint32_t kProducerRegsSets = (kThreads * kRegsPerThread - 256 * kConsumerRegsSets) / 128;
   // A stage of A (or B) is 128 rows x 128 bytes with the 128-byte swizzle, i.e. blocks of 64
@@ -172,8 +171,8 @@ struct Tile {
 // An expert whose rows end at most kTail past a multiple of 128 (and past 128) has no M tile of
 // its own for them: its last full tile also multiplies them, as the N of a swap-AB wgmma
 // (weights x rows, 64 x kTail x 32) on the weight block already in shared memory, instead of a
-// tile of 64 rows that streams the weight tile again for a few (at DeepSeek-V3 4096 tokens,
-// ~128 rows per expert, half the experts have such a tile).
+// tile of 64 rows that streams the weight tile again for a few (common at ~128 rows per
+// expert).
 __device__ __forceinline__ int m_tiles_of(int rows, int max_tail) {
   return rows <= kTileM ? (rows > 0) : (rows - max_tail + kTileM - 1) / kTileM;
 }
@@ -187,9 +186,8 @@ __device__ __forceinline__ int tail_rows(const Tile& tile, int max_tail) {  // 0
 // into one of two sets, with the stage of the set's first K block; a set is reloaded 2 *
 // kSetBlocks K blocks later, when the stage's empty barrier says the consumers are past it.
 // Without (K / 128 not a multiple of 4: the boxes need 16-byte rows), each stage's lanes copy
-// 4 bytes per row. The 4-byte copies cost: at DeepSeek-V3 4096 tokens (128 rows per expert) the
-// forward took 3773 us without any scale loads against 4295 (timing-only build, H200); with the
-// sets, 3611 against 3859 us, and 4026 against 4277 with uniform routing (same H200, A/B).
+// 4 bytes per row. Those copies (128 requests per K block, each row's 4 bytes K/32 bytes apart)
+// cost more than the sets do.
 struct ScaleAt {
   int a, b, stride, b_stride;
 };
@@ -749,8 +747,7 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 // A 2D K-major e4m3 tensor [rows, k] loaded in boxes of 128 bytes of K x box_rows with the
 // 128-byte swizzle (what GMMA::Layout_K_SW128_Atom expects); rows past the end read as zeros.
-// A load's L2 misses fetch 256 bytes: both K blocks of an aligned pair, in one DRAM access (GEMM2
-// at DeepSeek-V3 4096 tokens: 2-4% faster than 128-byte promotion, the forward ~0.5%).
+// A load's L2 misses fetch 256 bytes: both K blocks of an aligned pair, in one DRAM access.
 inline bool encode(CUtensorMap* map, const void* base, int64_t rows, int64_t k, int box_rows) {
   auto fn = encode_fn();
   if (!fn) return false;
