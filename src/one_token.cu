@@ -1,4 +1,5 @@
-// The one-token forward (one_token.cuh): when a problem fits it, and its launch.
+// The one-token forward (one_token.cuh; docs/kernels/one-token.md): when a problem fits it, and
+// its launch.
 #include <cuda_runtime.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -167,7 +168,7 @@ cudaError_t launch_one_token(const moek_args& a, float* y, int sm_count, int sme
   const one_token::Plan pl = one_token::plan(p.hidden_size, p.inter, p.top_k, p.units1, p.units2, block,
                                              dynamic_smem(smem_optin), stream_ring);
   p.ring = pl.ring;
-  p.w2_after = 1 << 30;  // with the last w13 tile (earlier was slower in the probe)
+  p.w2_after = 1 << 30;  // with the last w13 tile (earlier requests were slower: docs/kernels/one-token.md)
   const size_t smem = one_token::smem_bytes(p.hidden_size, p.inter, p.units2, pl, block);
   const bool fp16 = s.dtype == MOEK_DTYPE_FP16;
   cudaError_t err = cudaErrorInvalidValue;  // one_token_problem admits gated activations only

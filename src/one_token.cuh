@@ -1,13 +1,12 @@
 // The "one_token" tactic (src/one_token.cu launches it; benchmarks/probes/one_token_forward.cu
-// times it and prints a timeline of its phases; docs/fp8-performance.md, "One kernel for one
-// token").
+// times it and prints a timeline of its phases; docs/kernels/one-token.md: its design, its
+// measurements and what was tried on it).
 //
 // The whole forward of one token in one kernel (quant fp8 or fp8_block, gated activations). At
 // one token the forward is a stream of weights, and the grouped path's six launches (routing,
-// expand, GEMM1, activation, GEMM2, finalize) cost more than the stream itself (Qwen3-30B-A3B:
-// 8 experts, 25.2 MB of w13 and 12.6 MB of w2 over 132 SMs). Two forms (Plan, below): the w2
-// share held in shared memory, and, for larger models (DeepSeek-V3), w2 streamed after w13
-// (kStream).
+// expand, GEMM1, activation, GEMM2, finalize) cost more than the stream itself. Two forms (Plan,
+// below): the w2 share held in shared memory, and, for larger models (DeepSeek-V3), w2 streamed
+// after w13 (kStream).
 //
 // One CTA per SM, all resident (a cooperative launch: grid barrier between the GEMMs, since
 // GEMM2's per-token (fp8) or per-128-column (fp8_block) activation scales need GEMM1 columns
@@ -16,13 +15,13 @@
 // 16 gate + 16 up rows of w13) through a ring of bulk copies (3 tiles in flight where shared
 // memory holds them), multiplying each tile as it lands, and once its last w13 tile is
 // requested, its GEMM2 share (16 output columns of every slot's expert: 16 rows of w2 each)
-// into shared memory, to arrive during the barrier. Requesting everything at once made every
-// piece land at the end of the stream (25.7 us against 17.8).
+// into shared memory, to arrive during the barrier. A ring rather than everything requested at
+// once: then every piece lands at the end of the stream.
 //
 // Warp roles in GEMM1: 16 compute warps take each tile as it lands and release its ring slot
 // through an mbarrier that counts them; a 17th, the producer, refills the slot and applies the
-// activation to each finished unit. No block-wide barrier in the loop (the probe on an H200: a
-// barrier per tile and 2 tiles in flight, 17.35 us; this loop and 3 in flight, 16.97).
+// activation to each finished unit. No block-wide barrier in the loop: there every warp would
+// wait for the slowest.
 //
 // The multiplications are mma.sync m16n8k16 on f16 (E4M3 converts exactly), weights as the
 // 16-row operand and the token as column 0 of the 8-wide one. K is permuted the same way in
@@ -97,11 +96,9 @@ struct Params {
 // comes through a ring of 16-row tiles. Where it does not (DeepSeek-V3: 1 MB of w2 rows per CTA),
 // w2 streams through the same ring after w13 ("stream"; its first entries are in flight across
 // the barrier), and a ring entry holds 8 rows of w13 (hidden_size bytes each) or a pair's 16
-// rows of w2 (hence intermediate_size <= hidden_size / 2; gpt-oss's I = H, w2 in two 8-row
-// entries per pair, ran at 54.9 us against 42.1 for the decode kernels on an H200, and is not
-// planned). Every entry is one bulk copy: a copy costs an SM ~0.1 us to issue whatever its size, so
-// K pieces (16 copies of 1 KB per 16-row tile) ran at a third of the bandwidth (H200:
-// DeepSeek-V3 fp8_block one token 288 us).
+// rows of w2 (hence intermediate_size <= hidden_size / 2: with I = H, w2 in two 8-row entries
+// per pair lost to the decode kernels). Every entry is one bulk copy: a copy costs the SM a fixed
+// time to issue whatever its size, so entries cut into K pieces streamed far slower.
 struct Plan {
   int stream = 0;
   int ring = 0;  // entries in flight; 0: the problem does not fit
@@ -191,7 +188,7 @@ __device__ __forceinline__ void wait_parity(uint64_t* bar, int parity) {
 }
 
 // The weights are read once per forward: evict-first keeps them from pushing the workspace, the
-// scales and the code out of L2 (the probe's forwards 0.1-0.8 us faster, within 1%).
+// scales and the code out of L2.
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
@@ -376,13 +373,11 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
 
   // The epilogues' scales and biases. The producer loads GEMM1's into registers before its loop
   // and stores them to shared memory once the first tile is consumed. GEMM2's (kEpi2 entries,
-  // one per compute thread) are loaded here and stored before the grid barrier: the producer
-  // used to load them after its loop, as arrays that cost the streamed instantiations 8-44 bytes
-  // of spills (ptxas; now none; the probe's forwards moved within 1%). Every load is unconditional
-  // (a valid index where there is nothing to load) and nothing reads a loaded register before
-  // the store: a select on a load's value made the producer wait for the loads before its first
-  // refill (it reached its loop 2.1 us after the token's quantization, now 1.1; probe 16.98 ->
-  // 16.77 us).
+  // one per compute thread) are loaded here and stored before the grid barrier, so the producer
+  // holds no register arrays for them (as arrays after its loop they spilled in the streamed
+  // instantiations). Every load is unconditional (a valid index where there is nothing to load)
+  // and nothing reads a loaded register before the store: a select on a load's value would make
+  // the producer wait for the loads before its first refill.
   constexpr int kPer1 = kMaxUnits1 * 2 * kCols / 32, kEpi2 = kMaxSlots * kMaxUnits2 * kCols;
   static_assert(kEpi2 <= kWarps * 32, "a compute thread per GEMM2 epilogue entry");
   // Entry j: slot j / (kMaxUnits2 * kCols), column j % (kMaxUnits2 * kCols) of the CTA's GEMM2
