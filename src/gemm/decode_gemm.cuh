@@ -13,6 +13,8 @@
 // K step (q = lane % 4). A dot product does not care about the order of K, so lane q instead
 // loads bytes 16q..16q+15 of a 64-byte K step, for the weights and the tokens alike, and
 // feeds them as two mma steps; the same permutation on both operands gives the same sums.
+//
+// Design, the rule that picks it, and the variants measured and dropped: docs/kernels/decode.md.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -291,10 +293,9 @@ __device__ __forceinline__ void group_tile(const Params& p, const Tile& t,
   for (int m0 = 0; m0 < m_rows; m0 += kTiles * 8) {
     // fp8: the scales of the values this thread stores, used only at the stores and loaded
     // after the pass's first token loads (warp_sums), so that neither they nor their addresses
-    // hold up the weight and token loads. (Loaded after the K loop they added a round trip:
-    // +12 us at 16 tokens on H200; before the first weight loads, +4-5%: docs/fp8-performance.md,
-    // session 34.) Value (u, c): row scale [u][c % 2] (split K: [u][0]), column scale [c / 2]
-    // (split K: [0]).
+    // hold up the weight and token loads (the other placements measured slower:
+    // docs/kernels/decode.md). Value (u, c): row scale [u][c % 2] (split K: [u][0]), column
+    // scale [c / 2] (split K: [0]).
     float row_scale[kTiles][kSplitK ? 1 : 2], col_scale[2];
     auto load_scales = [&] {
       if constexpr (kScaledOutput) {
@@ -420,9 +421,8 @@ struct DecodeGemm {
                                                                       : 65535));
     // 8-token split-K tiles over short K (at most 4 KB: 8 K steps per warp): six blocks per
     // SM (80 registers, no spills) instead of five, so a one-token GEMM1 of Qwen3-30B-A3B
-    // (768 blocks) is one wave. H200, fp8, one token: 27.5 against 28.5 us for the previous
-    // pick (16x16). Long K keeps the default, whose registers pay there (Mixtral-8x7B bf16,
-    // whose GEMM2 has this tile at K = 14336: 2.7% slower with six blocks).
+    // (768 blocks) is one wave. Long K keeps the default, whose registers pay there
+    // (measurements: docs/kernels/decode.md).
     const int64_t k_bytes = a.k * int64_t(sizeof(In));
     auto* kernel = decode::decode_gemm_kernel<In, Out, kBlockScaled, kSplitK, kTiles, 2, 0>;
     if constexpr (kSplitK && kTiles == 1)
@@ -430,9 +430,8 @@ struct DecodeGemm {
         kernel = decode::decode_gemm_kernel<In, Out, kBlockScaled, kSplitK, kTiles, 2, 6>;
     // 64-column tiles over short K (a warp's K in at most kWholeSteps steps: fp8 K <= 768,
     // 16-bit K <= 384): each warp requests all its weights before the PDL wait, if the whole
-    // grid is resident at once (214 registers: two blocks per SM). H200, Qwen3-30B-A3B fp8,
-    // one token (GEMM2, 256 blocks): 26.4-26.7 against 27.3-27.6 us, three runs each; where
-    // the grid takes two waves (2-16 tokens) it lost 5-9%.
+    // grid is resident at once (214 registers: two blocks per SM); with two waves it is slower
+    // (docs/kernels/decode.md).
     if constexpr (!kSplitK) {
       auto* whole = decode::decode_gemm_kernel<In, Out, kBlockScaled, kSplitK, kTiles, kWholeSteps, 0>;
       static const int per_sm = [whole] {

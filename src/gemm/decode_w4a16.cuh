@@ -19,6 +19,8 @@
 // group's scale ([K/g, N] in the hidden dtype) plus, for asymmetric INT4, its zero term (same
 // layout), rounded once to the hidden dtype (one fma; without zero terms the value the
 // prefill kernels' mainloop computes too).
+//
+// Design, the rule that picks it, and the variants measured: docs/kernels/decode.md.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -288,8 +290,7 @@ template <class In, class T, class W, int kTiles>
 __global__ void __launch_bounds__(kWarps * 32) decode_w4a16_kernel(Params p) {
   __shared__ float partial[kWarps][kTiles * 8][kRows + 1];
   // Unlike the 16-bit/FP8 decode kernel, no weights are requested before the wait for the
-  // previous kernel: on H200 that made the layer 20-30% slower at 1-128 tokens, and batches of
-  // 8 K steps slower still (docs/performance-w4a16.md).
+  // previous kernel: that, and batches of 8 K steps, measured slower (docs/kernels/decode.md).
   pdl_begin();
   const int active = p.active_groups[0];
   for (int y = blockIdx.y; y < active; y += gridDim.y) {  // gridDim.y is capped at 65535

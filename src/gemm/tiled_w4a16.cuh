@@ -15,6 +15,8 @@
 // start at multiples of 64) and feeds them to the stage's 4 mmas, mma t taking values
 // 16q + 4t .. 16q + 4t + 3 as its k = {2q, 2q + 1, 2q + 8, 2q + 9}; it reads the tokens' values
 // in the same order (32 contiguous bytes of each token row), so the sums are the natural ones.
+//
+// Compiled, not yet run on a GPU; design and status: docs/kernels/decode.md.
 #pragma once
 
 #include <cuda_bf16.h>
