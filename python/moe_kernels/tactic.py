@@ -49,73 +49,49 @@ class Tactic:
         return cls(*text.split("+")) if "+" in text else cls(forward=text)
 
 
-# Default rule, from the H200 sweep (`bench --sweep`, Mixtral-8x7B and Qwen3-30B-A3B, 1 to
-# 4096 tokens): the M=64 ping-pong tile was best or within 1% up to 256 rows per expert and
-# within 1% at 1024, where M=128 cooperative led GEMM1 by 1%. Among same-M tiles, the widest
-# N tile that still gives at least half the SMs a tile won: fewer CTAs cannot pull the
-# weights at full bandwidth (Mixtral GEMM2 at T=1: 64x64 beat 64x256 by 21%).
-# fp8_block (DeepSeek-V3 sweep, 1 to 16384 tokens): among CUTLASS's tiles the M=128
-# cooperative one led GEMM1 at 128 rows per expert, and M=64 ping-pong led at 32 (past 64 rows
-# per expert our contiguous kernel comes first: CONTIG_TILE_N below).
-# 16-bit and per-tensor FP8 switch past 384 rows (was 512; session 41: the 64x256 ping-pong
-# against the 128x256 cooperative tile in each GEMM, 3 interleaved rounds, 256-768 rows per
-# expert, `h200-{bf16,fp8}-m128-threshold-sweep-session41.json`). At 512 rows the cooperative
-# tile was 4.5-6% faster in each GEMM for gpt-oss-120b/20b bf16 (6-9% in fp8), 0.5-2.7% for
-# Qwen3-30B-A3B bf16 (0.7-0.8% slower in fp8), tied for Qwen3-235B-A22B, and 3-3.5% slower
-# in Mixtral-8x7B's GEMM1; at 384 rows it lost Qwen3-30B-A3B bf16's GEMM2 (K = 768) by 4-6%
-# and Qwen3-235B-A22B's GEMM1 by up to 3%, so the switch is not earlier.
+# Default rule, per GEMM: CUTLASS's 64-row ping-pong tiles up to DECODE_ROWS rows per expert,
+# past that its 128-row cooperative ones (fp8_block: our contiguous kernel, CONTIG_TILE_N). 384
+# is where the 128-row tile starts to win on H200 without losing short-K GEMMs; for fp8_block
+# the contiguous kernel leads past 64 (docs/performance.md, default rule).
 DECODE_ROWS = {"bf16": 384, "fp16": 384, "fp8": 384, "fp8_block": 64}
+# Among tiles of one M, the widest N that still gives this share of the SMs a tile: fewer CTAs
+# cannot pull the weights at full bandwidth (docs/performance.md, default rule).
 MIN_SM_FILL = 0.5
-# The "decode" schedule (our mma.sync kernel, weights read once per pass of tile_m tokens):
-# the default for both GEMMs up to 64 (token, expert) pairs. H200 with the 64-column blocks
-# (Qwen3-30B-A3B fp8, DeepSeek-V3 fp8_block, k=8):
-# best or within noise in both slots up to 8 tokens; at 16 tokens best for Qwen3 (uniform
-# routing: 125 vs 131-143 us with CUTLASS in either slot) but 3-4% behind CUTLASS's 64x128
-# for DeepSeek-V3.
+# The decode kernel (our mma.sync GEMM, weights read once per pass of tile_m tokens) is the
+# default in both GEMMs up to this many (token, expert) pairs, where it was best or within noise
+# on H200 (docs/performance.md, default rule).
 DECODE_PAIRS = (64, 64)  # GEMM1, GEMM2
-# 16-bit GEMM1 with K >= 4096 leaves decode past 16 pairs: with CUTLASS's M=64 ping-pong tile in
-# GEMM1 the layer was 1.2-4.7% faster than with the best decode tile at 32 and 64 pairs (H200
-# sweeps, uniform routing: Mixtral-8x7B 16/32 tokens 700/812 us vs 722/849; DeepSeek-V3 4/8
-# tokens; Qwen3-235B-A22B 8 tokens), except Qwen3-235B-A22B at 32 pairs (1% behind), and within
-# 2% either way at 16 pairs and fewer.
+# A 16-bit GEMM1 with K >= DECODE_LONG_K leaves the decode kernel past this many pairs: CUTLASS's
+# 64-row ping-pong tile was faster there (docs/performance.md, default rule).
 DECODE_PAIRS_16BIT_LONG_K = 16
 DECODE_LONG_K = 4096
-# A decode pass holds tile_m tokens, so an expert with more rows streams its weights again.
-# Routing is never even: take the smallest tile_m that holds this many times the mean rows
-# per expert (Mixtral-8x7B bf16 at 32 tokens, 8 rows per expert: the 8-token tiles took
-# 1039/1047 us in GEMM1/GEMM2 against 860/981 for the 16-token ones of the same width).
+# A decode pass holds tile_m tokens and routing is never even: take the smallest tile_m that holds
+# this many times the mean rows per expert, or the fuller experts stream their weights twice
+# (docs/performance.md, default rule).
 DECODE_HEADROOM = 1.5
-# Decode blocks of 64 columns (a warp per 16, each over all of K) once there are enough of
-# them for 4 per SM (their occupancy); below that, 16 columns with K split over the 4 warps,
-# so that a few experts' weights still spread over every SM. 16-bit blocks of 64 columns take
-# 16 tokens a pass whatever the rows: wherever this rule takes them, 16x64 was as fast as 8x64
-# or faster in the same sweeps (by up to 3.5% where both make one pass: DeepSeek-V3 GEMM1 at 4
-# tokens 687 vs 710 us, Qwen3-235B-A22B GEMM1 at 8 tokens 500 vs 517; ties within 0.1%).
+# Decode blocks of 64 columns once there are enough of them for this many per SM (their
+# occupancy), else 16 columns with K split over the 4 warps so that a few experts' weights still
+# reach every SM; 16-bit 64-column blocks take 16 tokens a pass (docs/performance.md, default rule).
 DECODE_WIDE_BLOCKS_PER_SM = 4
-# Swap-AB CUTLASS kernels (catalog "coop_swapab", fp8_block): the default up to this many rows
+# fp8_block: CUTLASS's swap-AB kernels (catalog "coop_swapab") are the default up to this many rows
 # per expert (GEMM1, GEMM2), before the decode kernel, with the narrowest tile that holds
-# SWAP_AB_HEADROOM times the rows (routing is never even). DeepSeek-V3 on H200 (sweep at 1 and
-# 16 tokens, uniform routing; tuner at 32-128 tokens, skewed): best in both GEMMs at 1 row per
-# expert; at 2 and 4 rows (64 and 128 tokens) GEMM1 was 9-17% faster with the 64x128 ping-pong
-# tile (1408 vs 1534 us, 1914 vs 2237 us for the whole layer), GEMM2 still best swapped, the
-# 16-wide tile 1.7-3.5% ahead of the 8-wide. Untimed beyond 4 rows, hence the bounds.
+# SWAP_AB_HEADROOM times the rows. Past 1 row GEMM1 was faster on the 64-row ping-pong tile;
+# past 4 rows it is untimed (docs/performance.md, default rule).
 SWAP_AB_ROWS = (1, 4)
 SWAP_AB_HEADROOM = 8
-# The narrow swap tiles (tokens per tile) this decode rule picks from; the wider ones (64
-# tokens) are not in the default rule, only in tuned tables (measured near a tie).
+# The widest swap tile (tokens per tile) this rule picks from; the 64-token ones measured near a
+# tie and are left to tuned tables.
 SWAP_AB_DECODE_TILE = 16
 # Our contiguous fp8_block kernel (catalog "contig"), 256 columns wide, in both GEMMs past
 # DECODE_ROWS["fp8_block"] rows per expert where N allows (in GEMM1 it also applies a gated
-# activation). H200, DeepSeek-V3, uniform routing, one sweep: at 4096 tokens the pair took
-# 4751 us, with CUTLASS's 128x128 cooperative tile in GEMM1 instead 5265, in GEMM2 4916; at
-# 16384 GEMM1 14578 vs 15435 us, GEMM2 14585 vs 14420 (a tie). A 128-wide form tied or lost
-# and is not in the catalog.
+# activation): faster than CUTLASS's tiles and a 128-wide form (docs/performance.md, default rule).
 CONTIG_TILE_N = 256
 
 
 # 4-bit weights (W4A16): our decode kernel (src/gemm/decode_w4a16.cuh) up to this many rows
 # per expert, then CUTLASS's mixed-input GEMM with the narrowest token tile that holds them,
 # else (groups of 32: MXFP4, INT4 g32) our tiled kernel (src/gemm/tiled_w4a16.cuh) likewise.
+# The 16-row bound has no sweep of its own (docs/performance.md, default rule).
 FOUR_BIT_FORMATS = ("int4", "mxfp4")
 FOUR_BIT_DECODE_ROWS = 16
 
@@ -157,7 +133,7 @@ def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_co
         coop = [k for k in plain if k.schedule == "coop"] or plain
         tm = min((k.tile[0] for k in coop), key=lambda t: (abs(t - 128), t))
         plain = [k for k in coop if k.tile[0] == tm]
-    # Same N: FP8 fast accumulation first (H200 sweep: it was never slower).
+    # Same N: FP8 fast accumulation first (never slower on H200; docs/performance.md, default rule).
     same_m = sorted((k for k in plain if k.tile[0] == tm),
                     key=lambda k: (k.tile[1], k.mainloop == "fastaccum"))
 
