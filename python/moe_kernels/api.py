@@ -55,11 +55,12 @@ def list_kernels(device=None, quant=None, out_dtype=None) -> list:
 
 
 def choose_tactic(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
-                  activation="swiglu", w13_scale=None, w2_scale=None) -> Tactic:
+                  activation="swiglu", w13_scale=None, w2_scale=None, w13_zero=None,
+                  w2_zero=None) -> Tactic:
     """The tactic a fused_moe call with these arguments would use by default."""
     quant = None if quant is None else parse_quant(quant)
     p = Problem(hidden_states, w13, w2, topk_weights, topk_ids, quant=quant, activation=activation,
-                w13_scale=w13_scale, w2_scale=w2_scale)
+                w13_scale=w13_scale, w2_scale=w2_scale, w13_zero=w13_zero, w2_zero=w2_zero)
     p.require_cuda()
     return resolve(p)
 
@@ -91,7 +92,8 @@ def fused_moe(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     device; H and I must be multiples of 128.
     w4a16_int4 / w4a16_mxfp4: 4-bit weights [E, N, K/2] with 16-bit scales [E, K/g, N] and,
     for asymmetric INT4 (AWQ), additive zero terms w13_zero/w2_zero in the scales' layout, as
-    moe_kernels.prepare makes or imports them. moe_kernels.modes.MODES lists every mode.
+    moe_kernels.prepare makes or imports them; w4a8_int4 / w4a8_mxfp4: the same weights with
+    the GEMM inputs quantized to E4M3 as fp8's are. moe_kernels.modes.MODES lists every mode.
 
     apply_router_weight_on_input: top_k 1 only (Llama 4): the token's input row is multiplied
     by its router weight before GEMM1 (a [T, H] temporary) and the output is not weighted.
