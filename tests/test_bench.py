@@ -380,6 +380,9 @@ def test_four_bit_modes_have_the_dequantized_and_own_fp8_peers():
     from moe_kernels.prepare import quantize_weights
     names = [n for n, _, _ in bench.peers("swiglu", "w4a16_int4")]
     assert names == ["torch._grouped_mm (bf16 weights)", "moe_kernels fp8 (same weights)", "humming-kernels"]
+    assert [n for n, _, _ in bench.peers("swiglu", "w4a8_mxfp4")] == [
+        "torch._grouped_mm (bf16 weights)", "moe_kernels fp8 (same weights)", "moe_kernels w4a16 (same weights)",
+        "humming-kernels"]
     g = torch.Generator().manual_seed(0)
     E, H, I, T, k = 4, 256, 128, 5, 2
     p = quantize_weights(torch.randn(E, 2 * I, H, generator=g), torch.randn(E, H, I, generator=g),

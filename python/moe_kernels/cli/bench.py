@@ -500,6 +500,25 @@ def _humming_peer(quant):
     return name, HummingMoE(MODES[quant].weight), None
 
 
+class OwnW4A16:
+    """For the W4A8 modes: this package's W4A16 mode on the same 4-bit weights and scales (16-bit
+    GEMM inputs instead of E4M3), checked against the W4A16 reference."""
+
+    def __init__(self, weight_format: str):
+        self.quant = {"int4": "w4a16_int4", "mxfp4": "w4a16_mxfp4"}[weight_format]
+        self.tolerance = MODES[self.quant].tolerance
+
+    def __call__(self, x, w13, w2, wts, ids, act, w13_scale=None, w2_scale=None):
+        import moe_kernels
+        return moe_kernels.fused_moe(x, w13, w2, wts, ids, quant=self.quant, activation=act,
+                                     w13_scale=w13_scale, w2_scale=w2_scale)
+
+    def reference(self, x, w13, w2, wts, ids, act, w13_scale=None, w2_scale=None):
+        from ..reference import fused_moe
+        return fused_moe(x, w13, w2, wts, ids, quant=self.quant, activation=act, w13_scale=w13_scale,
+                         w2_scale=w2_scale)
+
+
 def _vllm_triton(x, w13, w2, wts, ids, act):
     from vllm.model_executor.layers.fused_moe import fused_experts
     return fused_experts(x, w13, w2, wts, ids)
@@ -535,6 +554,8 @@ def peers(activation, quant="bf16"):
                 f"not in torch {torch.__version__}")]
         if MODES[quant].weight_format.bits == 4:
             out.append(("moe_kernels fp8 (same weights)", OwnFp8(MODES[quant].weight), ""))
+            if MODES[quant].act_format.quantized:  # W4A8: also W4A16 on the same weights
+                out.append(("moe_kernels w4a16 (same weights)", OwnW4A16(MODES[quant].weight), ""))
             out.append(_humming_peer(quant))
         return out
     if quant not in ("bf16", "fp16"):
