@@ -54,6 +54,15 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 template <class In>
 constexpr int kChunks = kStageK * int(sizeof(In)) / 16;
 
+// E4M3 tokens of the stage being computed, widened once to the 16-bit layout (8 chunks a row,
+// swizzled as 16-bit tokens are), so that the 8 warps do not each widen every token.
+template <int kTokens>
+struct Widened {
+  uint4 tokens[kTokens][8];
+};
+template <class In, int kTokens>
+using WidenedFor = Widened<sizeof(In) == 1 ? kTokens : 1>;  // 16-bit tokens need none
+
 template <class In, int kTokens>
 struct Stage {
   uint4 weights[kRows][2];                   // 32 bytes of each weight row
@@ -66,11 +75,13 @@ struct Stage {
 // rows m and m + 1 at the same chunk hit different banks (E4M3 rows of 64 bytes do not collide).
 template <class In>
 __device__ __forceinline__ int swizzle(int m, int c) { return kChunks<In> == 8 ? c ^ (m & 1) : c; }
+__device__ __forceinline__ int swizzle16(int m, int c) { return c ^ (m & 1); }
 
 // One block: the tile's kRows weight rows of group g, for all of the group's tokens. In: the
 // tokens' element type; T: the MMAs' and the output's.
 template <class In, class T, class W, int kTokens>
-__device__ __forceinline__ void group_tile(const Params& p, int g, Stage<In, kTokens> (&stages)[kStages]) {
+__device__ __forceinline__ void group_tile(const Params& p, int g, Stage<In, kTokens> (&stages)[kStages],
+                                           WidenedFor<In, kTokens>& wide) {
   const int m_rows = p.problem_shapes[3 * g];
   const int n = p.problem_shapes[3 * g + 1];
   const int k = p.problem_shapes[3 * g + 2];
@@ -134,6 +145,24 @@ __device__ __forceinline__ void group_tile(const Params& p, int g, Stage<In, kTo
       load(s + kStages - 1);
       cp_async_commit();
       const Stage<In, kTokens>& st = stages[s % kStages];
+      if constexpr (kScaledRows) {  // E4M3 chunk c (values 16c ..) -> 16-bit chunks 2c, 2c + 1
+        for (int i = tid; i < kTokens * kC; i += kWarps * 32) {
+          const int m = i / kC, c = i % kC;
+          const uint4 raw = st.tokens[m][swizzle<In>(m, c)];
+          uint4 lo, hi;
+          lo.x = decode_w4::e4m3x2_to<T>(raw.x);
+          lo.y = decode_w4::e4m3x2_to<T>(raw.x >> 16);
+          lo.z = decode_w4::e4m3x2_to<T>(raw.y);
+          lo.w = decode_w4::e4m3x2_to<T>(raw.y >> 16);
+          hi.x = decode_w4::e4m3x2_to<T>(raw.z);
+          hi.y = decode_w4::e4m3x2_to<T>(raw.z >> 16);
+          hi.z = decode_w4::e4m3x2_to<T>(raw.w);
+          hi.w = decode_w4::e4m3x2_to<T>(raw.w >> 16);
+          wide.tokens[m][swizzle16(m, 2 * c)] = lo;
+          wide.tokens[m][swizzle16(m, 2 * c + 1)] = hi;
+        }
+        __syncthreads();  // the widened stage is complete before any warp reads it
+      }
       // The lane's 16 values of rows row0 and row0 + 8, dequantized: pair j of word c holds
       // values 16q + 8c + 2j, + 1.
       uint32_t wv[2][8];
@@ -154,21 +183,12 @@ __device__ __forceinline__ void group_tile(const Params& p, int g, Stage<In, kTo
 #pragma unroll
       for (int u = 0; u < kTokens / 8; ++u) {
         const int m = 8 * u + r;
-        uint32_t xb[8];  // values 16q + 2i, + 1 in word i
-        if constexpr (kC == 8) {
-          const uint4 x0 = st.tokens[m][swizzle<In>(m, 2 * q)];
-          const uint4 x1 = st.tokens[m][swizzle<In>(m, 2 * q + 1)];
-          const uint32_t words[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-          for (int i = 0; i < 8; ++i) xb[i] = words[i];
-        } else {
-          const uint4 x8 = st.tokens[m][swizzle<In>(m, q)];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            xb[2 * i] = decode_w4::e4m3x2_to<T>(decode::word(x8, i));
-            xb[2 * i + 1] = decode_w4::e4m3x2_to<T>(decode::word(x8, i) >> 16);
-          }
-        }
+        const uint4* row16;
+        if constexpr (kScaledRows) row16 = wide.tokens[m];
+        else row16 = st.tokens[m];
+        const uint4 x0 = row16[swizzle16(m, 2 * q)];
+        const uint4 x1 = row16[swizzle16(m, 2 * q + 1)];
+        const uint32_t xb[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};  // values 16q + 2i, + 1
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
           const uint32_t fa[4] = {wv[0][2 * t], wv[1][2 * t], wv[0][2 * t + 1], wv[1][2 * t + 1]};
@@ -195,12 +215,13 @@ __device__ __forceinline__ void group_tile(const Params& p, int g, Stage<In, kTo
 template <class In, class T, class W, int kTokens>
 __global__ void __launch_bounds__(kWarps * 32) tiled_w4a16_kernel(Params p) {
   __shared__ __align__(16) Stage<In, kTokens> stages[kStages];
+  __shared__ __align__(16) WidenedFor<In, kTokens> wide;
   pdl_begin();
   const int active = p.active_groups[0];
   for (int y = blockIdx.y; y < active; y += gridDim.y) {
     const int g = p.active_groups[1 + y];
     if (int(blockIdx.x) * kRows < p.problem_shapes[3 * g + 1])  // the same for the whole block
-      group_tile<In, T, W, kTokens>(p, g, stages);
+      group_tile<In, T, W, kTokens>(p, g, stages, wide);
   }
 }
 
@@ -249,7 +270,9 @@ struct TiledW4A16 {
 
   static constexpr GemmKernelOps kOps{
       &run, &check, &workspace_size,
-      static_cast<int>(sizeof(tiled_w4::Stage<In, kTokens>) * tiled_w4::kStages), false};
+      static_cast<int>(sizeof(tiled_w4::Stage<In, kTokens>) * tiled_w4::kStages +
+                       (sizeof(In) == 1 ? sizeof(tiled_w4::WidenedFor<In, kTokens>) : 0)),
+      false};
 };
 
 }  // namespace moe_kernels
