@@ -65,6 +65,17 @@ def test_humming_tensors_keep_the_values():
     assert torch.equal(nibbles(t["weight"]) - 8, quant4.int4_values(p["w13"]).long())
     assert torch.equal(t["weight_scale"], p["w13_scale"].transpose(1, 2))
 
+
+@pytest.mark.skipif(not hasattr(torch, "float8_e8m0fnu"), reason="torch without float8_e8m0fnu (humming needs 2.7+)")
+def test_humming_mxfp4_tensors_keep_the_values():
+    g = torch.Generator().manual_seed(0)
+    E, N, K = 2, 256, 256
+    w = torch.randn(E, N, K, generator=g)
+
+    def nibbles(words):
+        shifts = torch.arange(0, 32, 4, dtype=torch.int64)
+        return ((words.long()[..., None] >> shifts) & 15).flatten(-2)
+
     p = quantize_weights(w, w[:, :, :128], quant="w4a16_mxfp4")
     config, t = bench._humming_tensors(p["w13"], p["w13_scale"], "mxfp4")
     assert config == {"dtype": "float4e2m1", "group_size": 32, "scale_dtype": "float8e8m0"}
