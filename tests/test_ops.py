@@ -164,3 +164,22 @@ def test_op_options_map_none_to_the_schema_defaults():
     opts = ops.op_options(None, moe_kernels.Activation.SWIGLU, None, 1, 2, 8, 1.702, 7.0, False, None,
                           moe_kernels.Tactic("a", "b"), 0)
     assert opts == ("", "swiglu", (-1, 1, 2, 8), 1.702, 7.0, False, 1.0, "a+b", 0)
+
+
+def test_the_shape_dict_is_what_the_native_module_reads():
+    """moe_kernels.problem.c_shape builds the dict that src/python/module.cpp's make_shape reads
+    key by key into moek_shape: the same keys, so no forward fails on a missing one, and every
+    moek_shape field is set."""
+    import pathlib
+    import re
+    from moe_kernels import modes, problem
+    root = pathlib.Path(__file__).resolve().parent.parent
+    source = (root / "src" / "python" / "module.cpp").read_text()
+    read = set(re.findall(r's\["([a-z_0-9]+)"\]', source))
+    shape = problem.c_shape(T=1, H=128, I=128, E=2, k=1, dtype="bf16", mode=modes.MODES["bf16"],
+                            activation=modes.Activation.SWIGLU)
+    assert read == set(shape)
+    header = (root / "include" / "moe_kernels" / "c_api.h").read_text()
+    struct = header.split("typedef struct {", 1)[1].split("} moek_shape;", 1)[0]
+    fields = set(re.findall(r"^\s*\w+\s+(\w+);", struct, flags=re.M))
+    assert fields == read, f"moek_shape fields not read: {fields - read}, read but not fields: {read - fields}"
