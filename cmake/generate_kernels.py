@@ -54,20 +54,14 @@ CUDA_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half", "e4m3": "__nv_fp8_e4m3"
 
 def kernel_source(c: catalog.GemmConfig) -> str:
     ns = catalog.ARCHS[c.arch]["family"]
-    if c.schedule == "decode" and c.weight_dtype != c.act_dtype:  # 4-bit weights
+    if c.schedule in ("decode", "tiled") and c.weight_dtype != c.act_dtype:  # 4-bit weights
+        header, template = {"decode": ("decode_w4a16", "DecodeW4A16"),
+                            "tiled": ("tiled_w4a16", "TiledW4A16")}[c.schedule]
         weight = {"int4": "Int4", "e2m1": "E2M1"}[c.weight_dtype]
         return (HEADER +
-                '#include "gemm/decode_w4a16.cuh"\n\n'
+                f'#include "gemm/{header}.cuh"\n\n'
                 f"namespace moe_kernels::{ns} {{\n"
-                f"extern const GemmKernelOps kOps_{c.name} = DecodeW4A16<{CUDA_TYPES[c.act_dtype]}, "
-                f"{CUDA_TYPES[c.out]}, decode_w4::{weight}, {c.tile_m}>::kOps;\n"
-                f"}}  // namespace moe_kernels::{ns}\n")
-    if c.schedule == "tiled":  # 4-bit weights, many rows per expert
-        weight = {"int4": "Int4", "e2m1": "E2M1"}[c.weight_dtype]
-        return (HEADER +
-                '#include "gemm/tiled_w4a16.cuh"\n\n'
-                f"namespace moe_kernels::{ns} {{\n"
-                f"extern const GemmKernelOps kOps_{c.name} = TiledW4A16<{CUDA_TYPES[c.act_dtype]}, "
+                f"extern const GemmKernelOps kOps_{c.name} = {template}<{CUDA_TYPES[c.act_dtype]}, "
                 f"{CUDA_TYPES[c.out]}, decode_w4::{weight}, {c.tile_m}>::kOps;\n"
                 f"}}  // namespace moe_kernels::{ns}\n")
     if c.schedule == "decode":

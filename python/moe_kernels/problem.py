@@ -26,7 +26,8 @@ def fail(argument: str, got, expected: str, exc=ValueError):
     raise exc(f"{argument}: got {got}, expected {expected}")
 
 
-def check_tensor(name, t, *, dtype=None, ndim=None, shape=None, device=None, align=16):
+def check_kind(name, t, *, dtype=None, ndim=None, device=None):
+    """t is a torch.Tensor (on `device`, of one of `dtype`, with `ndim` dimensions where given)."""
     if not isinstance(t, torch.Tensor):
         fail(name, type(t).__name__, "a torch.Tensor", TypeError)
     if device is not None and t.device != device:
@@ -37,6 +38,11 @@ def check_tensor(name, t, *, dtype=None, ndim=None, shape=None, device=None, ali
             fail(name, f"dtype {t.dtype}", " or ".join(str(d) for d in allowed), TypeError)
     if ndim is not None and t.dim() != ndim:
         fail(name, f"shape {tuple(t.shape)}", f"a {ndim}-D tensor")
+    return t
+
+
+def check_tensor(name, t, *, dtype=None, ndim=None, shape=None, device=None, align=16):
+    check_kind(name, t, dtype=dtype, ndim=ndim, device=device)
     if shape is not None:
         for i, (got, want) in enumerate(zip(t.shape, shape)):
             if want is not None and got != want:

@@ -300,6 +300,40 @@ __global__ void __launch_bounds__(kWarps * 32) decode_w4a16_kernel(Params p) {
   }
 }
 
+// What the 4-bit decode and tiled GEMMs share on the host: the argument check (scale groups of
+// 32 or more dividing K; N a multiple of n_multiple) and the launch over (N / rows) x groups.
+template <class In>
+inline int check_args(const GroupedGemmArgs& a, const char* what, int n_multiple, char* err, size_t errlen) {
+  if (a.n <= 0 || a.max_active_groups <= 0 || !a.active_groups || !a.ptr_sfb ||
+      (sizeof(In) == 1 && !a.ptr_sfa)) {
+    snprintf(err, errlen, "%s: needs N, the active-group list, the weight scales (and the E4M3 tokens' row "
+             "scales)", what);
+    return MOEK_INVALID_ARGUMENT;
+  }
+  if (a.weight_group < 32 || a.weight_group % 32 || a.k % 32 || a.k % a.weight_group || a.n % n_multiple) {
+    snprintf(err, errlen, "%s: scale group %d and K=%lld must be multiples of 32 (the group dividing K), "
+             "N=%lld a multiple of %d", what, a.weight_group, (long long)a.k, (long long)a.n, n_multiple);
+    return MOEK_UNSUPPORTED;
+  }
+  return MOEK_OK;
+}
+
+template <class Kernel>
+inline int launch_groups(Kernel kernel, const GroupedGemmArgs& a, int rows_per_block, int threads,
+                         const char* what, char* err, size_t errlen) {
+  const Params p{a.problem_shapes, a.active_groups, a.ptr_a, a.stride_a, a.ptr_b, a.stride_b, a.ptr_d,
+                 a.stride_d, a.ptr_sfb, a.ptr_sfa, static_cast<const unsigned short*>(a.zero_base),
+                 a.weight_group};
+  const dim3 grid(static_cast<unsigned>((a.n + rows_per_block - 1) / rows_per_block),
+                  static_cast<unsigned>(a.max_active_groups < 65535 ? a.max_active_groups : 65535));
+  const cudaError_t e = launch(kernel, grid, threads, 0, a.stream, p);
+  if (e != cudaSuccess) {
+    snprintf(err, errlen, "%s launch: %s", what, cudaGetErrorString(e));
+    return MOEK_CUDA_ERROR;
+  }
+  return MOEK_OK;
+}
+
 }  // namespace decode_w4
 
 // In: the tokens' element type (T, or E4M3 for W4A8); T: the MMAs' and the output's (bf16,
@@ -312,36 +346,15 @@ struct DecodeW4A16 {
 
   static size_t workspace_size(int, int) { return 0; }
 
+  // Each lane's 32 values along K share one scale; K in whole 32-value pieces (16 bytes).
   static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
-    if (a.n <= 0 || a.max_active_groups <= 0 || !a.active_groups || !a.ptr_sfb ||
-        (sizeof(In) == 1 && !a.ptr_sfa)) {
-      snprintf(err, errlen, "4-bit decode GEMM: needs N, the active-group list, the weight scales (and the "
-               "E4M3 tokens' row scales)");
-      return MOEK_INVALID_ARGUMENT;
-    }
-    // Each lane's 32 values along K share one scale; K in whole 32-value pieces (16 bytes).
-    if (a.weight_group < 32 || a.weight_group % 32 || a.k % 32 || a.k % a.weight_group) {
-      snprintf(err, errlen, "W4A16 decode GEMM: scale group %d and K=%lld must be multiples of 32 (and "
-               "the group divide K)", a.weight_group, (long long)a.k);
-      return MOEK_UNSUPPORTED;
-    }
-    return MOEK_OK;
+    return decode_w4::check_args<In>(a, "4-bit decode GEMM", 1, err, errlen);
   }
 
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
-    decode_w4::Params p{a.problem_shapes, a.active_groups, a.ptr_a, a.stride_a, a.ptr_b, a.stride_b,
-                        a.ptr_d, a.stride_d, a.ptr_sfb, a.ptr_sfa, static_cast<const unsigned short*>(a.zero_base),
-                        a.weight_group};
-    const dim3 grid(static_cast<unsigned>((a.n + decode_w4::kRows - 1) / decode_w4::kRows),
-                    static_cast<unsigned>(a.max_active_groups < 65535 ? a.max_active_groups : 65535));
-    const cudaError_t e = launch(decode_w4::decode_w4a16_kernel<In, T, W, kTiles>, grid,
-                                 decode_w4::kWarps * 32, 0, a.stream, p);
-    if (e != cudaSuccess) {
-      snprintf(err, errlen, "W4A16 decode GEMM launch: %s", cudaGetErrorString(e));
-      return MOEK_CUDA_ERROR;
-    }
-    return MOEK_OK;
+    return decode_w4::launch_groups(decode_w4::decode_w4a16_kernel<In, T, W, kTiles>, a, decode_w4::kRows,
+                                    decode_w4::kWarps * 32, "4-bit decode GEMM", err, errlen);
   }
 
   static constexpr GemmKernelOps kOps{

@@ -236,36 +236,15 @@ struct TiledW4A16 {
 
   static size_t workspace_size(int, int) { return 0; }
 
+  // A lane's 16 values of a 64-value stage share one scale; rows of 16-byte chunks.
   static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
-    if (a.n <= 0 || a.max_active_groups <= 0 || !a.active_groups || !a.ptr_sfb ||
-        (sizeof(In) == 1 && !a.ptr_sfa)) {
-      snprintf(err, errlen, "4-bit tiled GEMM: needs N, the active-group list, the weight scales (and the "
-               "E4M3 tokens' row scales)");
-      return MOEK_INVALID_ARGUMENT;
-    }
-    // A lane's 16 values of a 64-value stage share one scale; rows of 16-byte chunks.
-    if (a.weight_group < 32 || a.weight_group % 32 || a.k % 32 || a.k % a.weight_group || a.n % 8) {
-      snprintf(err, errlen, "W4A16 tiled GEMM: scale group %d and K=%lld must be multiples of 32 (the group "
-               "dividing K), N=%lld a multiple of 8", a.weight_group, (long long)a.k, (long long)a.n);
-      return MOEK_UNSUPPORTED;
-    }
-    return MOEK_OK;
+    return decode_w4::check_args<In>(a, "4-bit tiled GEMM", 8, err, errlen);
   }
 
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
-    decode_w4::Params p{a.problem_shapes, a.active_groups, a.ptr_a, a.stride_a, a.ptr_b, a.stride_b,
-                        a.ptr_d, a.stride_d, a.ptr_sfb, a.ptr_sfa, static_cast<const unsigned short*>(a.zero_base),
-                        a.weight_group};
-    const dim3 grid(static_cast<unsigned>((a.n + tiled_w4::kRows - 1) / tiled_w4::kRows),
-                    static_cast<unsigned>(a.max_active_groups < 65535 ? a.max_active_groups : 65535));
-    const cudaError_t e = launch(tiled_w4::tiled_w4a16_kernel<In, T, W, kTokens>, grid, tiled_w4::kWarps * 32,
-                                 0, a.stream, p);
-    if (e != cudaSuccess) {
-      snprintf(err, errlen, "W4A16 tiled GEMM launch: %s", cudaGetErrorString(e));
-      return MOEK_CUDA_ERROR;
-    }
-    return MOEK_OK;
+    return decode_w4::launch_groups(tiled_w4::tiled_w4a16_kernel<In, T, W, kTokens>, a, tiled_w4::kRows,
+                                    tiled_w4::kWarps * 32, "4-bit tiled GEMM", err, errlen);
   }
 
   static constexpr GemmKernelOps kOps{

@@ -21,7 +21,7 @@ import threading
 import torch
 
 from .. import api, quant4
-from ..problem import fail
+from ..problem import check_kind, fail
 
 GPT_OSS_ALPHA = 1.702
 GPT_OSS_LIMIT = 7.0
@@ -41,15 +41,7 @@ def tensor_arg(name, t, ndim=None, dtype=None, optional=False):
     """t as a torch.Tensor of `ndim` dimensions (and one of `dtype`), else TypeError/ValueError."""
     if t is None and optional:
         return None
-    if not isinstance(t, torch.Tensor):
-        fail(name, type(t).__name__, "a torch.Tensor", TypeError)
-    if dtype is not None:
-        allowed = dtype if isinstance(dtype, tuple) else (dtype,)
-        if t.dtype not in allowed:
-            fail(name, f"dtype {t.dtype}", " or ".join(str(d) for d in allowed), TypeError)
-    if ndim is not None and t.dim() != ndim:
-        fail(name, f"shape {tuple(t.shape)}", f"a {ndim}-D tensor")
-    return t
+    return check_kind(name, t, dtype=dtype, ndim=ndim)
 
 
 def check_routing(hidden_states, w1, w2, topk_weights, topk_ids, names):
