@@ -100,6 +100,26 @@ def test_floor_arithmetic():
     assert f["flops"] == 2 * 2 * 2 * (4 * 6 + 3 * 4) == 288
     assert math.isclose(f["bw_floor_s"], 1.72) and math.isclose(f["flop_floor_s"], 28.8)
     assert f["floor_s"] == f["flop_floor_s"]
+    # The weights at the read-only rate, the activations at the copy rate; the copy floor beside.
+    g = bench.floors(tokens=2, top_k=2, hidden=4, inter=3, gated=True, experts_hit=1.5,
+                     elem_bytes=2, copy_bw=100.0, gemm_rate=1000.0, read_bw=200.0)
+    assert g["weight_bytes"] == weight_bytes
+    assert math.isclose(g["bw_floor_s"], 108 / 200 + 64 / 100) and math.isclose(g["copy_floor_s"], 1.72)
+    assert g["floor_s"] == g["bw_floor_s"]
+
+
+def test_read_ceiling_measures_each_size_once(monkeypatch):
+    calls = []
+
+    def fake_rates(nbytes, windows):
+        calls.append((nbytes, windows))
+        return {"vector loads": 4.0e12, "bulk copies": 4.4e12 if nbytes > 1 << 20 else None}
+    monkeypatch.setattr(profiling, "read_rates", fake_rates)
+    ceiling = bench.ReadCeiling()
+    assert ceiling(3 << 20)[0] == 4.4e12 and ceiling(3.2 * (1 << 20))[0] == 4.4e12   # one MiB bucket
+    assert ceiling(100)[0] == 4.0e12                                              # a method that did not run
+    assert ceiling(40 << 30)[0] == 4.4e12                                         # capped at 2 GiB
+    assert calls == [(3 << 20, bench.ROUTING_SETS), (1 << 20, bench.ROUTING_SETS), (2 << 30, 1)]
 
 
 def test_uniform_and_balanced_routing():
@@ -145,6 +165,8 @@ def test_format_row_names_missing_peers():
                        "vllm-triton": {"status": "not installed"}}}
     line = bench.format_row(row, ["torch._grouped_mm", "vllm-triton"])
     assert "2.00x" in line and "not installed" in line and "80%" in line
+    assert bench.format_row({**row, "read_bw_bytes_s": 4.41e12}, []).split()[3] == "4.41"  # the read-only ceiling
+    assert len(bench.header([]).split()) == len(bench.format_row(row, []).split())
 
 
 def test_fp8_block_peer_dequantizes_the_block_scales():
@@ -248,9 +270,10 @@ def test_markdown_columns_line_up(peers, clocks):
               "gemm_flop_s": 1e15, "rows": [row]}
     table = [line for line in bench.markdown(result).splitlines() if line.startswith("|")]
     assert len({line.count("|") for line in table}) == 1
-    assert table[0].count("|") == 11 + len(peers) + bool(clocks)
+    assert table[0].count("|") == 12 + len(peers) + bool(clocks)
     cells = [c.strip() for c in table[2].split("|")[1:-1]]
-    assert cells[9] == "50%"  # of the dense rate: 500 of 1000 TFLOP/s
+    assert cells[3] == "-"    # no read-only ceiling in rows from before it was measured
+    assert cells[10] == "50%"  # of the dense rate: 500 of 1000 TFLOP/s
     assert (cells[-1] == "1530 MHz, 548 W") == bool(clocks)
     assert "catalog" not in bench.markdown(result).splitlines()[0]  # results from before it was recorded
     assert "at x (minimal catalog); bf16" in bench.markdown({**result, "catalog": "minimal"}).splitlines()[0]
@@ -401,3 +424,40 @@ def test_four_bit_modes_have_the_dequantized_and_own_fp8_peers():
     w4 = reference.fused_moe(x, p["w13"], p["w2"], wts, ids, quant="w4a16_int4", w13_scale=p["w13_scale"],
                              w2_scale=p["w2_scale"])
     assert ((ref - w4).norm() / w4.norm()).item() < 0.1  # the same weights, E4M3 on top of INT4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", sorted(profiling.READ_METHODS))
+@pytest.mark.parametrize("size", [16, 4096 + 48, 16384 * 3, (5 << 20) + 16 * 17])
+def test_read_probe_checksum(method, size):
+    """The read-only probe reads every 16-byte word once: its XOR checksum equals torch's, and
+    flipping one byte anywhere (here the last and a middle one) changes it."""
+    buf = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda")
+    checksum = torch.zeros(2, dtype=torch.int64, device="cuda")
+    profiling.read_probe(buf, method, checksum)
+    assert torch.equal(checksum, profiling.xor_fold(buf))
+    for at in (size - 1, size // 2):
+        before = checksum.clone()
+        buf[at] ^= 0x5A
+        checksum.zero_()
+        profiling.read_probe(buf, method, checksum)
+        assert torch.equal(checksum, profiling.xor_fold(buf)) and not torch.equal(checksum, before)
+
+
+@pytest.mark.gpu
+def test_read_probe_refuses_bad_buffers():
+    buf = torch.zeros(64, dtype=torch.uint8, device="cuda")
+    checksum = torch.zeros(2, dtype=torch.int64, device="cuda")
+    with pytest.raises(ValueError, match="multiple of 16"):
+        profiling.read_probe(buf[:40], 0, checksum)
+    with pytest.raises(ValueError, match="aligned"):
+        profiling.read_probe(buf[1:33], 0, checksum)
+    with pytest.raises(ValueError, match="method 2"):
+        profiling.read_probe(buf, 2, checksum)
+
+
+@pytest.mark.gpu
+def test_read_rates_are_checked_and_plausible():
+    rates = profiling.read_rates(64 << 20, windows=2, replays=3)
+    assert set(rates) == set(profiling.READ_METHODS.values())
+    assert all(r is None or 1e11 < r < 1e14 for r in rates.values()), rates

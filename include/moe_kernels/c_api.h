@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MOEK_ABI_VERSION 6
+#define MOEK_ABI_VERSION 7
 
 #if defined(__GNUC__)
 #define MOEK_EXPORT __attribute__((visibility("default")))
@@ -116,6 +116,12 @@ MOEK_EXPORT int moek_check_kernel(const char* name, const moek_shape* shape, int
 MOEK_EXPORT int moek_workspace_size(const moek_shape* shape, int32_t device, size_t* bytes,
                                     char* err, size_t errlen);
 MOEK_EXPORT int moek_run(const moek_args* args, char* err, size_t errlen);
+// Reads `bytes` (a multiple of 16, 16-byte aligned) at `data` on `stream` and XORs its 16-byte
+// words into checksum[0..1] (device memory, the caller zeroes it): the benchmark's read-only
+// streaming ceiling (src/probe.cu). method 0: vector loads; 1: bulk copies into shared memory.
+MOEK_EXPORT int moek_read_probe(const void* data, size_t bytes, int32_t method,
+                                unsigned long long* checksum, int32_t device, void* stream,
+                                char* err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -108,6 +108,65 @@ def time_graph(fn, replays, per_graph, warmup_s=0.025):
     return statistics.median(times), min(times), max(times)
 
 
+READ_METHODS = {0: "vector loads", 1: "bulk copies"}  # src/probe.cu
+
+
+def xor_fold(buf):
+    """The XOR of a uint8 CUDA buffer's 16-byte words as two int64 (the read probe's checksum),
+    computed with torch: halve, XOR the halves, repeat."""
+    import torch
+    w = buf.view(torch.int64).view(-1, 2)
+    acc = torch.zeros(2, dtype=torch.int64, device=buf.device)
+    while w.shape[0] > 1:
+        if w.shape[0] % 2:
+            acc ^= w[-1]
+            w = w[:-1]
+        h = w.shape[0] // 2
+        w = w[:h] ^ w[h:]
+    return acc ^ w[0] if w.shape[0] else acc
+
+
+def read_probe(buf, method, checksum):
+    """Launch the read-only probe (src/probe.cu) over `buf` (uint8, CUDA, 16-byte multiple) on
+    the current stream, XOR-ing its 16-byte words into `checksum` (2 x int64, CUDA)."""
+    import torch
+    from ._native import C
+    C().read_probe(buf.device.index, buf.data_ptr(), buf.numel(), method, checksum.data_ptr(),
+                   torch.cuda.current_stream(buf.device).cuda_stream)
+
+
+def read_rates(nbytes, windows=8, replays=20):
+    """The read-only streaming rate (bytes/s) over `nbytes` (rounded up to 16), per method,
+    timed as the benchmark times forwards: graph replays (median), each graph reading
+    `windows` distinct buffers of that size in turn, as its forwards read the weights of
+    different experts (so a small size is not served from L2 any more than they are). The
+    buffers are random; each method's checksum over every window is checked against torch's
+    once, so a probe that skipped bytes fails loudly instead of reading fast.
+    {method name: bytes/s, or None where the method does not run}."""
+    import torch
+    size = max(16, -(-int(nbytes) // 16) * 16)
+    pool = torch.randint(-128, 128, (windows, size), dtype=torch.int8, device="cuda").view(torch.uint8)
+    checksum = torch.zeros(2, dtype=torch.int64, device="cuda")
+    want = xor_fold(pool.view(-1))
+    rates = {}
+    for method, name in READ_METHODS.items():
+        checksum.zero_()
+        try:
+            for w in range(windows):
+                read_probe(pool[w], method, checksum)
+        except RuntimeError:  # e.g. bulk copies before SM90
+            rates[name] = None
+            continue
+        if not torch.equal(checksum, want):
+            raise RuntimeError(f"read probe ({name}) over {windows} x {size} bytes: checksum "
+                               f"{checksum.tolist()}, expected {want.tolist()}")
+        it = iter(range(1 << 62))
+        rates[name] = size / time_graph(lambda: read_probe(pool[next(it) % windows], method, checksum),
+                                        replays, windows)[0]
+    del pool
+    return rates
+
+
 def round_robin(candidates: dict, time_one, rounds: int):
     """Time each named candidate in turn, `rounds` times over, so slow drift (clocks, heat) hits
     all alike: ({name: median}, {name: [every time]})."""

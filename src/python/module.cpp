@@ -31,6 +31,7 @@ struct ArchLibrary {
   int (*check_kernel)(const char*, const moek_shape*, int32_t, char*, size_t);
   int (*workspace_size)(const moek_shape*, int32_t, size_t*, char*, size_t);
   int (*run)(const moek_args*, char*, size_t);
+  int (*read_probe)(const void*, size_t, int32_t, unsigned long long*, int32_t, void*, char*, size_t);
 };
 
 std::string module_dir() {
@@ -66,6 +67,7 @@ ArchLibrary open_library(const std::string& path) {
   bind(h, path, "moek_check_kernel", &lib.check_kernel);
   bind(h, path, "moek_workspace_size", &lib.workspace_size);
   bind(h, path, "moek_run", &lib.run);
+  bind(h, path, "moek_read_probe", &lib.read_probe);
   return lib;  // the handle stays open for the life of the process
 }
 
@@ -288,4 +290,15 @@ PYBIND11_MODULE(_C, m) {
      py::arg("a2_scale"), py::arg("w13_zero"), py::arg("w2_zero"), py::arg("expert_map"), py::arg("out"), py::arg("workspace"), py::arg("workspace_bytes"),
      py::arg("forward"), py::arg("gemm1"), py::arg("gemm2"), py::arg("stream"),
      py::arg("last_step") = 0);
+  m.def("read_probe", [](int device, uintptr_t data, size_t bytes, int method, uintptr_t checksum,
+                         uintptr_t stream) {
+    char err[512] = {0};
+    raise_status(library_for(device).read_probe(reinterpret_cast<const void*>(data), bytes, method,
+                                                reinterpret_cast<unsigned long long*>(checksum), device,
+                                                reinterpret_cast<void*>(stream), err, sizeof(err)),
+                 err);
+  }, py::arg("device"), py::arg("data"), py::arg("bytes"), py::arg("method"), py::arg("checksum"),
+     py::arg("stream"),
+     "Read `bytes` at `data` on `stream`, XOR-reducing its 16-byte words into the two uint64 at "
+     "`checksum`: the benchmark's read-only streaming probe (0: vector loads, 1: bulk copies)");
 }

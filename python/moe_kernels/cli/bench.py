@@ -3,8 +3,9 @@
 Method (docs/design.md, "Measuring"): CUDA events around CUDA-graph replays, median of many; each
 graph holds several forwards over rotated routing/input sets, so the experts hit differ
 from one forward to the next and weights come from HBM, not L2. In the same run: the
-measured copy bandwidth and dense GEMM rate (the ceilings), per point the bandwidth floor
-(bytes of the experts actually hit + activations) and the FLOP floor, and every peer
+measured copy bandwidth and dense GEMM rate (the ceilings), per point the read-only streaming
+rate at its weight size and the bandwidth floor from it (the weights of the experts actually hit
+read at that rate, the activations at the copy rate) and the FLOP floor, and every peer
 present on the machine, each checked against moe_kernels.reference before it is timed.
 """
 from __future__ import annotations
@@ -208,20 +209,43 @@ def add_problem_arguments(p) -> None:
 # ---- floors --------------------------------------------------------------------------------
 
 def floors(*, tokens, top_k, hidden, inter, gated, experts_hit, elem_bytes, copy_bw, gemm_rate,
-           weight_elem_bytes=None):
-    """Bytes, FLOPs and the two floor times (seconds) of one forward.
+           weight_elem_bytes=None, read_bw=None):
+    """Bytes, FLOPs and the floor times (seconds) of one forward.
 
     Bytes: the weights of the experts hit (weight_elem_bytes each, default elem_bytes), the
     input and output activations (elem_bytes), ids and routing weights.
-    FLOPs: 2 per multiply-add in both GEMMs over the routed (token, slot) pairs."""
+    FLOPs: 2 per multiply-add in both GEMMs over the routed (token, slot) pairs.
+    The bandwidth floor reads the weights at `read_bw` (the read-only probe's rate over a
+    buffer of their size; the copy rate when not given) and moves the activations at the copy
+    rate; `copy_floor_s` is all bytes at the copy rate."""
     n1 = 2 * inter if gated else inter
     wb = elem_bytes if weight_elem_bytes is None else weight_elem_bytes
     weight_bytes = experts_hit * (n1 * hidden + hidden * inter) * wb
     act_bytes = 2 * tokens * hidden * elem_bytes + tokens * top_k * 8
     flops = 2 * tokens * top_k * (hidden * n1 + inter * hidden)
     total = weight_bytes + act_bytes
-    return {"bytes": total, "flops": flops, "bw_floor_s": total / copy_bw, "flop_floor_s": flops / gemm_rate,
-            "floor_s": max(total / copy_bw, flops / gemm_rate)}
+    bw_floor = weight_bytes / (read_bw or copy_bw) + act_bytes / copy_bw
+    return {"bytes": total, "weight_bytes": weight_bytes, "flops": flops, "bw_floor_s": bw_floor,
+            "copy_floor_s": total / copy_bw, "flop_floor_s": flops / gemm_rate,
+            "floor_s": max(bw_floor, flops / gemm_rate)}
+
+
+class ReadCeiling:
+    """The read-only streaming rate at a forward's weight size (`profiling.read_rates`, best
+    method), measured once per MiB of size in this run: the decode floor's ceiling (a forward
+    that streams its weights once reads, it does not copy), each graph reading ROUTING_SETS
+    buffers of that size in turn, as its forwards read different experts' weights."""
+
+    def __init__(self):
+        self.rates = {}
+
+    def __call__(self, nbytes):
+        from ..profiling import read_rates
+        # Past a GiB the rate no longer depends on the size: 2 GiB at most, fewer windows.
+        mib = min(2048, max(1, round(nbytes / (1 << 20))))
+        if mib not in self.rates:
+            self.rates[mib] = read_rates(mib << 20, windows=max(1, min(ROUTING_SETS, 1024 // mib)))
+        return max(r for r in self.rates[mib].values() if r), self.rates[mib]
 
 
 # ---- timing --------------------------------------------------------------------------------
@@ -602,7 +626,7 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
     if counts is not None and len(counts) != E:
         raise SystemExit(f"--routing-file has {len(counts)} experts, {shape.name} has {E}")
     peer_list = [] if args.no_peers else peers(act, args.quant)
-    bw, rate = ceilings
+    bw, rate, read_ceiling = ceilings
     for T in tokens:
         sets = []
         for _ in range(ROUTING_SETS):
@@ -614,6 +638,9 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
             / (E * (2 if act.gated else 1) * I * H)
         f = floors(tokens=T, top_k=k, hidden=H, inter=I, gated=act.gated, experts_hit=hit,
                    elem_bytes=2, weight_elem_bytes=wbytes, copy_bw=bw, gemm_rate=rate)
+        read_bw, read_by_method = read_ceiling(f["weight_bytes"])
+        f = floors(tokens=T, top_k=k, hidden=H, inter=I, gated=act.gated, experts_hit=hit,
+                   elem_bytes=2, weight_elem_bytes=wbytes, copy_bw=bw, gemm_rate=rate, read_bw=read_bw)
         ws = torch.empty(moe_kernels.workspace_size(T, k, E, H, I, quant=args.quant, activation=act),
                          dtype=torch.uint8, device="cuda")
         outs = [torch.empty(T, H, device="cuda", dtype=dtype) for _ in sets]
@@ -650,7 +677,8 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
         row = {"preset": shape.name, "E": E, "top_k": k, "H": H, "I": I, "tokens": T,
                "experts_hit": hit, "bytes": f["bytes"], "flops": f["flops"],
                "bw_floor_us": f["bw_floor_s"] * 1e6, "flop_floor_us": f["flop_floor_s"] * 1e6,
-               "floor_us": f["floor_s"] * 1e6,
+               "floor_us": f["floor_s"] * 1e6, "copy_floor_us": f["copy_floor_s"] * 1e6,
+               "read_bw_bytes_s": read_bw, "read_bw_by_method": read_by_method,
                "tactic": str(forced or moe_kernels.api.choose_tactic(
                    x0, w13, w2, w0, ids0, quant=args.quant, activation=act, **scales)),
                "results": {"moe_kernels": timed(ours, clocks=True)}}
@@ -811,6 +839,7 @@ def _sweep(moe_kernels, default, quant, out_dtype, ours, timed, only=None, round
 def format_row(row, peer_names) -> str:
     ours = row["results"]["moe_kernels"]
     cells = [f"{row['preset']:<18}", f"{row['tokens']:>6}", f"{row['experts_hit']:>6.1f}",
+             f"{row['read_bw_bytes_s'] / 1e12:>6.2f}" if row.get("read_bw_bytes_s") else f"{'-':>6}",
              f"{row['bw_floor_us']:>9.1f}", f"{row['flop_floor_us']:>9.1f}"]
     if ours["status"] == "ok":
         cells += [f"{ours['us']:>9.1f}", f"{ours['tb_s']:>6.2f}", f"{ours['tflop_s']:>7.1f}", f"{ours['of_floor']:>6.0%}"]
@@ -849,7 +878,8 @@ def _peer_width(name) -> int:  # a peer's column holds its whole name
 
 
 def header(peer_names) -> str:
-    return "  ".join([f"{'preset':<18}", f"{'tokens':>6}", f"{'hit':>6}", f"{'bw_floor':>9}", f"{'flop_flr':>9}",
+    return "  ".join([f"{'preset':<18}", f"{'tokens':>6}", f"{'hit':>6}", f"{'read':>6}", f"{'bw_floor':>9}",
+                      f"{'flop_flr':>9}",
                       f"{'ours_us':>9}", f"{'TB/s':>6}", f"{'TFLOP/s':>7}", f"{'floor%':>6}"] +
                      [f"{n:>{_peer_width(n)}}" for n in peer_names])
 
@@ -863,17 +893,21 @@ def markdown(result) -> str:
            f"moe_kernels {result['version']} at {result['commit'][:12]}"
            + (f" ({result['catalog']} catalog)" if result.get("catalog") else "") + f"; {result['quant']}, "
            f"{result['activation']}, routing {result['routing']}. Measured ceilings: copy "
-           f"{result['copy_bw_bytes_s'] / 1e12:.2f} TB/s, dense GEMM {result['gemm_flop_s'] / 1e12:.0f} TFLOP/s"
+           f"{result['copy_bw_bytes_s'] / 1e12:.2f} TB/s, read-only "
+           + (f"{result['read_bw_bytes_s'] / 1e12:.2f} TB/s (2 GiB)" if result.get("read_bw_bytes_s") else "not measured")
+           + f", dense GEMM {result['gemm_flop_s'] / 1e12:.0f} TFLOP/s"
            f" sustained" + (f" (at {result['gemm_sm_mhz']:.0f} MHz, {result['gemm_power_w']:.0f} W)"
                             if result.get("gemm_sm_mhz") else "") + ".",
            "",
-           "| " + " | ".join(["preset", "tokens", "experts hit", "bw floor us", "FLOP floor us", "ours us",
-                              "TB/s", "TFLOP/s", "of floor", "of dense"] + [f"{p} us (speedup)" for p in peers_]
+           "| " + " | ".join(["preset", "tokens", "experts hit", "read-only TB/s", "bw floor us", "FLOP floor us",
+                              "ours us", "TB/s", "TFLOP/s", "of floor", "of dense"]
+                             + [f"{p} us (speedup)" for p in peers_]
                              + (["SM clock, power (ours)"] if clocks else [])) + " |",
-           "|---" * (10 + len(peers_) + clocks) + "|"]
+           "|---" * (11 + len(peers_) + clocks) + "|"]
     for r in rows:
         o = r["results"]["moe_kernels"]
-        cells = [r["preset"], str(r["tokens"]), f"{r['experts_hit']:.1f}", f"{r['bw_floor_us']:.1f}",
+        read = f"{r['read_bw_bytes_s'] / 1e12:.2f}" if r.get("read_bw_bytes_s") else "-"
+        cells = [r["preset"], str(r["tokens"]), f"{r['experts_hit']:.1f}", read, f"{r['bw_floor_us']:.1f}",
                  f"{r['flop_floor_us']:.1f}"]
         cells += ([f"{o['us']:.1f}", f"{o['tb_s']:.2f}", f"{o['tflop_s']:.0f}", f"{o['of_floor']:.0%}",
                    f"{o['tflop_s'] * 1e12 / result['gemm_flop_s']:.0%}"]
@@ -1023,9 +1057,11 @@ def main(args) -> int:
         if not sampler.available:
             print("--clocks: NVML (libnvidia-ml) is not available here: no clocks or power")
     bw, rate, burst, ceiling_clocks = measure_ceilings(args.quant, sampler)
+    read_ceiling = ReadCeiling()
+    read_big, _ = read_ceiling(1 << 31)
     at = (f" at {ceiling_clocks['sm_mhz']:.0f} MHz, {ceiling_clocks['power_w']:.0f} W"
           if "sm_mhz" in ceiling_clocks else "")
-    print(f"ceilings measured now: copy {bw / 1e12:.2f} TB/s, dense {args.quant} GEMM {rate / 1e12:.0f} TFLOP/s "
+    print(f"ceilings measured now: copy {bw / 1e12:.2f} TB/s, read-only {read_big / 1e12:.2f} TB/s (2 GiB), dense {args.quant} GEMM {rate / 1e12:.0f} TFLOP/s "
           f"sustained{at} ({burst / 1e12:.0f} in a burst; 8192^3, best of 3); "
           f"routing {args.routing_file or args.routing}, activation {args.activation}, {dtype_name} in and out")
     peer_names = [] if args.no_peers else [n for n, _, _ in peers(args.activation, args.quant)]
@@ -1048,8 +1084,9 @@ def main(args) -> int:
             sys.stderr.flush()
 
     for s in shapes:
-        bench_shape(s, tokens, args, (bw, rate), report, progress, sampler)
-    result = {**env, "version": moe_kernels.__version__, "copy_bw_bytes_s": bw, "gemm_flop_s": rate,
+        bench_shape(s, tokens, args, (bw, rate, read_ceiling), report, progress, sampler)
+    result = {**env, "version": moe_kernels.__version__, "copy_bw_bytes_s": bw, "read_bw_bytes_s": read_big,
+              "gemm_flop_s": rate,
               "gemm_flop_s_burst": burst, **{f"gemm_{k}": v for k, v in ceiling_clocks.items()},
               "routing": args.routing_file or args.routing, "quant": args.quant, "hidden_dtype": dtype_name,
               "activation": args.activation, "rows": rows}
