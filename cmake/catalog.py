@@ -160,7 +160,8 @@ class GemmConfig:
             return
         # wgmma reads 32 bytes of K per instruction: K tiles of 64 (16-bit) or 128 (8-bit).
         if mixed and self.schedule == "decode":  # src/gemm/decode_w4a16.cuh: K steps of 128 values
-            assert (self.tile_n, self.tile_k) == (16, 128) and self.tile_m in (8, 16), f"{self.name}: W4 decode tile"
+            assert self.tile_n in (16, 64) and self.tile_k == 128 and self.tile_m in (8, 16), \
+                f"{self.name}: W4 decode tile"
         elif self.schedule == "tiled":  # src/gemm/tiled_w4a16.cuh: 128 rows, K stages of 64 values
             assert (self.tile_n, self.tile_k) == (128, 64) and self.tile_m in (16, 32, 64) and \
                 (self.cluster_m, self.cluster_n) == (1, 1) and not self.mainloop, f"{self.name}: W4 tiled tile"
@@ -290,8 +291,10 @@ _SM90_FP8_BLOCK_SWAPAB = [
 _SM90_W4A16_INT4_FULL = [(m, 128, 64, 1, 1, "coop_swapab", z) for m in (16, 64, 128) for z in ("", "zero")]
 _SM90_W4A16_INT4_MINIMAL = [(64, 128, 64, 1, 1, "coop_swapab", z) for z in ("", "zero")]
 # W4A16 decode (src/gemm/decode_w4a16.cuh, mma.sync): 8 or 16 tokens per pass, 16 weight rows
-# per block, K steps of 128 values; both 4-bit formats, and W4A8's E4M3 tokens.
-_SM90_W4A16_DECODE = [(m, 16, 128, 1, 1, "decode") for m in (8, 16)]
+# per block (split K) or 64 (a warp per 16 over all of K), K steps of 128 values; both 4-bit
+# formats, and W4A8's E4M3 tokens. The minimal set keeps one 64-row form per mode.
+_SM90_W4A16_DECODE_FULL = [(m, n, 128, 1, 1, "decode") for m in (8, 16) for n in (16, 64)]
+_SM90_W4A16_DECODE_MINIMAL = [(m, 16, 128, 1, 1, "decode") for m in (8, 16)] + [(8, 64, 128, 1, 1, "decode")]
 # W4A16 past the decode kernel where CUTLASS's mixed-input mainloop cannot serve (it loads one
 # scale per K tile of 64 or more; MXFP4 has a scale per 32): our tiled kernel
 # (src/gemm/tiled_w4a16.cuh), 32 or 64 tokens per tile.
@@ -325,7 +328,7 @@ _SM100_16BIT_MINIMAL = [(256, 256, 0, 2, 1, "2sm")]
 _SM100_FP8_MINIMAL = [(128, 256, 128, 1, 1, "1sm"), _SM100_FP8_BLOCK_FULL[0]]
 
 
-def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4=(), sm90_w4_tiled=()):
+def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4=(), sm90_w4_tiled=(), sm90_w4_decode=()):
     """Each family's 16-bit and FP8 tiles, all built with bf16 (output); fp16: by family, the
     (16-bit, FP8) tiles also built with fp16. The decode kernels come in every form."""
     fp8_decode = _DECODE + [(*t, "blockwise") for t in _DECODE]
@@ -341,12 +344,12 @@ def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4=(), sm
                  for mode in ("fp8", "fp8_block") for out in ("bf16", "fp16")]
         if v["family"] == "sm90":
             rows += [r for out in ("bf16", "fp16")
-                     for r in _rows(arch, "w4a16_int4", sm90_int4 + _SM90_W4A16_DECODE + sm90_w4_tiled, out)]
+                     for r in _rows(arch, "w4a16_int4", sm90_int4 + sm90_w4_decode + sm90_w4_tiled, out)]
             rows += [r for out in ("bf16", "fp16")
-                     for r in _rows(arch, "w4a16_mxfp4", _SM90_W4A16_DECODE + sm90_w4_tiled, out)]
+                     for r in _rows(arch, "w4a16_mxfp4", sm90_w4_decode + sm90_w4_tiled, out)]
             # W4A8: the same kernels with E4M3 tokens (widened to 16 bits, row scales on the output)
             rows += [r for mode in ("w4a8_int4", "w4a8_mxfp4") for out in ("bf16", "fp16")
-                     for r in _rows(arch, mode, _SM90_W4A16_DECODE + sm90_w4_tiled, out)]
+                     for r in _rows(arch, mode, sm90_w4_decode + sm90_w4_tiled, out)]
     return rows
 
 
@@ -354,7 +357,7 @@ _SM90_FP8_ALL = _SM90_FP8_FULL + _SM90_FP8_BLOCK_FULL + _SM90_FP8_BLOCK_SWAPAB
 CATALOG = {
     "full": _subset(_SM90_16BIT_FULL, _SM90_FP8_ALL, _SM100_FULL, _SM100_FP8_FULL,
                     {"sm90": (_SM90_16BIT_FULL, _SM90_FP8_ALL), "sm100": (_SM100_FULL, _SM100_FP8_FULL)},
-                    _SM90_W4A16_INT4_FULL, _SM90_W4A16_TILED_FULL),
+                    _SM90_W4A16_INT4_FULL, _SM90_W4A16_TILED_FULL, _SM90_W4A16_DECODE_FULL),
     # fp16 on SM90 in the minimal set: both 16-bit tiles, one prefill tile per FP8 mode and our
     # contiguous kernel (with the decode kernels, every routing has a kernel), so that form is
     # built and tested in CI and on the GPU too.
@@ -362,7 +365,7 @@ CATALOG = {
                        _SM100_16BIT_MINIMAL, _SM100_FP8_MINIMAL,
                        {"sm90": (_SM90_16BIT_MINIMAL, _SM90_FP8_MINIMAL[1:] + _SM90_FP8_BLOCK_MINIMAL[1:]),
                         "sm100": ([], [])},
-                       _SM90_W4A16_INT4_MINIMAL, _SM90_W4A16_TILED_MINIMAL),
+                       _SM90_W4A16_INT4_MINIMAL, _SM90_W4A16_TILED_MINIMAL, _SM90_W4A16_DECODE_MINIMAL),
 }
 
 

@@ -62,7 +62,8 @@ def kernel_source(c: catalog.GemmConfig) -> str:
                 f'#include "gemm/{header}.cuh"\n\n'
                 f"namespace moe_kernels::{ns} {{\n"
                 f"extern const GemmKernelOps kOps_{c.name} = {template}<{CUDA_TYPES[c.act_dtype]}, "
-                f"{CUDA_TYPES[c.out]}, decode_w4::{weight}, {c.tile_m}>::kOps;\n"
+                f"{CUDA_TYPES[c.out]}, decode_w4::{weight}, {c.tile_m}"
+                + (f", {c.tile_n}" if c.schedule == "decode" else "") + ">::kOps;\n"
                 f"}}  // namespace moe_kernels::{ns}\n")
     if c.schedule == "decode":
         return (HEADER +

@@ -42,6 +42,12 @@ def test_archs_of_a_family_build_the_same_kernels():
 def test_minimal_is_a_subset_of_full():
     full = {(c.arch, c.name) for c in catalog.CATALOG["full"]}
     assert {(c.arch, c.name) for c in catalog.CATALOG["minimal"]} <= full
+    # Both 4-bit decode block widths (split K, a warp per 16 columns) in every 4-bit mode and output
+    widths = {}
+    for c in catalog.CATALOG["minimal"]:
+        if c.schedule == "decode" and c.weight_dtype in ("int4", "e2m1"):
+            widths.setdefault((c.quant, c.out), set()).add(c.tile_n)
+    assert len(widths) == 8 and all(w == {16, 64} for w in widths.values()), widths
 
 
 def test_full_catalog_is_deliberate_size():
@@ -174,7 +180,7 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
                 assert '#include "gemm/decode_w4a16.cuh"' in text
                 weight = {"int4": "Int4", "e2m1": "E2M1"}[c.weight_dtype]
                 assert (f"DecodeW4A16<{generate.CUDA_TYPES[c.act_dtype]}, {generate.CUDA_TYPES[c.out]}, "
-                        f"decode_w4::{weight}, {c.tile_m}>::kOps") in text
+                        f"decode_w4::{weight}, {c.tile_m}, {c.tile_n}>::kOps") in text
                 continue
             if c.schedule == "tiled":
                 assert '#include "gemm/tiled_w4a16.cuh"' in text

@@ -88,18 +88,26 @@ SWAP_AB_DECODE_TILE = 16
 CONTIG_TILE_N = 256
 
 
-# 4-bit weights (W4A16): our decode kernel (src/gemm/decode_w4a16.cuh) up to this many rows
-# per expert, then CUTLASS's mixed-input GEMM with the narrowest token tile that holds them,
-# else (groups of 32: MXFP4, INT4 g32) our tiled kernel (src/gemm/tiled_w4a16.cuh) likewise.
-# The 16-row bound has no sweep of its own (docs/performance.md, default rule).
+# 4-bit weights (W4A16, W4A8): our decode kernel (src/gemm/decode_w4a16.cuh) up to this many
+# rows per expert, then CUTLASS's mixed-input GEMM with the narrowest token tile that holds
+# them, else (groups of 32: MXFP4, INT4 g32) our tiled kernel (src/gemm/tiled_w4a16.cuh)
+# likewise. The decode kernel's block width per GEMM as for 16-bit weights: 64 columns (a warp
+# per 16, pipelined over all of K) where ceil(N / 64) x experts hit gives every SM
+# DECODE_WIDE_BLOCKS_PER_SM blocks, else 16 (split K). Neither bound has a sweep of its own
+# for 4-bit weights (docs/performance.md, default rule).
 FOUR_BIT_FORMATS = ("int4", "mxfp4")
 FOUR_BIT_DECODE_ROWS = 16
 
 
-def _pick_four_bit(kernels: list, rows_per_expert: float) -> KernelInfo:
+def _pick_four_bit(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_count: int) -> KernelInfo:
     decode, grouped, tiled = (sorted((k for k in kernels if k.kind == kind), key=lambda k: k.tile[0])
                               for kind in ("decode", "grouped", "tiled"))
-    pool = decode if decode and rows_per_expert <= FOUR_BIT_DECODE_ROWS else grouped or tiled or decode
+    if decode and rows_per_expert <= FOUR_BIT_DECODE_ROWS:
+        narrow, wide = min(k.tile[1] for k in decode), max(k.tile[1] for k in decode)
+        use_wide = wide > narrow and math.ceil(n / wide) * experts_hit >= DECODE_WIDE_BLOCKS_PER_SM * sm_count
+        pool = [k for k in decode if k.tile[1] == (wide if use_wide else narrow)]
+    else:
+        pool = grouped or tiled or [k for k in decode if k.tile[1] == min(k.tile[1] for k in decode)]
     return next((k for k in pool if k.tile[0] >= rows_per_expert), pool[-1])
 
 
@@ -159,8 +167,8 @@ def default_tactic(kernels: list, *, num_tokens: int, top_k: int, num_experts: i
     experts_hit = max(1, min(num_experts, pairs))
     rows = pairs / experts_hit
     if kernels[0].weight_format in FOUR_BIT_FORMATS:
-        pick = _pick_four_bit(kernels, rows)
-        return Tactic(pick.name, pick.name)
+        return Tactic(_pick_four_bit(kernels, rows, gemm1_n, experts_hit, sm_count).name,
+                      _pick_four_bit(kernels, rows, hidden_size, experts_hit, sm_count).name)
     decode1 = DECODE_PAIRS[0]
     if _sixteen_bit(kernels) and hidden_size >= DECODE_LONG_K:  # GEMM1's K
         decode1 = DECODE_PAIRS_16BIT_LONG_K

@@ -4,9 +4,11 @@
 // widened exactly to the 16-bit type, the row's scale applied to the output), so the MMAs are
 // 16-bit either way and every product is exact.
 //
-// A block owns 16 output columns (weight rows) of one expert; its 4 warps split K and add
-// their partial sums in shared memory. mma.sync m16n8k16 with the weights as A (16 rows)
-// and 8 tokens as its N, in the hidden dtype, fp32 accumulation.
+// Two block shapes (the catalog's tile_n): 16 output columns (weight rows) of one expert, its
+// 4 warps splitting K and adding their partial sums in shared memory (for few, long tiles);
+// or 64 columns, each warp 16 of them over all of K with its next weight batch requested
+// before it uses the current one (for many tiles). mma.sync m16n8k16 with the weights as A
+// (16 rows) and 8 tokens as its N, in the hidden dtype, fp32 accumulation.
 //
 // K order: lane q (= lane % 4) of a warp reads 16 contiguous bytes of each of its two weight
 // rows per K step of 128 values: values 32q .. 32q + 31 of the step, one scale group (groups
@@ -37,10 +39,11 @@
 namespace moe_kernels {
 namespace decode_w4 {
 
-constexpr int kWarps = 4;       // per block, splitting K
-constexpr int kRows = 16;       // weight rows (output columns) per block: one mma M
+constexpr int kWarps = 4;       // per block
+constexpr int kRows = 16;       // weight rows (output columns) per warp: one mma M
 constexpr int kStepK = 128;     // K values per warp step (64 bytes of each weight row)
-constexpr int kBatch = 4;       // K steps whose weight loads a warp issues before using any
+constexpr int kBatch = 4;       // split K: the K steps whose weight loads a warp issues before using any
+constexpr int kWideBatch = 2;   // 64 columns: K steps per batch, two batches in flight
 
 struct Int4 {};
 struct E2M1 {};
@@ -156,7 +159,7 @@ __device__ __forceinline__ void load_tokens(const char* src, bool ok, uint4 (&x)
   }
 }
 
-// The weights a block reads: 16 rows (n0 ..) of group g.
+// The weights a warp reads: 16 rows (n0 ..) of group g.
 template <class T>
 struct WeightTile {
   int g, n, k, n0, steps;
@@ -166,10 +169,10 @@ struct WeightTile {
   const unsigned short* zero;   // zero terms in the same layout, or null
   int group;
 
-  __device__ __forceinline__ WeightTile(const Params& p, int group_index) : g(group_index) {
+  __device__ __forceinline__ WeightTile(const Params& p, int group_index, int first_row) : g(group_index) {
     n = p.problem_shapes[3 * g + 1];
     k = p.problem_shapes[3 * g + 2];
-    n0 = blockIdx.x * kRows;
+    n0 = first_row;
     steps = (k + kStepK - 1) / kStepK;
     const int r = (threadIdx.x & 31) >> 2;
     const char* wbase = static_cast<const char*>(p.ptr_b[g]);
@@ -185,13 +188,14 @@ struct WeightTile {
   __device__ __forceinline__ bool has_rows() const { return n0 < n; }
 
   // The lane's weights, their scales and zero terms (broadcast to both halves) of steps s0,
-  // s0 + kWarps, ... (kBatch of them); zeros past K or N, and without zero terms.
-  __device__ __forceinline__ void load(int s0, uint4 (&w)[kBatch][2], uint32_t (&sc)[kBatch][2],
-                                       uint32_t (&zr)[kBatch][2]) const {
+  // s0 + kStride, ... (kN of them); zeros past K or N, and without zero terms.
+  template <int kN, int kStride>
+  __device__ __forceinline__ void load(int s0, uint4 (&w)[kN][2], uint32_t (&sc)[kN][2],
+                                       uint32_t (&zr)[kN][2]) const {
     const int r = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const int s = s0 + i * kWarps;
+    for (int i = 0; i < kN; ++i) {
+      const int s = s0 + i * kStride;
       const int kk = s * kStepK + 32 * q;  // the lane's first K value of step s
       const bool in_k = s < steps && kk < k;
 #pragma unroll
@@ -208,16 +212,69 @@ struct WeightTile {
   }
 };
 
-// One block: the tile's 16 weight rows for all of group g's tokens, in passes of 8 * kTiles.
-// In: the tokens' element type; T: the MMAs' and the output's.
+// The tokens a warp multiplies, and where its sums go: group g's rows m0 .. of 8 * kTiles.
+template <class In>
+struct TokenRows {
+  const char* a;
+  int64_t lda;
+  int m_rows;
+  __device__ __forceinline__ TokenRows(const Params& p, int g)
+      : a(static_cast<const char*>(p.ptr_a[g])), lda(p.stride_a[g] * int64_t(sizeof(In))),
+        m_rows(p.problem_shapes[3 * g]) {}
+};
+
+// acc += the lane's share of (weights of steps s0, s0 + kStride, ... (kN of them)) x (tokens
+// m0 + 8u + r), dequantizing the weights in registers.
+template <class In, class T, class W, int kTiles, int kN, int kStride>
+__device__ __forceinline__ void multiply(const WeightTile<T>& t, const TokenRows<In>& x_rows, int m0, int s0,
+                                         const uint4 (&w)[kN][2], const uint32_t (&sc)[kN][2],
+                                         const uint32_t (&zr)[kN][2], float (&acc)[kTiles][4]) {
+  const int lane = threadIdx.x & 31, r = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    const int s = s0 + i * kStride;
+    if (s >= t.steps) break;  // the same for the whole warp
+    const int kk = s * kStepK + 32 * q;
+    // Tokens m0 + 8u + r, values kk .. kk + 31; zeros past K or the rows.
+    uint4 x[kTiles][4];
+#pragma unroll
+    for (int u = 0; u < kTiles; ++u) {
+      const int m = m0 + 8 * u + r;
+      const bool ok = kk < t.k && m < x_rows.m_rows;
+      load_tokens<In, T>(x_rows.a + (ok ? m * x_rows.lda + int64_t(kk) * sizeof(In) : 0), ok, x[u]);
+    }
+    // Dequantize the lane's 32 values of rows r and r + 8: pair j of word c is values
+    // 8c + 2j, 8c + 2j + 1.
+    uint32_t wv[2][16];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        uint32_t out[4];
+        dequant8<T, W>(word(w[i][j], c), out);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) wv[j][4 * c + e] = fma2<T>(out[e], sc[i][j], zr[i][j]);
+      }
+#pragma unroll
+    for (int tt = 0; tt < 8; ++tt) {
+      const uint32_t fa[4] = {wv[0][2 * tt], wv[1][2 * tt], wv[0][2 * tt + 1], wv[1][2 * tt + 1]};
+#pragma unroll
+      for (int u = 0; u < kTiles; ++u)
+        decode::mma<T>(acc[u], fa, word(x[u][tt / 2], 2 * (tt % 2)), word(x[u][tt / 2], 2 * (tt % 2) + 1));
+    }
+  }
+}
+
+// One block of 16 columns: its 4 warps take K steps warp, warp + 4, ... of the tile's 16
+// weight rows for all of group g's tokens, in passes of 8 * kTiles, and add their sums in
+// shared memory. In: the tokens' element type; T: the MMAs' and the output's.
 template <class In, class T, class W, int kTiles>
-__device__ __forceinline__ void group_tile(const Params& p, const WeightTile<T>& t,
-                                           float (&partial)[kWarps][kTiles * 8][kRows + 1]) {
-  const int g = t.g, n = t.n, k = t.k, n0 = t.n0, steps = t.steps;
-  const int m_rows = p.problem_shapes[3 * g];
+__device__ __forceinline__ void split_k_tile(const Params& p, const WeightTile<T>& t,
+                                             float (&partial)[kWarps][kTiles * 8][kRows + 1]) {
+  const int g = t.g, n = t.n, n0 = t.n0, steps = t.steps;
+  const TokenRows<In> x_rows(p, g);
+  const int m_rows = x_rows.m_rows;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 2, q = lane & 3;
-  const char* a = static_cast<const char*>(p.ptr_a[g]);
-  const int64_t lda = p.stride_a[g] * int64_t(sizeof(In));
   T* d = static_cast<T*>(p.ptr_d[g]);
   const int64_t ldd = p.stride_d[g];
   constexpr bool kScaledRows = sizeof(In) == 1;
@@ -228,40 +285,8 @@ __device__ __forceinline__ void group_tile(const Params& p, const WeightTile<T>&
     for (int s0 = warp; s0 < steps; s0 += kWarps * kBatch) {
       uint4 w[kBatch][2];
       uint32_t sc[kBatch][2], zr[kBatch][2];
-      t.load(s0, w, sc, zr);
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const int s = s0 + i * kWarps;
-        if (s >= steps) break;  // the same for the whole warp
-        const int kk = s * kStepK + 32 * q;
-        // Tokens m0 + 8u + r, values kk .. kk + 31; zeros past K or the rows.
-        uint4 x[kTiles][4];
-#pragma unroll
-        for (int u = 0; u < kTiles; ++u) {
-          const int m = m0 + 8 * u + r;
-          const bool ok = kk < k && m < m_rows;
-          load_tokens<In, T>(a + (ok ? m * lda + int64_t(kk) * sizeof(In) : 0), ok, x[u]);
-        }
-        // Dequantize the lane's 32 values of rows r and r + 8: pair j of word c is values
-        // 8c + 2j, 8c + 2j + 1.
-        uint32_t wv[2][16];
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            uint32_t out[4];
-            dequant8<T, W>(word(w[i][j], c), out);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) wv[j][4 * c + e] = fma2<T>(out[e], sc[i][j], zr[i][j]);
-          }
-#pragma unroll
-        for (int t = 0; t < 8; ++t) {
-          const uint32_t fa[4] = {wv[0][2 * t], wv[1][2 * t], wv[0][2 * t + 1], wv[1][2 * t + 1]};
-#pragma unroll
-          for (int u = 0; u < kTiles; ++u)
-            decode::mma<T>(acc[u], fa, word(x[u][t / 2], 2 * (t % 2)), word(x[u][t / 2], 2 * (t % 2) + 1));
-        }
-      }
+      t.template load<kBatch, kWarps>(s0, w, sc, zr);
+      multiply<In, T, W, kTiles, kBatch, kWarps>(t, x_rows, m0, s0, w, sc, zr, acc);
     }
     // c0: (row r, token 2q), c1: (r, 2q + 1), c2: (r + 8, 2q), c3: (r + 8, 2q + 1).
 #pragma unroll
@@ -286,17 +311,68 @@ __device__ __forceinline__ void group_tile(const Params& p, const WeightTile<T>&
   }
 }
 
+// One warp of a 64-column block: its 16 weight rows over all of K for all of group g's
+// tokens, in passes of 8 * kTiles. Weight batches of kWideBatch steps alternate between two
+// register sets: the next batch is requested before the current one is multiplied, so a
+// warp always has loads in flight. No shared memory, no block barrier.
 template <class In, class T, class W, int kTiles>
+__device__ __forceinline__ void wide_tile(const Params& p, const WeightTile<T>& t) {
+  constexpr int kB = kWideBatch;
+  const int g = t.g, n = t.n, n0 = t.n0, steps = t.steps;
+  const TokenRows<In> x_rows(p, g);
+  const int m_rows = x_rows.m_rows;
+  const int lane = threadIdx.x & 31, r = lane >> 2, q = lane & 3;
+  T* d = static_cast<T*>(p.ptr_d[g]);
+  const int64_t ldd = p.stride_d[g];
+  constexpr bool kScaledRows = sizeof(In) == 1;
+  const float* sfa = kScaledRows ? p.ptr_sfa[g] : nullptr;
+
+  for (int m0 = 0; m0 < m_rows; m0 += 8 * kTiles) {
+    float acc[kTiles][4] = {};
+    uint4 wa[kB][2], wb[kB][2];
+    uint32_t sa[kB][2], za[kB][2], sb[kB][2], zb[kB][2];
+    t.template load<kB, 1>(0, wa, sa, za);
+    for (int s0 = 0; s0 < steps; s0 += 2 * kB) {
+      if (s0 + kB < steps) t.template load<kB, 1>(s0 + kB, wb, sb, zb);
+      multiply<In, T, W, kTiles, kB, 1>(t, x_rows, m0, s0, wa, sa, za, acc);
+      if (s0 + kB >= steps) break;
+      if (s0 + 2 * kB < steps) t.template load<kB, 1>(s0 + 2 * kB, wa, sa, za);
+      multiply<In, T, W, kTiles, kB, 1>(t, x_rows, m0, s0 + kB, wb, sb, zb, acc);
+    }
+    // c0: (row r, token 2q), c1: (r, 2q + 1), c2: (r + 8, 2q), c3: (r + 8, 2q + 1).
+#pragma unroll
+    for (int u = 0; u < kTiles; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = m0 + 8 * u + 2 * q + (e & 1), col = n0 + r + 8 * (e >> 1);
+        if (m < m_rows && col < n) {
+          float v = acc[u][e];
+          if constexpr (kScaledRows) v *= sfa[m];
+          d[int64_t(m) * ldd + col] = decode::to_out<T>(v);
+        }
+      }
+  }
+}
+
+// kColumns: output columns per block, 16 (split K) or 64 (a warp per 16).
+template <class In, class T, class W, int kTiles, int kColumns>
 __global__ void __launch_bounds__(kWarps * 32) decode_w4a16_kernel(Params p) {
-  __shared__ float partial[kWarps][kTiles * 8][kRows + 1];
+  static_assert(kColumns == kRows || kColumns == kRows * kWarps, "4-bit decode: 16 or 64 columns per block");
+  constexpr bool kSplitK = kColumns == kRows;
+  __shared__ float partial[kSplitK ? kWarps : 1][kSplitK ? kTiles * 8 : 1][kRows + 1];
   // Unlike the 16-bit/FP8 decode kernel, no weights are requested before the wait for the
   // previous kernel: that, and batches of 8 K steps, measured slower (docs/kernels/decode.md).
   pdl_begin();
   const int active = p.active_groups[0];
+  const int first_row = blockIdx.x * kColumns + (kSplitK ? 0 : kRows * (threadIdx.x >> 5));
   for (int y = blockIdx.y; y < active; y += gridDim.y) {  // gridDim.y is capped at 65535
-    const WeightTile<T> t(p, p.active_groups[1 + y]);
-    if (t.has_rows())  // the same for the whole block (it syncs)
-      group_tile<In, T, W, kTiles>(p, t, partial);
+    const WeightTile<T> t(p, p.active_groups[1 + y], first_row);
+    if constexpr (kSplitK) {
+      if (t.has_rows())  // the same for the whole block (it syncs)
+        split_k_tile<In, T, W, kTiles>(p, t, partial);
+    } else if (t.has_rows()) {  // per warp
+      wide_tile<In, T, W, kTiles>(p, t);
+    }
   }
 }
 
@@ -337,12 +413,13 @@ inline int launch_groups(Kernel kernel, const GroupedGemmArgs& a, int rows_per_b
 }  // namespace decode_w4
 
 // In: the tokens' element type (T, or E4M3 for W4A8); T: the MMAs' and the output's (bf16,
-// fp16). kTokens: the catalog's tile_m (tokens per pass, a multiple of 8); 16 output columns
-// per block.
-template <class In, class T, class W, int kTokens>
+// fp16). kTokens: the catalog's tile_m (tokens per pass, a multiple of 8); kColumns: its
+// tile_n, output columns per block (16: split K; 64: a warp per 16 columns).
+template <class In, class T, class W, int kTokens, int kColumns>
 struct DecodeW4A16 {
   static_assert(kTokens % 8 == 0, "W4A16 decode GEMM: tokens per pass in multiples of 8");
   static constexpr int kTiles = kTokens / 8;
+  static constexpr bool kSplitK = kColumns == decode_w4::kRows;
 
   static size_t workspace_size(int, int) { return 0; }
 
@@ -353,13 +430,14 @@ struct DecodeW4A16 {
 
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
-    return decode_w4::launch_groups(decode_w4::decode_w4a16_kernel<In, T, W, kTiles>, a, decode_w4::kRows,
+    return decode_w4::launch_groups(decode_w4::decode_w4a16_kernel<In, T, W, kTiles, kColumns>, a, kColumns,
                                     decode_w4::kWarps * 32, "4-bit decode GEMM", err, errlen);
   }
 
   static constexpr GemmKernelOps kOps{
       &run, &check, &workspace_size,
-      static_cast<int>(sizeof(float) * decode_w4::kWarps * kTiles * 8 * (decode_w4::kRows + 1)), false};
+      static_cast<int>(sizeof(float) * (kSplitK ? decode_w4::kWarps * kTiles * 8 : 1) * (decode_w4::kRows + 1)),
+      false};
 };
 
 }  // namespace moe_kernels
