@@ -7,6 +7,7 @@
 #   ci/gpu-tests.sh                      # full catalog, tests, default benchmark
 #   MOE_KERNELS_CATALOG=minimal BENCH_ARGS="--tokens 1,128" LOG_DIR=/tmp/logs ci/gpu-tests.sh
 #   SKIP_BUILD=1 ci/gpu-tests.sh         # reuse the installed build
+#   WHEEL=dist/moe_kernels_cu13-*.whl ci/gpu-tests.sh   # install a built wheel (ci/build-wheel.sh) instead
 #   SKIP_BENCH=1 PYTEST_ARGS="-k 'contig or fp8_block'" ci/gpu-tests.sh   # a subset, no benchmark
 #
 # Logs (build.log, tests.log, junit.xml, errors.json, bench.json, bench.log, sass.txt) go to LOG_DIR.
@@ -22,7 +23,11 @@ export MOE_KERNELS_ARCHS MOE_KERNELS_CATALOG=${MOE_KERNELS_CATALOG:-full}
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee "$LOG_DIR/gpu.txt"
 
-if [ -z "${SKIP_BUILD:-}" ]; then
+if [ -n "${WHEEL:-}" ]; then
+  echo "== install $WHEEL"
+  # shellcheck disable=SC2086
+  $PY -m pip install -q --no-index --no-deps --force-reinstall $WHEEL
+elif [ -z "${SKIP_BUILD:-}" ]; then
   if compgen -G ".whl/*.whl" > /dev/null; then
     $PY -m pip install -q --no-index --no-deps .whl/*.whl
   fi
