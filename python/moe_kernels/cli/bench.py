@@ -1061,7 +1061,8 @@ def main(args) -> int:
     read_big, _ = read_ceiling(1 << 31)
     at = (f" at {ceiling_clocks['sm_mhz']:.0f} MHz, {ceiling_clocks['power_w']:.0f} W"
           if "sm_mhz" in ceiling_clocks else "")
-    print(f"ceilings measured now: copy {bw / 1e12:.2f} TB/s, read-only {read_big / 1e12:.2f} TB/s (2 GiB), dense {args.quant} GEMM {rate / 1e12:.0f} TFLOP/s "
+    print(f"ceilings measured now: copy {bw / 1e12:.2f} TB/s, read-only {read_big / 1e12:.2f} TB/s (2 GiB), "
+          f"dense {args.quant} GEMM {rate / 1e12:.0f} TFLOP/s "
           f"sustained{at} ({burst / 1e12:.0f} in a burst; 8192^3, best of 3); "
           f"routing {args.routing_file or args.routing}, activation {args.activation}, {dtype_name} in and out")
     peer_names = [] if args.no_peers else [n for n, _, _ in peers(args.activation, args.quant)]
