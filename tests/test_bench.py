@@ -461,3 +461,14 @@ def test_read_rates_are_checked_and_plausible():
     rates = profiling.read_rates(64 << 20, windows=2, replays=3)
     assert set(rates) == set(profiling.READ_METHODS.values())
     assert all(r is None or 1e11 < r < 1e14 for r in rates.values()), rates
+
+
+def test_benchmark_runs_parse(tmp_path):
+    """Every named run of benchmarks/run.sh is a valid `bench` command line."""
+    root = __import__("pathlib").Path(__file__).resolve().parent.parent
+    out = subprocess.run(["bash", str(root / "benchmarks" / "run.sh"), "--list"], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert len(out) >= 12 and {"w4a8_int4", "decode", "host"} <= {line.split(":")[0] for line in out}
+    for line in out:
+        args = parse(*line.split(":", 1)[1].split(), "--json", str(tmp_path / "x.json"))
+        assert args.preset and all(p in bench.PRESETS for p in args.preset), line

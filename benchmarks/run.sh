@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The benchmark runs behind README.md's performance table and docs/performance.md, by name: each
+# writes benchmarks/results/<gpu>-<name>.json and .md (<gpu> from nvidia-smi, e.g. h200). Run
+# on a GPU machine with moe_kernels installed (the full catalog for published figures).
+#
+#   benchmarks/run.sh                    # every run below, in this order
+#   benchmarks/run.sh w4a16_int4 decode  # some of them
+#   OUT_DIR=/tmp/results BENCH_ARGS="--replays 10" benchmarks/run.sh fp8
+#   benchmarks/run.sh --list             # each run's name and bench arguments
+#
+# Each run is a few minutes at most on an H200, so that runs can be spread over machine
+# sessions with a time limit per command.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT_DIR=${OUT_DIR:-benchmarks/results}
+ALL="bf16 fp8 fp8_block w4a16_int4 w4a16_mxfp4 w4a16_mxfp4_deepseek w4a8_int4 w4a8_mxfp4"
+ALL="$ALL w4a8_mxfp4_deepseek decode decode_fp8_block host"
+WIDE="--tokens 1,16,128,1024,4096,16384"
+
+args_for() {
+  case "$1" in
+    bf16)            echo "--preset mixtral-8x7b --preset qwen3-30b-a3b --preset deepseek-v3 $WIDE" ;;
+    fp8)             echo "--preset qwen3-30b-a3b --preset deepseek-v3 --quant fp8 $WIDE" ;;
+    fp8_block)       echo "--preset deepseek-v3 --preset deepseek-v4-pro --quant fp8_block $WIDE" ;;
+    w4a16_int4)      echo "--preset qwen3-30b-a3b --preset deepseek-v3 --preset deepseek-v4-pro --quant w4a16_int4 $WIDE" ;;
+    w4a16_mxfp4)     echo "--preset gpt-oss-120b --preset gpt-oss-20b --quant w4a16_mxfp4 --activation swiglu_oai $WIDE" ;;
+    w4a16_mxfp4_deepseek) echo "--preset deepseek-v3 --preset deepseek-v4-pro --quant w4a16_mxfp4 $WIDE" ;;
+    w4a8_int4)       echo "--preset qwen3-30b-a3b --preset deepseek-v3 --preset deepseek-v4-pro --quant w4a8_int4 $WIDE" ;;
+    w4a8_mxfp4)      echo "--preset gpt-oss-120b --quant w4a8_mxfp4 --activation swiglu_oai $WIDE" ;;
+    w4a8_mxfp4_deepseek) echo "--preset deepseek-v3 --preset deepseek-v4-pro --quant w4a8_mxfp4 $WIDE" ;;
+    # The decode table of the tuned-Triton comparison: 1-1024 tokens, bf16, against the read-only ceiling
+    decode)          echo "--preset mixtral-8x7b --preset qwen3-30b-a3b --preset deepseek-v3 --preset gpt-oss-120b \
+                           --tokens 1,2,4,8,16,32,64,128,1024" ;;
+    decode_fp8_block) echo "--preset deepseek-v3 --quant fp8_block --tokens 1,2,4,8,16,32,64,128,1024" ;;
+    # Host time per eager call through the registered op (a signature seen before), beside the graph time
+    host)            echo "--preset qwen3-30b-a3b --tokens 1,64,1024 --host --no-peers" ;;
+    *) echo "unknown run '$1'; expected one of: $ALL" >&2; return 1 ;;
+  esac
+}
+
+if [ "${1:-}" = "--list" ]; then
+  for name in $ALL; do echo "$name: $(args_for "$name" | tr -s ' ')"; done
+  exit 0
+fi
+for name in ${@:-$ALL}; do args_for "$name" > /dev/null; done  # unknown names fail before any run
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 | grep -oiE "[a-z]+[0-9]+" | head -n 1 \
+      | tr '[:upper:]' '[:lower:]')
+mkdir -p "$OUT_DIR"
+for name in ${@:-$ALL}; do
+  a=$(args_for "$name")
+  out="$OUT_DIR/$GPU-$name"
+  echo "== $name: bench $a"
+  # shellcheck disable=SC2086
+  $PY -m moe_kernels bench $a ${BENCH_ARGS:-} --json "$out.json" --markdown "$out.md"
+done
