@@ -986,3 +986,29 @@ def test_w4a8_static_activation_scales_and_extremes(quant, T, error_log):
     err = rel_error(out, ref)
     error_log.add(f"{quant}/static/T{T}", err)
     assert err < TOLERANCE[quant]
+
+
+@pytest.mark.parametrize("quant", ["bf16", "fp8", "w4a16_int4", "w4a8_mxfp4"])
+def test_routed_rows_times_hidden_past_int32(quant, error_log):
+    """Routed rows x hidden size past 2**32 elements (524,621 tokens, top 8 of 64 experts,
+    H = 1024): every index into the expanded activations, GEMM outputs and the sum must be
+    64-bit. The whole forward runs, every output row must be written; tokens are independent,
+    so the first, last and a random sample of them are checked against the reference."""
+    E, k, H, I = 64, 8, 1024, 128
+    T = (1 << 32) // (k * H) + 333
+    p = make_problem(T=1, E=E, k=k, H=H, I=I, dtype=quant, group=32 if quant.endswith("mxfp4") else 64)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    p["hidden_states"] = torch.randn(T, H, device="cuda", generator=gen).to(p["hidden_states"].dtype)
+    p["topk_ids"] = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k].to(torch.int32)
+    w = torch.rand(T, k, device="cuda", generator=gen) + 0.1
+    p["topk_weights"] = w / w.sum(dim=1, keepdim=True)
+    out = run(p)
+    assert torch.isfinite(out).all(), "rows left unwritten (NaN poison) or overflowed"
+    idx = torch.cat([torch.arange(64), torch.randint(0, T, (192,)), torch.arange(T - 64, T)]).cuda()
+    sub = {**p, "hidden_states": p["hidden_states"][idx], "topk_ids": p["topk_ids"][idx],
+           "topk_weights": p["topk_weights"][idx]}
+    err = rel_error(out[idx], reference_out(sub))
+    error_log.add(f"{quant}/int32-overflow/T{T}", err)
+    assert err < TOLERANCE[quant]
+    del out, p
+    torch.cuda.empty_cache()
