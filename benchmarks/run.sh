@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT_DIR=${OUT_DIR:-benchmarks/results}
 ALL="bf16 fp8 fp8_block w4a16_int4 w4a16_mxfp4 w4a16_mxfp4_deepseek w4a8_int4 w4a8_mxfp4"
-ALL="$ALL w4a8_mxfp4_deepseek decode decode_fp8_block host"
+ALL="$ALL w4a8_mxfp4_deepseek decode decode_fp8_block w4_decode_widths host"
 WIDE="--tokens 1,16,128,1024,4096,16384"
 
 args_for() {
@@ -33,6 +33,10 @@ args_for() {
     decode)          echo "--preset mixtral-8x7b --preset qwen3-30b-a3b --preset deepseek-v3 --preset gpt-oss-120b \
                            --tokens 1,2,4,8,16,32,64,128,1024" ;;
     decode_fp8_block) echo "--preset deepseek-v3 --quant fp8_block --tokens 1,2,4,8,16,32,64,128,1024" ;;
+    # The 4-bit decode kernel's two block widths and token tiles in each GEMM slot, round-robin
+    # (docs/kernels/decode.md: the width rule is the 16-bit one until this is measured)
+    w4_decode_widths) echo "--preset qwen3-30b-a3b --preset deepseek-v3 --quant w4a16_int4 --tokens 1,2,4,8,16,64 \
+                           --sweep-only _decode --sweep-rounds 3 --no-peers" ;;
     # Host time per eager call through the registered op (a signature seen before), beside the graph time
     host)            echo "--preset qwen3-30b-a3b --tokens 1,64,1024 --host --no-peers" ;;
     *) echo "unknown run '$1'; expected one of: $ALL" >&2; return 1 ;;
