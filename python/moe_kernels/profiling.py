@@ -163,7 +163,6 @@ def read_rates(nbytes, windows=8, replays=20):
         it = iter(range(1 << 62))
         rates[name] = size / time_graph(lambda: read_probe(pool[next(it) % windows], method, checksum),
                                         replays, windows)[0]
-    del pool
     return rates
 
 
