@@ -22,6 +22,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <type_traits>
 
@@ -102,7 +103,9 @@ __device__ __forceinline__ void group_tile(const Params& p, int g, Stage<In, kTo
   T* d = static_cast<T*>(p.ptr_d[g]);
   const int64_t ldd = p.stride_d[g];
 
-  for (int m0 = 0; m0 < m_rows; m0 += kTokens) {
+  // Token tiles blockIdx.z, blockIdx.z + gridDim.z, ... (the launch splits an expert's tokens
+  // over gridDim.z blocks where its weight tiles alone would leave SMs idle).
+  for (int m0 = blockIdx.z * kTokens; m0 < m_rows; m0 += gridDim.z * kTokens) {
     // Stage s's loads: every thread copies 16-byte chunks (zeros past K, N or the rows).
     auto load = [&](int s) {
       Stage<In, kTokens>& st = stages[s % kStages];
@@ -243,8 +246,17 @@ struct TiledW4A16 {
 
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
+    // Few experts with many rows each (few weight tiles): split each expert's token tiles over
+    // more blocks, so that about kBlocksPerSm blocks per SM are launched, as many as the mean
+    // rows per expert have tiles. Blocks whose split holds no tile of their expert exit.
+    constexpr int64_t kBlocksPerSm = 4;
+    const int64_t groups = a.max_active_groups > 0 ? a.max_active_groups : 1;
+    const int64_t weight_blocks = (a.n + tiled_w4::kRows - 1) / tiled_w4::kRows * groups;
+    const int64_t tiles = (a.rows / groups + kTokens - 1) / kTokens;
+    const int64_t want = (kBlocksPerSm * a.sm_count + weight_blocks - 1) / weight_blocks;
+    const int splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({tiles, want, 65535})));
     return decode_w4::launch_groups(tiled_w4::tiled_w4a16_kernel<In, T, W, kTokens>, a, tiled_w4::kRows,
-                                    tiled_w4::kWarps * 32, "4-bit tiled GEMM", err, errlen);
+                                    tiled_w4::kWarps * 32, "4-bit tiled GEMM", err, errlen, splits);
   }
 
   static constexpr GemmKernelOps kOps{
