@@ -118,7 +118,7 @@ MOEK_EXPORT int moek_workspace_size(const moek_shape* shape, int32_t device, siz
 MOEK_EXPORT int moek_run(const moek_args* args, char* err, size_t errlen);
 // Reads `bytes` (a multiple of 16, 16-byte aligned) at `data` on `stream` and XORs its 16-byte
 // words into checksum[0..1] (device memory, the caller zeroes it): the benchmark's read-only
-// streaming ceiling (src/probe.cu). method 0: vector loads; 1: bulk copies into shared memory.
+// streaming ceiling (src/probe.cu). method 0: vector loads (the only one).
 MOEK_EXPORT int moek_read_probe(const void* data, size_t bytes, int32_t method,
                                 unsigned long long* checksum, int32_t device, void* stream,
                                 char* err, size_t errlen);

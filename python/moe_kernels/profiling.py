@@ -108,7 +108,7 @@ def time_graph(fn, replays, per_graph, warmup_s=0.025):
     return statistics.median(times), min(times), max(times)
 
 
-READ_METHODS = {0: "vector loads", 1: "bulk copies"}  # src/probe.cu
+READ_METHODS = {0: "vector loads"}  # src/probe.cu
 
 
 def xor_fold(buf):
@@ -154,7 +154,7 @@ def read_rates(nbytes, windows=8, replays=20):
         try:
             for w in range(windows):
                 read_probe(pool[w], method, checksum)
-        except RuntimeError:  # e.g. bulk copies before SM90
+        except RuntimeError:  # a method this GPU does not run
             rates[name] = None
             continue
         if not torch.equal(checksum, want):

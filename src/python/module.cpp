@@ -300,5 +300,5 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("device"), py::arg("data"), py::arg("bytes"), py::arg("method"), py::arg("checksum"),
      py::arg("stream"),
      "Read `bytes` at `data` on `stream`, XOR-reducing its 16-byte words into the two uint64 at "
-     "`checksum`: the benchmark's read-only streaming probe (0: vector loads, 1: bulk copies)");
+     "`checksum`: the benchmark's read-only streaming probe (method 0: vector loads)");
 }
