@@ -212,21 +212,31 @@ struct WeightTile {
   }
 };
 
-// The tokens a warp multiplies, and where its sums go: group g's rows m0 .. of 8 * kTiles.
-template <class In>
+// The tokens a warp multiplies (group g's rows, as many as m_rows) and where its sums go: D,
+// each sum times its row's scale for E4M3 tokens.
+template <class In, class T>
 struct TokenRows {
+  static constexpr bool kScaledRows = sizeof(In) == 1;
   const char* a;
   int64_t lda;
   int m_rows;
+  T* d;
+  int64_t ldd;
+  const float* sfa;
   __device__ __forceinline__ TokenRows(const Params& p, int g)
       : a(static_cast<const char*>(p.ptr_a[g])), lda(p.stride_a[g] * int64_t(sizeof(In))),
-        m_rows(p.problem_shapes[3 * g]) {}
+        m_rows(p.problem_shapes[3 * g]), d(static_cast<T*>(p.ptr_d[g])), ldd(p.stride_d[g]),
+        sfa(kScaledRows ? p.ptr_sfa[g] : nullptr) {}
+  __device__ __forceinline__ void store(int m, int col, float v) const {
+    if constexpr (kScaledRows) v *= sfa[m];
+    d[int64_t(m) * ldd + col] = decode::to_out<T>(v);
+  }
 };
 
 // acc += the lane's share of (weights of steps s0, s0 + kStride, ... (kN of them)) x (tokens
 // m0 + 8u + r), dequantizing the weights in registers.
 template <class In, class T, class W, int kTiles, int kN, int kStride>
-__device__ __forceinline__ void multiply(const WeightTile<T>& t, const TokenRows<In>& x_rows, int m0, int s0,
+__device__ __forceinline__ void multiply(const WeightTile<T>& t, const TokenRows<In, T>& x_rows, int m0, int s0,
                                          const uint4 (&w)[kN][2], const uint32_t (&sc)[kN][2],
                                          const uint32_t (&zr)[kN][2], float (&acc)[kTiles][4]) {
   const int lane = threadIdx.x & 31, r = lane >> 2, q = lane & 3;
@@ -271,14 +281,10 @@ __device__ __forceinline__ void multiply(const WeightTile<T>& t, const TokenRows
 template <class In, class T, class W, int kTiles>
 __device__ __forceinline__ void split_k_tile(const Params& p, const WeightTile<T>& t,
                                              float (&partial)[kWarps][kTiles * 8][kRows + 1]) {
-  const int g = t.g, n = t.n, n0 = t.n0, steps = t.steps;
-  const TokenRows<In> x_rows(p, g);
+  const int n = t.n, n0 = t.n0, steps = t.steps;
+  const TokenRows<In, T> x_rows(p, t.g);
   const int m_rows = x_rows.m_rows;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 2, q = lane & 3;
-  T* d = static_cast<T*>(p.ptr_d[g]);
-  const int64_t ldd = p.stride_d[g];
-  constexpr bool kScaledRows = sizeof(In) == 1;
-  const float* sfa = kScaledRows ? p.ptr_sfa[g] : nullptr;
 
   for (int m0 = 0; m0 < m_rows; m0 += 8 * kTiles) {
     float acc[kTiles][4] = {};
@@ -303,8 +309,7 @@ __device__ __forceinline__ void split_k_tile(const Params& p, const WeightTile<T
         float v = 0.f;
 #pragma unroll
         for (int ww = 0; ww < kWarps; ++ww) v += partial[ww][i / kRows][i % kRows];
-        if constexpr (kScaledRows) v *= sfa[m];
-        d[int64_t(m) * ldd + col] = decode::to_out<T>(v);
+        x_rows.store(m, col, v);
       }
     }
     __syncthreads();  // `partial` is reused by the next pass
@@ -318,14 +323,10 @@ __device__ __forceinline__ void split_k_tile(const Params& p, const WeightTile<T
 template <class In, class T, class W, int kTiles>
 __device__ __forceinline__ void wide_tile(const Params& p, const WeightTile<T>& t) {
   constexpr int kB = kWideBatch;
-  const int g = t.g, n = t.n, n0 = t.n0, steps = t.steps;
-  const TokenRows<In> x_rows(p, g);
+  const int n = t.n, n0 = t.n0, steps = t.steps;
+  const TokenRows<In, T> x_rows(p, t.g);
   const int m_rows = x_rows.m_rows;
   const int lane = threadIdx.x & 31, r = lane >> 2, q = lane & 3;
-  T* d = static_cast<T*>(p.ptr_d[g]);
-  const int64_t ldd = p.stride_d[g];
-  constexpr bool kScaledRows = sizeof(In) == 1;
-  const float* sfa = kScaledRows ? p.ptr_sfa[g] : nullptr;
 
   for (int m0 = 0; m0 < m_rows; m0 += 8 * kTiles) {
     float acc[kTiles][4] = {};
@@ -345,11 +346,7 @@ __device__ __forceinline__ void wide_tile(const Params& p, const WeightTile<T>& 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int m = m0 + 8 * u + 2 * q + (e & 1), col = n0 + r + 8 * (e >> 1);
-        if (m < m_rows && col < n) {
-          float v = acc[u][e];
-          if constexpr (kScaledRows) v *= sfa[m];
-          d[int64_t(m) * ldd + col] = decode::to_out<T>(v);
-        }
+        if (m < m_rows && col < n) x_rows.store(m, col, acc[u][e]);
       }
   }
 }
