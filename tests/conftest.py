@@ -27,7 +27,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 class ErrorLog:
-    """Largest relative error seen per label; written to $MOE_KERNELS_ERROR_REPORT at the end."""
+    """Largest relative error seen per label; written to $MOE_KERNELS_ERROR_REPORT at the end
+    (under pytest-xdist, each worker to its own file: the path with the worker's id before
+    the suffix)."""
 
     def __init__(self):
         self.worst = {}
@@ -46,6 +48,10 @@ def error_log():
 
 def pytest_sessionfinish(session, exitstatus):
     path = os.environ.get("MOE_KERNELS_ERROR_REPORT")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if path and worker:
+        root, ext = os.path.splitext(path)
+        path = f"{root}-{worker}{ext}"
     if path and _LOG.worst:
         with open(path, "w") as f:
             json.dump(dict(sorted(_LOG.worst.items())), f, indent=2)
