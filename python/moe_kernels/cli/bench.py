@@ -897,7 +897,8 @@ def markdown(result) -> str:
            + (f"{result['read_bw_bytes_s'] / 1e12:.2f} TB/s (2 GiB)" if result.get("read_bw_bytes_s") else "not measured")
            + f", dense GEMM {result['gemm_flop_s'] / 1e12:.0f} TFLOP/s"
            f" sustained" + (f" (at {result['gemm_sm_mhz']:.0f} MHz, {result['gemm_power_w']:.0f} W)"
-                            if result.get("gemm_sm_mhz") else "") + ".",
+                            if result.get("gemm_sm_mhz") else "") + "."
+           + (f" Cut short: {result['incomplete']}." if result.get("incomplete") else ""),
            "",
            "| " + " | ".join(["preset", "tokens", "experts hit", "read-only TB/s", "bw floor us", "FLOP floor us",
                               "ours us", "TB/s", "TFLOP/s", "of floor", "of dense"]
@@ -1063,11 +1064,28 @@ def main(args) -> int:
     rows, done, total = [], [0], len(shapes) * len(tokens)
     tty = sys.stderr.isatty()  # the \r progress bar only on a terminal, never in a log file
 
+    def save(complete):
+        result = {**env, "version": moe_kernels.__version__, "copy_bw_bytes_s": bw, "read_bw_bytes_s": read_big,
+                  "gemm_flop_s": rate,
+                  "gemm_flop_s_burst": burst, **{f"gemm_{k}": v for k, v in ceiling_clocks.items()},
+                  "routing": args.routing_file or args.routing, "quant": args.quant, "hidden_dtype": dtype_name,
+                  "activation": args.activation, "rows": rows}
+        if not complete:  # rewritten after every point, so that a run cut short keeps what it measured
+            result["incomplete"] = f"{len(rows)} of {total} points"
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(markdown(result))
+        return result
+
     def report(row):
         rows.append(row)
         if tty:
             sys.stderr.write("\r" + " " * 40 + "\r")
         print(format_row(row, peer_names), flush=True)
+        save(complete=False)
 
     def progress():
         done[0] += 1
@@ -1078,17 +1096,7 @@ def main(args) -> int:
 
     for s in shapes:
         bench_shape(s, tokens, args, (bw, rate, read_ceiling), report, progress, sampler)
-    result = {**env, "version": moe_kernels.__version__, "copy_bw_bytes_s": bw, "read_bw_bytes_s": read_big,
-              "gemm_flop_s": rate,
-              "gemm_flop_s_burst": burst, **{f"gemm_{k}": v for k, v in ceiling_clocks.items()},
-              "routing": args.routing_file or args.routing, "quant": args.quant, "hidden_dtype": dtype_name,
-              "activation": args.activation, "rows": rows}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(markdown(result))
+    save(complete=True)
     if args.plot:
         plot(rows, args.plot)
     if distributed:
