@@ -70,9 +70,7 @@ DECODE_TILE_N = (16, 64)
 # long K). "fastaccum": the tensor core's own accumulator all the way (what vLLM and
 # TensorRT-LLM use for per-tensor/per-channel FP8). "blockwise": DeepSeek-style scales per
 # 1x128 activation group and 128x128 weight block, applied in the mainloop (fp8_block).
-# INT4's mixed-input mainloop: "zero" takes additive zero terms (asymmetric INT4, AWQ); a
-# build of that mainloop serves only weights with them, the plain one only weights without.
-MAINLOOPS = ("", "fastaccum", "blockwise", "zero")
+MAINLOOPS = ("", "fastaccum", "blockwise")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,9 +149,7 @@ class GemmConfig:
         # The block-scaled mainloop is what the 128x128 weight blocks need, and only they.
         assert (self.mainloop == "blockwise") == (self.spec.weight == "e4m3_block128"), \
             f"{self.name}: blockwise mainloop iff 128x128 weight blocks"
-        assert self.mainloop != "zero" or (mixed and self.weight_dtype == "int4" and self.schedule != "decode"), \
-            f"{self.name}: the zero mainloop is CUTLASS's mixed-input one with INT4"
-        assert self.mainloop in ("", "zero") or self.act_dtype == "e4m3", f"{self.name}: mainloops are for E4M3"
+        assert self.mainloop == "" or self.act_dtype == "e4m3", f"{self.name}: mainloops are for E4M3"
         if self.kind == "forward":
             assert self.mode in ("fp8", "fp8_block") and (self.tile_m, self.tile_n, self.tile_k) == (0, 0, 0), \
                 f"{self.name}: one_token is an fp8/fp8_block forward without tiles"
@@ -287,9 +283,12 @@ _SM90_FP8_BLOCK_SWAPAB = [
 ]
 
 # W4A16 INT4 (SM90, CUTLASS's mixed-input ptr-array mainloop, group scales, the weights as the
-# converted A operand): 128 weight rows by 16, 64 or 128 tokens, K tiles of 64.
-_SM90_W4A16_INT4_FULL = [(m, 128, 64, 1, 1, "coop_swapab", z) for m in (16, 64, 128) for z in ("", "zero")]
-_SM90_W4A16_INT4_MINIMAL = [(64, 128, 64, 1, 1, "coop_swapab", z) for z in ("", "zero")]
+# converted A operand): 128 weight rows by 16, 64 or 128 tokens, K tiles of 64. Symmetric INT4
+# only: CUTLASS 4.2's ptr-array form of this mainloop with zero terms never loads the scales'
+# TMA descriptor (an illegal instruction on the H200); AWQ's zero points run on the decode and
+# tiled kernels.
+_SM90_W4A16_INT4_FULL = [(m, 128, 64, 1, 1, "coop_swapab") for m in (16, 64, 128)]
+_SM90_W4A16_INT4_MINIMAL = [(64, 128, 64, 1, 1, "coop_swapab")]
 # W4A16 decode (src/gemm/decode_w4a16.cuh, mma.sync): 8 or 16 tokens per pass, 16 weight rows
 # per block (split K) or 64 (a warp per 16 over all of K), K steps of 128 values; both 4-bit
 # formats, and W4A8's E4M3 tokens. The minimal set keeps one 64-row form per mode.

@@ -28,7 +28,7 @@ modes = catalog.modes
 SCHEDULE_TYPES = {"pingpong": "Pingpong", "coop": "Cooperative", "coop_swapab": "CooperativeSwapAB",
                   "1sm": "OneSm", "2sm": "TwoSm", "decode": "DecodeGemm", "contig": "ContiguousBlockwise",
                   "tiled": "TiledW4A16"}
-MAINLOOP_SUFFIX = {"": "", "fastaccum": "FastAccum", "blockwise": "Blockwise", "zero": ""}
+MAINLOOP_SUFFIX = {"": "", "fastaccum": "FastAccum", "blockwise": "Blockwise"}
 
 
 def _write(path: str, text: str) -> None:
@@ -89,7 +89,7 @@ def kernel_source(c: catalog.GemmConfig) -> str:
                 f"extern const GemmKernelOps kOps_{c.name} = MixedGroupedGemm<{catalog.DTYPES[c.act_dtype]}, "
                 f"{catalog.DTYPES[c.weight_dtype]}, "
                 f"{catalog.DTYPES[c.out]}, {c.tile_m}, {c.tile_n}, {c.tile_k}, {c.cluster_m}, {c.cluster_n}, "
-                f"Cooperative, {str(c.mainloop == 'zero').lower()}>::kOps;\n"
+                f"Cooperative>::kOps;\n"
                 f"}}  // namespace moe_kernels::{ns}\n")
     return (HEADER +
             f'#include "gemm/{ns}/grouped_gemm.cuh"\n\n'

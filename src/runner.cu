@@ -122,18 +122,16 @@ int check_for_problem(const KernelEntry& k, const moek_shape& s, const DeviceLim
   if (!kernel_fits(k, s))
     return fail(err, errlen, MOEK_INVALID_ARGUMENT, "kernel %s is for %s with %s out; the problem is %s with %s out",
                 k.info.name, k.info.mode, dtype_name(k.info.out_dtype), mode_of(s)->name, dtype_name(s.dtype));
-  // CUTLASS's mixed-input mainloop loads one weight scale per K tile, and is built with zero
-  // points or without.
+  // CUTLASS's mixed-input mainloop loads one weight scale per K tile, and takes no zero points
+  // (src/gemm/sm90/mixed_grouped_gemm.cuh).
   if (k.info.kind == MOEK_KERNEL_GROUPED && kWeightFormats[s.weight_format].group_scales16 &&
       s.weight_group % k.info.tile_k)
     return fail(err, errlen, MOEK_UNSUPPORTED,
                 "kernel %s takes scale groups that are multiples of its K tile (%d); the weights have groups of %d",
                 k.info.name, k.info.tile_k, s.weight_group);
-  const bool zero_mainloop = strcmp(k.info.mainloop, "zero") == 0;
-  if (k.info.kind == MOEK_KERNEL_GROUPED && kWeightFormats[s.weight_format].zero_point &&
-      zero_mainloop != (s.weight_zero != 0))
-    return fail(err, errlen, MOEK_UNSUPPORTED, "kernel %s is built %s zero points; the weights have %s",
-                k.info.name, zero_mainloop ? "for" : "without", s.weight_zero ? "them" : "none");
+  if (k.info.kind == MOEK_KERNEL_GROUPED && s.weight_zero)
+    return fail(err, errlen, MOEK_UNSUPPORTED,
+                "kernel %s takes no zero points (asymmetric INT4 runs on the decode and tiled kernels)", k.info.name);
   if (k.info.kind == MOEK_KERNEL_FORWARD) {
     char why[256];
     if (one_token_problem(s, d.sm_count, d.smem_optin, why, sizeof(why)))

@@ -233,14 +233,14 @@ def test_default_rule_four_bit():
     int4 = [dataclasses.replace(x, mode="w4a16_int4", weight_format="int4") for x in decode + tiled] + grouped
     assert default_tactic(int4, num_tokens=4096, **gpt_oss) == Tactic("c128", "c128")
     assert default_tactic(int4, num_tokens=1024, **gpt_oss) == Tactic("c64", "c64")
-    # 64-column decode blocks per GEMM where ceil(N / 64) x experts hit >= 4 x the SMs
+    # 64-column decode blocks in a GEMM whose K is at most 1024, else 16 columns with split K
     wide = [k(f"w{m}", m, 64, "decode", "w4a16_mxfp4", 128) for m in (8, 16)]
-    ds = dict(top_k=8, num_experts=256, hidden_size=7168, gemm1_n=4096, sm_count=132)
-    # 1 token, 8 experts: GEMM1 64 x 8 = 512 blocks of 64 (< 528): split K; GEMM2 112 x 8 = 896
-    assert default_tactic(decode + wide + tiled, num_tokens=1, **ds) == Tactic("d8", "w8")
-    assert default_tactic(decode + wide + tiled, num_tokens=2, **ds) == Tactic("w8", "w8")   # 16 experts
-    assert default_tactic(decode + wide + tiled, num_tokens=512, **ds) == Tactic("w16", "w16")  # 16 rows
-    assert default_tactic(decode + wide + tiled, num_tokens=1, **gpt_oss) == Tactic("d8", "d8")  # 90 x 4 < 528
+    qwen3 = dict(top_k=8, num_experts=128, hidden_size=2048, gemm1_n=1536, sm_count=132, inter_size=768)
+    assert default_tactic(decode + wide + tiled, num_tokens=1, **qwen3) == Tactic("d8", "w8")
+    assert default_tactic(decode + wide + tiled, num_tokens=256, **qwen3) == Tactic("d16", "w16")  # 16 rows
+    ds = dict(top_k=8, num_experts=256, hidden_size=7168, gemm1_n=4096, sm_count=132, inter_size=2048)
+    assert default_tactic(decode + wide + tiled, num_tokens=2, **ds) == Tactic("d8", "d8")
+    assert default_tactic(decode + wide + tiled, num_tokens=1, **gpt_oss) == Tactic("d8", "d8")  # K not given
     assert default_tactic(wide + tiled, num_tokens=1, **gpt_oss) == Tactic("w8", "w8")   # only 64 built
     assert default_tactic(decode + wide, num_tokens=4096, **gpt_oss) == Tactic("d16", "d16")  # no prefill kernel
 

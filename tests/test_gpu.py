@@ -827,8 +827,6 @@ def test_w4a16_every_built_kernel(quant, group, act_dtype, error_log):
     for kern in kernels:
         if kern.kind == "grouped" and group % kern.tile[2]:  # refused: see test_w4a16_refusals
             continue
-        if kern.mainloop == "zero":  # for weights with zero points: test_w4a16_int4_zero_points
-            continue
         out = run(p, tactic=Tactic(kern.name, kern.name))
         err = rel_error(out, ref)
         error_log.add(f"{quant}/{act_dtype}/g{group}/kernel/{kern.name}", err)
@@ -903,8 +901,8 @@ def test_w4a16_refusals():
 @pytest.mark.parametrize("T", [1, 7, 300])
 @pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
 def test_w4a16_int4_zero_points(T, act_dtype, error_log):
-    """AWQ-style asymmetric INT4: additive zero terms, by default and on every kernel built for
-    them (the decode kernels, CUTLASS's "zero" mainloop); the plain CUTLASS build refuses them."""
+    """AWQ-style asymmetric INT4: additive zero terms, by default and on every kernel that takes
+    them (the decode and tiled kernels); CUTLASS's mixed-input kernels refuse them."""
     p = make_problem(T=T, E=8, k=2, H=512, I=256, dtype="w4a16_int4", act_dtype=act_dtype, bias=True,
                      symmetric=False)
     assert p.get("w13_zero") is not None
@@ -913,7 +911,7 @@ def test_w4a16_int4_zero_points(T, act_dtype, error_log):
     kernels = [x for x in moe_kernels.list_kernels(quant="w4a16_int4", out_dtype=act_dtype) if x.gemm]
     ref = reference_out(p)
     for kern in kernels:
-        if kern.kind == "grouped" and kern.mainloop != "zero":
+        if kern.kind == "grouped":
             with pytest.raises((RuntimeError, ValueError), match="zero points"):
                 run(p, tactic=Tactic(kern.name, kern.name))
             continue

@@ -100,7 +100,7 @@ class KernelInfo:
     out_dtype: str      # "bf16" or "fp16"
     kind: str           # "grouped" (CUTLASS), "decode", "contiguous" or "forward" (the whole forward)
     schedule: str
-    mainloop: str       # "", "fastaccum", "blockwise" or "zero" (INT4 with zero points)
+    mainloop: str       # "", "fastaccum" or "blockwise" (FP8 mainloops)
     swap_ab: bool       # the weights are the MMA's A operand
     tile: tuple
     cluster: tuple

@@ -91,20 +91,21 @@ CONTIG_TILE_N = 256
 # 4-bit weights (W4A16, W4A8): our decode kernel (src/gemm/decode_w4a16.cuh) up to this many
 # rows per expert, then CUTLASS's mixed-input GEMM with the narrowest token tile that holds
 # them, else (groups of 32: MXFP4, INT4 g32) our tiled kernel (src/gemm/tiled_w4a16.cuh)
-# likewise. The decode kernel's block width per GEMM as for 16-bit weights: 64 columns (a warp
-# per 16, pipelined over all of K) where ceil(N / 64) x experts hit gives every SM
-# DECODE_WIDE_BLOCKS_PER_SM blocks, else 16 (split K). Neither bound has a sweep of its own
-# for 4-bit weights (docs/performance.md, default rule).
+# likewise. The decode kernel's block width per GEMM: 64 columns (a warp per 16, pipelined
+# over all of K) where K is at most FOUR_BIT_DECODE_WIDE_MAX_K, else 16 (K split over the
+# block's 4 warps, which a short K leaves unevenly loaded). Measured on an H200 over 1-64
+# tokens, Qwen3-30B-A3B and DeepSeek-V3 (docs/performance.md, default rule).
 FOUR_BIT_FORMATS = ("int4", "mxfp4")
 FOUR_BIT_DECODE_ROWS = 16
+FOUR_BIT_DECODE_WIDE_MAX_K = 1024
 
 
-def _pick_four_bit(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_count: int) -> KernelInfo:
+def _pick_four_bit(kernels: list, rows_per_expert: float, k_size: int) -> KernelInfo:
     decode, grouped, tiled = (sorted((k for k in kernels if k.kind == kind), key=lambda k: k.tile[0])
                               for kind in ("decode", "grouped", "tiled"))
     if decode and rows_per_expert <= FOUR_BIT_DECODE_ROWS:
         narrow, wide = min(k.tile[1] for k in decode), max(k.tile[1] for k in decode)
-        use_wide = wide > narrow and math.ceil(n / wide) * experts_hit >= DECODE_WIDE_BLOCKS_PER_SM * sm_count
+        use_wide = 0 < k_size <= FOUR_BIT_DECODE_WIDE_MAX_K
         pool = [k for k in decode if k.tile[1] == (wide if use_wide else narrow)]
     else:
         pool = grouped or tiled or [k for k in decode if k.tile[1] == min(k.tile[1] for k in decode)]
@@ -153,10 +154,11 @@ def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_co
 
 
 def default_tactic(kernels: list, *, num_tokens: int, top_k: int, num_experts: int,
-                   hidden_size: int, gemm1_n: int, sm_count: int) -> Tactic:
+                   hidden_size: int, gemm1_n: int, sm_count: int, inter_size: int = 0) -> Tactic:
     """The rule used when nothing was tuned: a forward kernel for one token where `kernels`
     holds one (the caller passes only those that serve the problem), else GEMM kernels by rows
-    per expert, N and the SM count."""
+    per expert, N and the SM count (4-bit weights: by rows per expert and K, GEMM2's K being
+    inter_size; 0: not given, taken as long)."""
     forward = [k for k in kernels if not k.gemm]
     if num_tokens == 1 and forward:
         return Tactic(forward=forward[0].name)
@@ -167,8 +169,8 @@ def default_tactic(kernels: list, *, num_tokens: int, top_k: int, num_experts: i
     experts_hit = max(1, min(num_experts, pairs))
     rows = pairs / experts_hit
     if kernels[0].weight_format in FOUR_BIT_FORMATS:
-        return Tactic(_pick_four_bit(kernels, rows, gemm1_n, experts_hit, sm_count).name,
-                      _pick_four_bit(kernels, rows, hidden_size, experts_hit, sm_count).name)
+        return Tactic(_pick_four_bit(kernels, rows, hidden_size).name,
+                      _pick_four_bit(kernels, rows, inter_size).name)
     decode1 = DECODE_PAIRS[0]
     if _sixteen_bit(kernels) and hidden_size >= DECODE_LONG_K:  # GEMM1's K
         decode1 = DECODE_PAIRS_16BIT_LONG_K
@@ -242,7 +244,7 @@ def resolve(p: Problem, requested=None) -> Tactic:
     candidates = [k for k in usable.values() if (p.T == 1 or k.gemm) and _serves(dev, p, k)]
     return _log_choice(spec, p.T, default_tactic(
         candidates, num_tokens=p.T, top_k=p.k, num_experts=p.E, hidden_size=p.H, gemm1_n=p.n1,
-        sm_count=_native.device_info(dev)["sm_count"]), "default rule")
+        sm_count=_native.device_info(dev)["sm_count"], inter_size=p.I), "default rule")
 
 
 def _parse(text):

@@ -30,7 +30,7 @@ from . import _native
 from . import cache as _cache
 from .cache import ProblemSpec, TuningCache
 from .modes import Activation, QuantMode
-from .problem import device_index, out_dtype_name, parse_quant
+from .problem import c_shape, device_index, out_dtype_name, parse_quant
 from .profiling import round_robin
 from .tactic import Tactic
 
@@ -221,6 +221,16 @@ def _worker(args) -> int:
     ws = torch.empty(api.workspace_size(max(buckets), spec.top_k, spec.experts, spec.hidden, spec.inter,
                                         quant=spec.quant, activation=act), dtype=torch.uint8, device="cuda")
     ts = list_tactics(spec.quant, out_dtype=spec.out_dtype or None)
+    # GEMM kernels that cannot take these weights (a 4-bit kernel built for another scale group
+    # or for zero points) are filtered with the library's reason, not run and blamed as faults.
+    mode = parse_quant(spec.quant)
+    shape = c_shape(T=max(buckets), H=spec.hidden, I=spec.inter, E=spec.experts, k=spec.top_k,
+                    dtype=out_dtype_name(mode, spec.out_dtype or None), mode=mode.spec, activation=act)
+    for name in list(ts.kernels):
+        why = _native.C().check_kernel(args.device, name, shape)
+        if why:
+            ts.kernels.remove(name)
+            ts.filtered[name] = why
     infos = {k.name: k for k in _native.library_for(args.device)["kernels"]}
     sm_count = _native.device_info(args.device)["sm_count"]
     gen = torch.Generator().manual_seed(1234)
@@ -303,7 +313,8 @@ def _worker(args) -> int:
         if good:
             default = default_tactic([infos[k] for k in good], num_tokens=T, top_k=spec.top_k,
                                      num_experts=spec.experts, hidden_size=spec.hidden,
-                                     gemm1_n=(2 if act.gated else 1) * spec.inter, sm_count=sm_count)
+                                     gemm1_n=(2 if act.gated else 1) * spec.inter, sm_count=sm_count,
+                                     inter_size=spec.inter)
             default_us = measure(default, default.gemm1, 0, 1)
             if args.exhaustive:
                 pairs = [Tactic(a, b) for a in good for b in good]

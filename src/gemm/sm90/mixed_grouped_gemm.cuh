@@ -4,9 +4,10 @@
 // mainloop. The converted operand must be the wgmma's A, so the weights are A and the tokens
 // B, as in the swap-AB schedules (src/gemm/cutlass_grouped.cuh): D^T is stored column-major,
 // which is D row-major. The scales are [K/g, N] per expert (N contiguous, as AWQ and GPTQ store them);
-// their per-group strides are written into the workspace before each GEMM. kZero: asymmetric
-// INT4 (AWQ), with additive zero terms in the scales' layout (CUTLASS's ConvertAndScaleWithZero:
-// q * scale + zero); their per-group pointers are written into the workspace too.
+// their per-group strides are written into the workspace before each GEMM. No zero points:
+// CUTLASS 4.2's ptr-array form of this mainloop with zero terms (ConvertAndScaleWithZero) never
+// copies or updates the scales' TMA descriptor and raised an illegal instruction on the H200;
+// asymmetric INT4 runs on the decode and tiled kernels.
 #pragma once
 
 #include <cstdio>
@@ -25,30 +26,25 @@
 
 namespace moe_kernels::sm90 {
 
-// Each group's scale stride: (1, N, N * K/g), the packed [K/g, N] layout; with zero terms
-// (zeros != null), each group's pointer into them.
-template <class StrideScale, class ElementZero>
-__global__ void write_scale_strides(StrideScale* strides, int groups, int64_t n, int64_t scale_k,
-                                    const ElementZero* zero_base, const ElementZero** zeros) {
+// Each group's scale stride: (1, N, N * K/g), the packed [K/g, N] layout.
+template <class StrideScale>
+__global__ void write_scale_strides(StrideScale* strides, int groups, int64_t n, int64_t scale_k) {
   for (int g = blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += gridDim.x * blockDim.x) {
     StrideScale s{};
     cute::get<1>(s) = n;
     cute::get<2>(s) = n * scale_k;
     strides[g] = s;
-    if (zeros) zeros[g] = zero_base + int64_t(g) * scale_k * n;
   }
 }
 
-// ElementQ: cutlass::int4b_t. kZero: with zero terms. Schedule: a Schedule of
+// ElementQ: cutlass::int4b_t. Schedule: a Schedule of
 // gemm/sm90/grouped_gemm.cuh (its mainloop and epilogue tags). TileM: tokens per tile
 // (CUTLASS's N), TileN: weight rows per tile (CUTLASS's M).
 template <class ElementAct, class ElementQ, class ElementD, int TileM, int TileN, int TileK, int ClusterM,
-          int ClusterN, class Schedule, bool kZero = false>
+          int ClusterN, class Schedule>
 struct MixedGroupedGemm {
   using ElementScale = ElementAct;
-  using ElementZero = ElementAct;
-  using Weights = cute::conditional_t<kZero, cute::tuple<ElementQ, ElementScale, ElementZero>,
-                                      cute::tuple<ElementQ, ElementScale>>;
+  using Weights = cute::tuple<ElementQ, ElementScale>;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   using TileShape = cute::Shape<cute::Int<TileN>, cute::Int<TileM>, cute::Int<TileK>>;
   using ClusterShape = cute::Shape<cute::Int<ClusterN>, cute::Int<ClusterM>, cute::_1>;
@@ -77,13 +73,9 @@ struct MixedGroupedGemm {
   using StrideScale = typename CollectiveMainloop::StrideScale;
   static_assert(routing_layouts_match<Kernel, ProblemShape>(), "stride or problem shape layout changed");
 
-  // Bytes at the workspace's start for the per-group scale strides (and zero pointers), 256-aligned.
+  // Bytes at the workspace's start for the per-group scale strides, 256-aligned.
   static size_t stride_bytes(int num_groups) {
-    return (size_t(num_groups) * (sizeof(StrideScale) + (kZero ? sizeof(void*) : 0)) + 255) / 256 * 256;
-  }
-  static const ElementZero** zero_pointers(void* workspace, int num_groups) {
-    return reinterpret_cast<const ElementZero**>(static_cast<char*>(workspace) +
-                                                 size_t(num_groups) * sizeof(StrideScale));
+    return (size_t(num_groups) * sizeof(StrideScale) + 255) / 256 * 256;
   }
 
   static typename Gemm::Arguments make_arguments(const GroupedGemmArgs& a) {
@@ -95,9 +87,6 @@ struct MixedGroupedGemm {
     args.mainloop.ptr_S = reinterpret_cast<const ElementScale**>(a.ptr_sfb);
     args.mainloop.dS = reinterpret_cast<const StrideScale*>(a.workspace);
     args.mainloop.chunk_size = a.weight_group;
-    if constexpr (kZero) {
-      if (a.workspace) args.mainloop.ptr_Z = zero_pointers(a.workspace, a.num_groups);
-    }
     args.epilogue.ptr_D = reinterpret_cast<ElementD**>(a.ptr_d);
     args.epilogue.dD = reinterpret_cast<StrideD*>(a.stride_d);
     args.epilogue.thread.alpha = 1.0f;
@@ -117,9 +106,9 @@ struct MixedGroupedGemm {
   }
 
   static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
-    if (kZero != (a.zero_base != nullptr)) {
-      snprintf(err, errlen, "4-bit GEMM: this kernel is built %s zero points; the weights have %s", kZero ? "for" : "without",
-               a.zero_base ? "them" : "none");
+    if (a.zero_base) {
+      snprintf(err, errlen, "4-bit GEMM: this kernel takes no zero points (asymmetric INT4 runs on the decode and "
+               "tiled kernels)");
       return MOEK_UNSUPPORTED;
     }
     if (a.weight_group <= 0 || a.k % a.weight_group) {
@@ -147,8 +136,7 @@ struct MixedGroupedGemm {
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
     write_scale_strides<<<(a.num_groups + 127) / 128, 128, 0, a.stream>>>(
-        reinterpret_cast<StrideScale*>(a.workspace), a.num_groups, a.n, a.k / a.weight_group,
-        static_cast<const ElementZero*>(a.zero_base), kZero ? zero_pointers(a.workspace, a.num_groups) : nullptr);
+        reinterpret_cast<StrideScale*>(a.workspace), a.num_groups, a.n, a.k / a.weight_group);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
       snprintf(err, errlen, "scale strides launch: %s", cudaGetErrorString(e));
       return MOEK_CUDA_ERROR;
