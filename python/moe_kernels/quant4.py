@@ -84,6 +84,10 @@ def quantize_int4(w: torch.Tensor, group: int = 128, symmetric: bool = True, sca
     *lead, N, K = w.shape
     if K % group:
         raise ValueError(f"w: got K={K}, expected a multiple of group={group}")
+    if w.dim() > 2 and w.shape[0] > 1:  # one matrix at a time: the float32 temporaries are 4-8x the weights
+        parts = [quantize_int4(m, group, symmetric, scale_dtype) for m in w]
+        return (torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]),
+                None if symmetric else torch.stack([p[2] for p in parts]))
     g = w.float().reshape(*lead, N, K // group, group)
     if symmetric:
         amax = g.abs().amax(dim=-1, keepdim=True)

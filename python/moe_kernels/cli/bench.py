@@ -401,8 +401,13 @@ class OwnFp8(Bf16GroupedMM):
         self.dequantized = DequantizedGroupedMM(weight_format)
 
     def to_bf16(self, w, scale):  # E4M3 and its per-channel scales, made once per weight tensor
+        import torch
         from ..fp8 import quantize_weight
-        return quantize_weight(self.dequantized.to_bf16(w, scale), "channel")
+        # one expert at a time: a 16-bit copy of all experts and its float32 temporaries do not
+        # fit beside the other peers' weights for DeepSeek-V4-Pro
+        parts = [quantize_weight(self.dequantized.to_bf16(w[e:e + 1], scale[e:e + 1]), "channel")
+                 for e in range(w.shape[0])]
+        return torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
 
     def __call__(self, x, w13, w2, wts, ids, act, w13_scale=None, w2_scale=None):
         import moe_kernels
