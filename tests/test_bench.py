@@ -259,22 +259,24 @@ def test_gpu_sampler_takes_medians_and_never_fails_the_run(monkeypatch):
     assert w == {}
 
 
+@pytest.mark.parametrize("host", [{}, {"host_us": 41.25}])
 @pytest.mark.parametrize("clocks", [{}, {"sm_mhz": 1530.0, "power_w": 548.0, "samples": 9}])
 @pytest.mark.parametrize("peers", [{}, {"torch._grouped_mm": {"status": "ok", "us": 25.0}}])
-def test_markdown_columns_line_up(peers, clocks):
+def test_markdown_columns_line_up(peers, clocks, host):
     row = {"preset": "p", "tokens": 1, "experts_hit": 2.0, "bw_floor_us": 10.0, "flop_floor_us": 1.0,
            "results": {"moe_kernels": {"status": "ok", "us": 12.5, "tb_s": 3.0, "tflop_s": 500.0,
-                                       "of_floor": 0.8, **clocks}, **peers}}
+                                       "of_floor": 0.8, **clocks}, **peers}, **host}
     result = {"gpu": "g", "driver": "d", "torch": "t", "cuda": "c", "version": "v", "commit": "x",
               "quant": "bf16", "activation": "swiglu", "routing": "uniform", "copy_bw_bytes_s": 1e12,
               "gemm_flop_s": 1e15, "rows": [row]}
     table = [line for line in bench.markdown(result).splitlines() if line.startswith("|")]
     assert len({line.count("|") for line in table}) == 1
-    assert table[0].count("|") == 12 + len(peers) + bool(clocks)
+    assert table[0].count("|") == 12 + len(peers) + bool(clocks) + bool(host)
     cells = [c.strip() for c in table[2].split("|")[1:-1]]
     assert cells[3] == "-"    # no read-only ceiling in rows from before it was measured
     assert cells[10] == "50%"  # of the dense rate: 500 of 1000 TFLOP/s
-    assert (cells[-1] == "1530 MHz, 548 W") == bool(clocks)
+    assert (cells[-1 - bool(host)] == "1530 MHz, 548 W") == bool(clocks)
+    assert (cells[-1] == "41.2") == bool(host)
     assert "catalog" not in bench.markdown(result).splitlines()[0]  # results from before it was recorded
     assert "at x (minimal catalog); bf16" in bench.markdown({**result, "catalog": "minimal"}).splitlines()[0]
 

@@ -894,6 +894,7 @@ def markdown(result) -> str:
     rows = result["rows"]
     peers_ = [n for n in rows[0]["results"] if n != "moe_kernels"] if rows else []
     clocks = any("sm_mhz" in r["results"]["moe_kernels"] for r in rows)  # bench --clocks
+    host = any("host_us" in r for r in rows)  # bench --host
     out = [f"{result['gpu']}, driver {result['driver']}, torch {result['torch']} (CUDA {result['cuda']}), "
            f"moe_kernels {result['version']} at {result['commit'][:12]}"
            + (f" ({result['catalog']} catalog)" if result.get("catalog") else "") + f"; {result['quant']}, "
@@ -908,8 +909,9 @@ def markdown(result) -> str:
            "| " + " | ".join(["preset", "tokens", "experts hit", "read-only TB/s", "bw floor us", "FLOP floor us",
                               "ours us", "TB/s", "TFLOP/s", "of floor", "of dense"]
                              + [f"{p} us (speedup)" for p in peers_]
-                             + (["SM clock, power (ours)"] if clocks else [])) + " |",
-           "|---" * (11 + len(peers_) + clocks) + "|"]
+                             + (["SM clock, power (ours)"] if clocks else [])
+                             + (["host us per eager call"] if host else [])) + " |",
+           "|---" * (11 + len(peers_) + clocks + host) + "|"]
     for r in rows:
         o = r["results"]["moe_kernels"]
         read = f"{r['read_bw_bytes_s'] / 1e12:.2f}" if r.get("read_bw_bytes_s") else "-"
@@ -924,6 +926,8 @@ def markdown(result) -> str:
                          else q["status"])
         if clocks:
             cells.append(f"{o['sm_mhz']:.0f} MHz, {o['power_w']:.0f} W" if "sm_mhz" in o else "-")
+        if host:
+            cells.append(f"{r['host_us']:.1f}" if "host_us" in r else "-")
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
