@@ -61,11 +61,14 @@ def test_expert_parallel_forms_with_two_gloo_ranks(routing):
 
 
 @pytest.mark.gpu
-def test_expert_parallel_simulated_on_one_gpu():
+@pytest.mark.parametrize("quant", ["bf16", "fp8"])
+def test_expert_parallel_simulated_on_one_gpu(quant):
+    """The ranks in turn on one GPU, as test_expert_parallel_with_nccl runs them across GPUs:
+    uniform and skewed routing, 1-4096 tokens, the step also replayed from a CUDA graph."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     for routing in ("uniform", "skewed"):
-        args = ["--simulate", "4", "--tokens", "1,7,300", "--routing", routing]
+        args = ["--simulate", "4", "--quant", quant, "--tokens", "1,7,300,4096", "--routing", routing, "--graph"]
         assert _example().main(args) == 0
 
 
