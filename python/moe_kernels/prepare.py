@@ -338,7 +338,7 @@ def interleave_moe_weights_for_sm90_mixed_gemm(weight, quant_type: str = "fp4") 
         raise ValueError(f"quant_type: got {quant_type!r}, expected one of {list(_INTERLEAVE_QUANT_TYPES)}")
     _importer_tensor("weight", weight, torch.uint8, 3)
     mode = QuantMode.parse(_INTERLEAVE_QUANT_TYPES[quant_type]).spec
-    E, N, K = weight.shape[0], weight.shape[1], weight.shape[2] * 2
+    N, K = weight.shape[1], weight.shape[2] * 2
     if N % mode.align or K % mode.align:
         raise ValueError(f"weight: got N={N} rows and K={K} values per row, expected both multiples of "
                          f"{mode.align} for quant_type={quant_type!r} ({mode.why_align})")
