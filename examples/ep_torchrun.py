@@ -96,6 +96,16 @@ def make_layer_inputs(E, k, H, I, T_per_rank, ranks, routing="uniform", seed=0, 
     return w13, w2, x, ids.to(torch.int32), (w / w.sum(1, keepdim=True)).float()
 
 
+def layer_weights(w13, w2, quant):
+    """The layer's weights in `quant` (fp8: E4M3 per channel) as load_weights and the reference
+    take them, and the relative error a forward may have against that reference."""
+    if quant != "fp8":
+        return dict(w13=w13, w2=w2), 2e-2
+    from moe_kernels.prepare import quantize_weights
+    q = quantize_weights(w13, w2, quant="fp8")
+    return {n: q[n] for n in ("w13", "w2", "w13_scale", "w2_scale")}, 5e-2
+
+
 def _run(args, rank, world, device):
     from moe_kernels import FusedMoE, reference
     E, k, H, I = args.experts, args.top_k, args.hidden, args.intermediate
@@ -104,18 +114,14 @@ def _run(args, rank, world, device):
     failures = 0
     for T in args.tokens:
         w13, w2, x, ids, w = make_layer_inputs(E, k, H, I, T, world, args.routing, seed=T)
-        if args.quant == "fp8":
-            from moe_kernels.prepare import quantize_weights
-            q = quantize_weights(w13, w2, quant="fp8")
-            layer.load_weights(q["w13"], q["w2"], w13_scale=q["w13_scale"], w2_scale=q["w2_scale"])
-            ref_w = dict(w13=q["w13"], w2=q["w2"], w13_scale=q["w13_scale"], w2_scale=q["w2_scale"], quant="fp8")
-        else:
-            layer.load_weights(w13, w2)
-            ref_w = dict(w13=w13, w2=w2)
+        weights, tol = layer_weights(w13, w2, args.quant)
+        layer.load_weights(weights["w13"], weights["w2"], w13_scale=weights.get("w13_scale"),
+                           w2_scale=weights.get("w2_scale"))
         mine = slice(rank * T, (rank + 1) * T)
         xs, idss, ws = (t[mine].to(device) for t in (x, ids, w))
-        ref = reference.fused_moe(x[mine].to(device), ref_w.pop("w13").to(device), ref_w.pop("w2").to(device),
-                                  ws, idss, **{n: v.to(device) if torch.is_tensor(v) else v for n, v in ref_w.items()})
+        on_device = {n: t.to(device) for n, t in weights.items()}
+        ref = reference.fused_moe(x[mine].to(device), on_device.pop("w13"), on_device.pop("w2"), ws, idss,
+                                  quant=args.quant, **on_device)
 
         def run_experts(rows, r_ids, r_w):
             return layer(rows, r_w, r_ids)
@@ -132,7 +138,7 @@ def _run(args, rank, world, device):
             outs["allgather (graph)"] = graph_out
         for form, out in outs.items():
             err = ((out.float() - ref).norm() / ref.norm().clamp_min(1e-6)).item()
-            ok = err < (5e-2 if args.quant == "fp8" else 2e-2)
+            ok = err < tol
             failures += not ok
             print(f"rank {rank}/{world} T={T} {args.quant} {args.routing} {form}: relative error {err:.2e}"
                   f"{'' if ok else '  FAILED'}", flush=True)
@@ -148,11 +154,7 @@ def simulate(args, ranks: int) -> int:
     failures = 0
     for T in args.tokens:
         w13, w2, x, ids, w = (t.cuda() for t in make_layer_inputs(E, k, H, I, T, 1, args.routing, seed=T))
-        weights = dict(w13=w13, w2=w2)
-        if args.quant == "fp8":
-            from moe_kernels.prepare import quantize_weights
-            q = quantize_weights(w13, w2, quant="fp8")
-            weights = dict(w13=q["w13"], w2=q["w2"], w13_scale=q["w13_scale"], w2_scale=q["w2_scale"])
+        weights, tol = layer_weights(w13, w2, args.quant)
         layers = []
         for r in range(ranks):
             layer = FusedMoE(E, H, I, quant=args.quant, ep_rank=r, ep_size=ranks, device="cuda")
@@ -177,7 +179,7 @@ def simulate(args, ranks: int) -> int:
             outs["summed (graph)"] = graph_out
         for form, total in outs.items():
             err = ((total - ref).norm() / ref.norm()).item()
-            ok = err < (5e-2 if args.quant == "fp8" else 2e-2)
+            ok = err < tol
             failures += not ok
             print(f"simulated {ranks} ranks, T={T} {args.quant} {args.routing} {form}: relative error {err:.2e}"
                   f"{'' if ok else '  FAILED'}", flush=True)
