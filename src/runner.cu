@@ -10,6 +10,9 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "gemm/grouped_gemm.h"
 #include "kernels.h"
@@ -98,11 +101,16 @@ int64_t scales_per_row(const moek_shape& s, int64_t cols) {
   return group ? (cols + group - 1) / group : 1;
 }
 
+// By name, through a map built on first use: a forward looks up its kernels on every call.
 const KernelEntry* find_kernel(const char* name) {
+  static const auto* by_name = [] {
+    auto* m = new std::unordered_map<std::string_view, const KernelEntry*>();
+    for (int i = 0; i < kNumKernels; ++i) m->emplace(kKernels[i].info.name, &kKernels[i]);
+    return m;
+  }();
   if (!name) return nullptr;
-  for (int i = 0; i < kNumKernels; ++i)
-    if (strcmp(kKernels[i].info.name, name) == 0) return &kKernels[i];
-  return nullptr;
+  const auto it = by_name->find(name);
+  return it == by_name->end() ? nullptr : it->second;
 }
 
 int check_kernel(const KernelEntry& k, const DeviceLimits& d, char* err, size_t errlen) {
@@ -225,14 +233,39 @@ int validate_shape(const moek_shape& s, char* err, size_t errlen) {
   return MOEK_OK;
 }
 
+// The GEMM workspace: the most any kernel of the problem's formats needs, so that every
+// tactic fits the same layout. A walk over the registry, kept per (formats, E, SMs): the
+// forward path plans every call.
+size_t gemm_workspace(const moek_shape& s, int sm_count) {
+  struct Entry {
+    int act_format, weight_format, dtype, sm_count;
+    int64_t experts;
+    size_t bytes;
+  };
+  static std::mutex mu;
+  static std::vector<Entry> cache;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const Entry& c : cache)
+      if (c.act_format == s.act_format && c.weight_format == s.weight_format && c.dtype == s.dtype &&
+          c.sm_count == sm_count && c.experts == s.num_experts)
+        return c.bytes;
+  }
+  size_t bytes = 0;
+  for (int i = 0; i < kNumKernels; ++i)
+    if (kKernels[i].ops && kernel_fits(kKernels[i], s))  // GEMM kernels (FORWARD ones have no ops)
+      bytes = std::max(bytes, kKernels[i].ops->workspace_size(static_cast<int>(s.num_experts), sm_count));
+  std::lock_guard<std::mutex> lock(mu);
+  if (cache.size() >= 64) cache.clear();
+  cache.push_back({s.act_format, s.weight_format, s.dtype, sm_count, s.num_experts, bytes});
+  return bytes;
+}
+
 Layout plan(const moek_shape& s, int sm_count) {
   const int64_t rows = s.num_tokens * s.top_k, e = s.num_experts, eb = 2;
   const int64_t in_bytes = act_format(s).bits / 8;  // GEMM inputs
   const int64_t n1 = is_gated(s.activation) ? 2 * s.inter_size : s.inter_size;
-  size_t gemm_ws = 0;
-  for (int i = 0; i < kNumKernels; ++i)
-    if (kKernels[i].ops && kernel_fits(kKernels[i], s))  // GEMM kernels (FORWARD ones have no ops)
-      gemm_ws = std::max(gemm_ws, kKernels[i].ops->workspace_size(static_cast<int>(e), sm_count));
+  const size_t gemm_ws = gemm_workspace(s, sm_count);
   Layout L{};
   size_t at = 0;
   auto take = [&](size_t bytes) { size_t here = at; at += align_up(bytes); return here; };

@@ -52,13 +52,14 @@ def problem(tensors, quant, activation, experts, swiglu_alpha, swiglu_limit,
 
 
 class Plan:
-    """What a forward's signature fixes: the C shape, the tactic and the workspace it needs
-    (no tactic for T = 0: nothing runs)."""
+    """What a forward's signature fixes: the C shape (converted once for the native call), the
+    tactic and the workspace it needs (no tactic for T = 0: nothing runs)."""
 
     __slots__ = ("shape", "tactic", "need", "device", "T", "generation")
 
     def __init__(self, p: Problem, tactic: Tactic, need: int, generation: int):
-        self.shape, self.tactic, self.need = p.shape, tactic, need
+        self.shape = _native.C().Shape(p.shape) if tactic is not None else None
+        self.tactic, self.need = tactic, need
         self.device, self.T, self.generation = p.device.index, p.T, generation
 
 

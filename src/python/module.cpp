@@ -242,7 +242,11 @@ PYBIND11_MODULE(_C, m) {
     raise_status(library_for(device).workspace_size(&s, device, &bytes, err, sizeof(err)), err);
     return bytes;
   }, py::arg("device"), py::arg("shape"));
-  m.def("run", [](int device, py::dict shape, uintptr_t hidden, uintptr_t topk_ids,
+  // The forward path converts a problem's shape once (ops.Plan) and passes this object on
+  // every call, instead of a dict read key by key.
+  py::class_<moek_shape>(m, "Shape", "A forward's moek_shape, from moe_kernels.problem.c_shape's dict")
+      .def(py::init(&make_shape), py::arg("shape"));
+  m.def("run", [](int device, const moek_shape& shape, uintptr_t hidden, uintptr_t topk_ids,
                   uintptr_t topk_weights, uintptr_t w13, uintptr_t w2, uintptr_t w13_bias,
                   uintptr_t w2_bias, uintptr_t w13_scale, uintptr_t w2_scale,
                   uintptr_t a13_scale, uintptr_t a2_scale, uintptr_t w13_zero, uintptr_t w2_zero,
@@ -251,7 +255,7 @@ PYBIND11_MODULE(_C, m) {
                   const std::string& gemm1, const std::string& gemm2, uintptr_t stream,
                   int last_step) {
     moek_args a{};
-    a.shape = make_shape(shape);
+    a.shape = shape;
     a.hidden = reinterpret_cast<const void*>(hidden);
     a.topk_ids = reinterpret_cast<const void*>(topk_ids);
     a.topk_weights = reinterpret_cast<const float*>(topk_weights);

@@ -708,6 +708,11 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
                 row["breakdown_us"] = {n: b - a for n, a, b in zip(STEPS, [0.0] + prefix[:-1], prefix)}
             if getattr(args, "host", False):
                 row["host_us"] = host_time(lambda: ours(*sets[0], outs[0]))
+                if "+" in row["tactic"]:  # per step: the forward cut after each (its launches, a GEMM's setup)
+                    prefix = [host_time(lambda s=s: ours(*sets[0], outs[0], last_step=s)) for s in (1, 2, 3, 4)]
+                    prefix.append(row["host_us"])
+                    row["host_steps_us"] = {n: b - a for n, a, b in zip(STEPS, [0.0] + prefix[:-1], prefix)}
+                    row["host_steps_us"][STEPS[0]] = prefix[0]
             if _distributed():  # under torchrun with --ep: this rank's all-to-all beside its forward
                 elem = 1 if QuantMode.parse(args.quant).spec.act_format.quantized else 2
                 row["ranks"] = _gather_ranks(row["results"]["moe_kernels"]["us"], all_to_all_time(T * k, H, elem))
@@ -870,6 +875,8 @@ def format_row(row, peer_names) -> str:
         lines.append("    steps (us): " + ", ".join(f"{k} {v:.1f}" for k, v in row["breakdown_us"].items()))
     if "host_us" in row:
         lines.append(f"    host time per eager call: {row['host_us']:.1f} us")
+    if "host_steps_us" in row:
+        lines.append("    host time by step: " + ", ".join(f"{n} {v:.1f}" for n, v in row["host_steps_us"].items()))
     if "ranks" in row:
         lines.append("    per rank (forward / all-to-all dispatch + combine, us): " + ", ".join(
             f"{r['rank']}: {r['forward_us']:.1f} / {r['all_to_all_us']:.1f}" for r in row["ranks"]))

@@ -141,9 +141,8 @@ struct MixedGroupedGemm {
       snprintf(err, errlen, "scale strides launch: %s", cudaGetErrorString(e));
       return MOEK_CUDA_ERROR;
     }
-    Gemm gemm;
-    return launch_cutlass(gemm, make_arguments(a), static_cast<char*>(a.workspace) + stride_bytes(a.num_groups),
-                          a.stream, err, errlen);
+    return launch_cutlass<Gemm>(make_arguments(a), params_key(a),
+                                static_cast<char*>(a.workspace) + stride_bytes(a.num_groups), a.stream, err, errlen);
   }
 
   static constexpr GemmKernelOps kOps{&run, &check, &workspace_size, Kernel::SharedStorageSize, false};
