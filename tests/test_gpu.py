@@ -827,6 +827,8 @@ def test_w4a16_every_built_kernel(quant, group, act_dtype, error_log):
     for kern in kernels:
         if kern.kind == "grouped" and group % kern.tile[2]:  # refused: see test_w4a16_refusals
             continue
+        if kern.kind == "contiguous":  # N a multiple of 256: test_w4a8_int4_contiguous
+            continue
         out = run(p, tactic=Tactic(kern.name, kern.name))
         err = rel_error(out, ref)
         error_log.add(f"{quant}/{act_dtype}/g{group}/kernel/{kern.name}", err)
@@ -984,6 +986,79 @@ def test_w4a8_static_activation_scales_and_extremes(quant, T, error_log):
     err = rel_error(out, ref)
     error_log.add(f"{quant}/static/T{T}", err)
     assert err < TOLERANCE[quant]
+
+
+def _w4a8_contiguous(act_dtype):
+    kernels = [x for x in moe_kernels.list_kernels(quant="w4a8_int4", out_dtype=act_dtype) if x.kind == "contiguous"]
+    assert kernels, "the catalog builds a contiguous w4a8_int4 kernel in every subset"
+    return Tactic(kernels[0].name, kernels[0].name)
+
+
+@pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("T,E,k,H,I", [(1, 8, 2, 512, 256), (40, 8, 2, 512, 256), (333, 4, 2, 512, 256),
+                                       (2048, 16, 4, 1024, 512)])
+def test_w4a8_int4_contiguous(T, E, k, H, I, act_dtype, error_log):
+    """W4A8 INT4 on the FP8 tensor cores (our contiguous kernel, the weights converted to E4M3 in
+    shared memory) in both GEMMs: one row, a few rows per expert (a tile split by columns), a
+    full tile plus a partial one, several tiles and K blocks; both output types."""
+    tactic = _w4a8_contiguous(act_dtype)
+    p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype="w4a8_int4", act_dtype=act_dtype, bias=True, group=128)
+    out = run(p, tactic=tactic)
+    ref = reference_out(p)
+    err = rel_error(out, ref)
+    error_log.add(f"w4a8_int4/contig/{act_dtype}/T{T}", err)
+    assert err < TOLERANCE["w4a8_int4"], f"relative error {err:.3e}"
+    assert worst_row_error(out, ref) < 2 * TOLERANCE["w4a8_int4"]
+
+
+def test_w4a8_int4_contiguous_experts_statics_and_refusals(error_log):
+    """The contiguous W4A8 kernel with experts of the other rank and empty ones, static input
+    scales with saturating and zero rows and the extreme INT4 codes, graph replay; and what it
+    refuses (groups other than 128, N not a multiple of 256, zero points) before any launch."""
+    tactic = _w4a8_contiguous("bf16")
+    E, T, k = 16, 300, 2
+    ids = torch.rand(T, 2 * E).argsort(dim=1)[:, :k].to(torch.int32)  # half the ids on the other rank
+    p = make_problem(T=T, E=E, k=k, H=512, I=256, dtype="w4a8_int4", ids=ids, global_experts=2 * E, group=128)
+    out = run(p, ep_rank=1, ep_size=2, num_experts=2 * E, tactic=tactic)
+    err = rel_error(out, reference_out(p, expert_offset=E))
+    error_log.add("w4a8_int4/contig/ep", err)
+    assert err < TOLERANCE["w4a8_int4"]
+
+    p = make_problem(T=200, E=8, k=2, H=512, I=256, dtype="w4a8_int4", group=128)
+    x = p["hidden_states"]
+    x[0] = 0
+    x[1] *= 1e4
+    a13 = (x[2:].float().abs().max() / 448).reshape(1)
+    a2 = torch.tensor([0.05], device="cuda")
+    p["w13"][0, :4] = 0x88  # INT4 -8
+    p["w13"][0, 4:8] = 0x77  # INT4 7
+    out = run(p, a13_scale=a13, a2_scale=a2, tactic=tactic)
+    err = rel_error(out, reference_out(p, a13_scale=a13, a2_scale=a2))
+    error_log.add("w4a8_int4/contig/static", err)
+    assert err < TOLERANCE["w4a8_int4"]
+
+    ws = torch.empty(moe_kernels.workspace_size(200, 2, 8, 512, 256, quant="w4a8_int4"), dtype=torch.uint8,
+                     device="cuda")
+    out = torch.empty_like(p["hidden_states"])
+    kw = dict(quant="w4a8_int4", w13_scale=p["w13_scale"], w2_scale=p["w2_scale"], workspace=ws, out=out,
+              tactic=tactic)
+    args = (p["hidden_states"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"])
+    fused_moe(*args, **kw)
+    first = out.clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fused_moe(*args, **kw)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, first), "graph replay differs from the eager run"
+
+    for bad, why in ((dict(group=64), "scale groups of 128"), (dict(H=640), "multiple of 256"),
+                     (dict(symmetric=False), "zero points")):
+        kw = dict(T=8, E=4, k=2, H=512, I=256, group=128) | bad
+        q = make_problem(dtype="w4a8_int4", **kw)
+        with pytest.raises(RuntimeError, match=why):
+            run(q, tactic=tactic)
 
 
 @pytest.mark.parametrize("quant", ["bf16", "fp8", "w4a16_int4", "w4a8_mxfp4"])

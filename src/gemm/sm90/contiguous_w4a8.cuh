@@ -1,0 +1,447 @@
+// Our own SM90 grouped GEMM for w4a8_int4 at many rows per expert: the catalog's "contig"
+// schedule with INT4 weights. E4M3 tokens (one scale per row) times INT4 weights (one 16-bit
+// scale per output column per 128 of K) on the FP8 tensor cores, exact to the products:
+// every INT4 value is an E4M3 value, so the weights are converted in shared memory without
+// rounding, each 128-deep K block's fp32 partial sums are promoted with their columns'
+// scales, and the tokens' row scales multiply the tile once before it is stored.
+//
+// The frame is the fp8_block kernel's (contiguous_gemm.cuh: one TMA descriptor per operand for
+// all experts, tiles of 128 rows by 256 columns taken from a counter, a tile of at most 64 rows
+// split by columns between the consumer warpgroups, 16-bit output through shared memory and
+// TMA stores), with three changes:
+// - B arrives packed: TMA loads each 128-row weight block's 64 bytes per row into the upper
+//   half of the block's 16 KB stage buffer, and warps 1-3 of the producer warpgroup expand it
+//   in place to the E4M3 layout wgmma reads (128-byte rows, 128-byte swizzle): rows 0-63 first
+//   (their bytes land below the packed data), then rows 64-127 read into registers, a barrier
+//   among the three warps, and written. They arrive on `converted[stage]` after a proxy fence.
+// - The weight scales come by TMA with the stage ([K/128, N] per expert, 256 columns per box);
+//   each consumer thread multiplies its 32 columns' partial sums by theirs.
+// - No tail rows (an expert's last rows past a full tile get a tile of their own).
+// Compiled for sm_90a; see docs/kernels/contiguous-w4a8.md for what has run.
+#pragma once
+
+#include "gemm/sm90/contiguous_gemm.cuh"
+
+namespace moe_kernels::sm90 {
+namespace contig_w4 {
+
+using namespace cute;
+using contig::kBlockN;
+using contig::kBoxBytes;
+using contig::kConsumerWarps;
+using contig::kHalfM;
+using contig::kSchedSlots;
+using contig::kThreads;
+using contig::kTileK;
+using contig::kTileM;
+
+constexpr int kTileN = 256, kBlocksN = kTileN / kBlockN;
+constexpr int kStages = 3;
+constexpr int kConverterWarps = 3;  // warps 1-3 of the producer warpgroup
+constexpr int kConvertThreads = 32 * kConverterWarps;
+constexpr int kConvertBarrier = 4;  // named barrier id (1, 2: the consumer warpgroups; 3: both)
+constexpr int kPackedRowBytes = kTileK / 2;  // 64: a packed row of a K block
+constexpr int kBlockBytes = kBlockN * kTileK;  // 16 KB: one weight block of a stage, as E4M3
+// Registers: the consumers as in the unfused fp8_block kernel; the producer warpgroup's 40
+// are enough for the converters (ptxas, no spills).
+constexpr uint32_t kConsumerRegs = 224;
+constexpr uint32_t kProducerRegs = (kThreads * contig::kRegsPerThread - 256 * kConsumerRegs) / 128;
+
+using Element = cutlass::float_e4m3_t;
+using TiledMma = contig::TiledMma;
+
+struct Config {
+  static constexpr int kStageBytesA = kTileM * kTileK, kStageBytesB = kTileN * kTileK;
+  static constexpr int kOutBytes = 2 * (2 * kTileN / 128) * kBoxBytes;  // 16-bit rows, per warpgroup
+  using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             Shape<Int<kHalfM>, Int<kTileK>, Int<2 * kStages>>{}));
+  using SmemLayoutB = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             Shape<Int<kBlockN>, Int<kTileK>, Int<kBlocksN * kStages>>{}));
+  struct alignas(1024) SharedStorage {
+    alignas(1024) Element a[kStages * kStageBytesA];
+    alignas(1024) Element b[kStages * kStageBytesB];  // each block: packed in its upper half, then E4M3
+    alignas(1024) uint8_t out[kOutBytes];
+    alignas(128) uint16_t scale[kStages][kTileN];  // the tile's columns' weight scales per stage
+    uint64_t full[kStages];       // TMA bytes landed
+    uint64_t converted[kStages];  // the converter warps wrote the stage's E4M3 weights
+    uint64_t empty[kStages];      // consumers done with the stage (one arrive per consumer warp)
+    int32_t tile[kSchedSlots];
+    uint64_t tile_full[kSchedSlots];
+    uint64_t tile_empty[kSchedSlots];  // every consumer and converter warp read it
+    // then int32 tile_start[E + 1] and offsets[E + 1], as in the fp8_block kernel
+  };
+};
+
+struct Params {
+  contig::Params base;  // tma_a, tma_d, d, offsets, tile_counter, num_experts, n, k
+  CUtensorMap tma_w;      // weights [E * N, K / 2] bytes, box 64 bytes x 128 rows
+  CUtensorMap tma_scale;  // weight scales [E * K / 128, N] 16-bit, box 256 x 1
+  const float* row_scale;  // [rows]: each token row's E4M3 scale
+  int64_t rows;
+};
+
+// Eight INT4 values (two's complement, value i in bits 4i..4i+3) as eight E4M3 bytes (value
+// i in byte i), exactly: a byte lookup among the codes of 0..7 and of -8..-1 by the value's
+// low three bits, then one per byte by its sign. prmt reads four selectors from the low half
+// of its selector register, so values 4-7 go through the register shifted down.
+__device__ __forceinline__ uint2 int4x8_to_e4m3(uint32_t x) {
+  constexpr uint32_t kPos0 = 0x44403800u, kPos1 = 0x4E4C4A48u;  // 0, 1, 2, 3 | 4, 5, 6, 7
+  constexpr uint32_t kNeg0 = 0xCACCCED0u, kNeg1 = 0xB8C0C4C8u;  // -8, -7, -6, -5 | -4, -3, -2, -1
+  const uint32_t index = x & 0x77777777u;
+  // Per value: byte i of the positive candidates (selector i) or of the negative ones (i + 4).
+  const uint32_t pick = ((x >> 1) & 0x44444444u) | 0x32103210u;
+  uint2 r;
+  uint32_t pos, neg;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(pos) : "r"(kPos0), "r"(kPos1), "r"(index));
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(neg) : "r"(kNeg0), "r"(kNeg1), "r"(index));
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r.x) : "r"(pos), "r"(neg), "r"(pick));
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(pos) : "r"(kPos0), "r"(kPos1), "r"(index >> 16));
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(neg) : "r"(kNeg0), "r"(kNeg1), "r"(index >> 16));
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r.y) : "r"(pos), "r"(neg), "r"(pick >> 16));
+  return r;
+}
+
+// 16 packed bytes (K values 32c .. 32c + 31 of row r) to the row's E4M3 bytes there: 16-byte
+// pieces 2c and 2c + 1 of the 128-byte row, at their swizzled places.
+__device__ __forceinline__ void store_e4m3(uint8_t* block, int r, int c, uint4 v) {
+  const uint2 w0 = int4x8_to_e4m3(v.x), w1 = int4x8_to_e4m3(v.y);
+  const uint2 w2 = int4x8_to_e4m3(v.z), w3 = int4x8_to_e4m3(v.w);
+  *reinterpret_cast<uint4*>(block + contig::swizzled(0, r, 32 * c)) = make_uint4(w0.x, w0.y, w1.x, w1.y);
+  *reinterpret_cast<uint4*>(block + contig::swizzled(0, r, 32 * c + 16)) = make_uint4(w2.x, w2.y, w3.x, w3.y);
+}
+
+// One 128-row weight block of a stage, packed in its upper 8 KB, expanded in place (see the
+// top). Units: (row, 16-byte piece of its packed 64 bytes), 512 per block.
+__device__ __forceinline__ void convert_block(uint8_t* block, int t) {
+  constexpr int kUnits = kBlockN * 4, kHalfUnits = kUnits / 2;
+  constexpr int kPerThread = (kHalfUnits + kConvertThreads - 1) / kConvertThreads;
+  const uint8_t* packed = block + kBlockBytes / 2;
+  // Rows 0-63: their E4M3 rows are the lower 8 KB, below every packed byte.
+  for (int u = t; u < kHalfUnits; u += kConvertThreads)
+    store_e4m3(block, u / 4, u % 4, *reinterpret_cast<const uint4*>(packed + 16 * u));
+  // Rows 64-127 overwrite the packed rows: all of them read (by every converter) first.
+  uint4 v[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int u = kHalfUnits + t + i * kConvertThreads;
+    if (u < kUnits) v[i] = *reinterpret_cast<const uint4*>(packed + 16 * u);
+  }
+  asm volatile("bar.sync %0, %1;" ::"n"(kConvertBarrier), "n"(kConvertThreads) : "memory");
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int u = kHalfUnits + t + i * kConvertThreads;
+    if (u < kUnits) store_e4m3(block, u / 4, u % 4, v[i]);
+  }
+}
+
+template <class Out>
+__global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant__ Params p) {
+  using C = Config;
+  using SharedStorage = typename C::SharedStorage;
+  extern __shared__ __align__(1024) char smem_raw[];
+  SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_raw);
+  int32_t* tile_start = reinterpret_cast<int32_t*>(smem_raw + sizeof(SharedStorage));
+  int32_t* offsets = tile_start + p.base.num_experts + 1;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      cutlass::arch::ClusterTransactionBarrier::init(&smem.full[s], 1);
+      cutlass::arch::ClusterBarrier::init(&smem.converted[s], kConverterWarps);
+      cutlass::arch::ClusterBarrier::init(&smem.empty[s], kConsumerWarps);
+    }
+    for (int s = 0; s < kSchedSlots; ++s) {
+      cutlass::arch::ClusterBarrier::init(&smem.tile_full[s], 1);
+      cutlass::arch::ClusterBarrier::init(&smem.tile_empty[s], kConsumerWarps + kConverterWarps);
+    }
+    cutlass::arch::fence_barrier_init();
+    cute::prefetch_tma_descriptor(&p.base.tma_a);
+    cute::prefetch_tma_descriptor(&p.tma_w);
+    cute::prefetch_tma_descriptor(&p.tma_scale);
+    cute::prefetch_tma_descriptor(&p.base.tma_d);
+  }
+  pdl_begin();  // the offsets, A and its scales come from the previous kernels
+
+  // Per-expert M tiles (no tail rows) and their prefix sums, as in the fp8_block kernel.
+  const int E = p.base.num_experts;
+  for (int i = threadIdx.x; i <= E; i += kThreads) offsets[i] = p.base.offsets[i];
+  __syncthreads();
+  if (warp == 0) {
+    int carry = 0;
+    if (lane == 0) tile_start[0] = 0;
+    for (int base = 0; base < E; base += 32) {
+      const int e = base + lane;
+      int v = e < E ? contig::m_tiles_of(offsets[e + 1] - offsets[e], 0) : 0;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int u = __shfl_up_sync(0xffffffffu, v, d);
+        if (lane >= d) v += u;
+      }
+      if (e < E) tile_start[e + 1] = carry + v;
+      carry += __shfl_sync(0xffffffffu, v, 31);
+    }
+  }
+  __syncthreads();
+  const int n_tiles = p.base.n / kTileN, k_blocks = p.base.k / kTileK;
+  const int num_tiles = tile_start[E] * n_tiles;
+
+  if (wg == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+    if (warp == 0) {  // the loader
+      int stage = 0, phase = 0, slot = 0, slot_phase = 0;
+      for (;;) {
+        int t = 0;
+        if (lane == 0) t = atomicAdd(p.base.tile_counter, 1);
+        t = __shfl_sync(0xffffffffu, t, 0);
+        cutlass::arch::ClusterBarrier::wait(&smem.tile_empty[slot], slot_phase ^ 1);
+        if (lane == 0) {
+          smem.tile[slot] = t;
+          cutlass::arch::ClusterBarrier::arrive(&smem.tile_full[slot]);
+        }
+        if (++slot == kSchedSlots) { slot = 0; slot_phase ^= 1; }
+        if (t >= num_tiles) break;
+        const contig::Tile tile = contig::tile_at(t, tile_start, offsets, E, n_tiles);
+        const int halves = tile.rows > kHalfM ? 2 : 1;
+        for (int kb = 0; kb < k_blocks; ++kb) {
+          cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase ^ 1);
+          if (lane == 0) {
+            cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
+                &smem.full[stage], halves * (C::kStageBytesA / 2) + kBlocksN * (kBlockBytes / 2) +
+                                       kTileN * int(sizeof(uint16_t)));
+            const auto hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
+            for (int h = 0; h < halves; ++h)
+              SM90_TMA_LOAD_2D::copy(&p.base.tma_a, &smem.full[stage], hint,
+                                     smem.a + stage * C::kStageBytesA + h * (C::kStageBytesA / 2), kb * kTileK,
+                                     tile.row0 + h * kHalfM);
+#pragma unroll
+            for (int b = 0; b < kBlocksN; ++b)
+              SM90_TMA_LOAD_2D::copy(&p.tma_w, &smem.full[stage], hint,
+                                     reinterpret_cast<uint8_t*>(smem.b) + stage * C::kStageBytesB + b * kBlockBytes +
+                                         kBlockBytes / 2,
+                                     kb * kPackedRowBytes, tile.expert * p.base.n + tile.n * kTileN + b * kBlockN);
+            SM90_TMA_LOAD_2D::copy(&p.tma_scale, &smem.full[stage], hint, smem.scale[stage], tile.n * kTileN,
+                                   tile.expert * k_blocks + kb);
+          }
+          if (++stage == kStages) { stage = 0; phase ^= 1; }
+        }
+      }
+      return;
+    }
+    // The converters: every stage of every tile, in the order the loader fills them.
+    const int t = threadIdx.x - 32;
+    int slot = 0, slot_phase = 0, kseq = 0;
+    for (;;) {
+      cutlass::arch::ClusterBarrier::wait(&smem.tile_full[slot], slot_phase);
+      const int tile = smem.tile[slot];
+      __syncwarp();
+      if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.tile_empty[slot]);
+      if (++slot == kSchedSlots) { slot = 0; slot_phase ^= 1; }
+      if (tile >= num_tiles) break;
+      for (int kb = 0; kb < k_blocks; ++kb, ++kseq) {
+        const int stage = kseq % kStages;
+        cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], (kseq / kStages) & 1);
+#pragma unroll
+        for (int b = 0; b < kBlocksN; ++b)
+          convert_block(reinterpret_cast<uint8_t*>(smem.b) + stage * C::kStageBytesB + b * kBlockBytes, t);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the wgmmas
+        __syncwarp();
+        if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.converted[stage]);
+      }
+    }
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+  const int half = wg - 1;
+  TiledMma mma;
+  auto thr = mma.get_thread_slice(threadIdx.x % 128);
+  Tensor sA = make_tensor(make_smem_ptr(smem.a), typename C::SmemLayoutA{});
+  Tensor sB = make_tensor(make_smem_ptr(smem.b), typename C::SmemLayoutB{});
+  Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));
+  Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));
+  Tensor acc = partition_fragment_C(mma, Shape<Int<kHalfM>, Int<kTileN>>{});
+  Tensor part = partition_fragment_C(mma, Shape<Int<kHalfM>, Int<kBlockN>>{});
+  Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<kHalfM>, Int<kBlockN>>{}));
+  const int my_row = get<0>(coord(0));
+  // Value i of a 64 x 128 accumulator is column 8 * (i / 4) + 2q + (i & 1), row my_row + 8 *
+  // ((i >> 1) & 1) (wgmma's layout): the thread's columns come in 16 pairs.
+  const int q = lane & 3;
+  static_assert(decltype(size(part))::value == 64, "64x128 fp32 accumulator: 64 values per thread");
+
+  int slot = 0, slot_phase = 0, kseq = 0;
+  for (;;) {
+    cutlass::arch::ClusterBarrier::wait(&smem.tile_full[slot], slot_phase);
+    const int t = smem.tile[slot];
+    __syncwarp();
+    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.tile_empty[slot]);
+    if (++slot == kSchedSlots) { slot = 0; slot_phase ^= 1; }
+    if (t >= num_tiles) break;
+    const contig::Tile tile = contig::tile_at(t, tile_start, offsets, E, n_tiles);
+    const int tile_rows = min(tile.rows, kTileM);
+    const bool split = tile_rows <= kHalfM;
+    const int a_half = split ? 0 : half, b_first = split ? half : 0, blocks = split ? 1 : kBlocksN;
+    clear(acc);
+    for (int kb = 0; kb < k_blocks; ++kb, ++kseq) {
+      const int stage = kseq % kStages, phase = (kseq / kStages) & 1;
+      cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], phase);
+      cutlass::arch::ClusterBarrier::wait(&smem.converted[stage], phase);
+#pragma unroll
+      for (int b = 0; b < kBlocksN; ++b) {
+        if (b >= blocks) break;
+        warpgroup_fence_operand(part);
+        warpgroup_arrive();
+        mma.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+        for (int k = 0; k < size<2>(tCrA); ++k) {
+          cute::gemm(mma, tCrA(_, _, k, 2 * stage + a_half), tCrB(_, _, k, kBlocksN * stage + b_first + b), part);
+          mma.accumulate_ = GMMA::ScaleOut::One;
+        }
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(part);
+        const uint32_t* scales =
+            reinterpret_cast<const uint32_t*>(smem.scale[stage] + (b_first + b) * kBlockN + 2 * q);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {  // columns 8j + 2q, 8j + 2q + 1
+          const float2 s = contig::unpack2<Out>(scales[4 * j]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc(4 * j + e, 0, b) += part(4 * j + e) * ((e & 1) ? s.y : s.x);
+        }
+        if (b == blocks - 1) {  // the stage's operands and scales are read
+          __syncwarp();
+          if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
+        }
+      }
+    }
+    // The tokens' row scales (rows past the buffer, whose outputs are not stored, read the last).
+    const int64_t first = tile.row0 + a_half * kHalfM + my_row;
+    const float r0 = p.row_scale[min(first, p.rows - 1)], r1 = p.row_scale[min(first + 8, p.rows - 1)];
+#pragma unroll
+    for (int b = 0; b < kBlocksN; ++b)
+#pragma unroll
+      for (int i = 0; i < size(part); ++i) acc(i, 0, b) *= (i & 2) ? r1 : r0;
+    const int rows = split ? tile_rows : tile_rows - half * kHalfM;
+    const int64_t row0 = tile.row0 + (split ? 0 : half * kHalfM);
+    uint8_t* out = smem.out + half * (C::kOutBytes / 2);
+    contig::store_out<Out>(p.base, acc, out, row0, tile.n * kTileN + b_first * kBlockN, rows, my_row, lane, blocks);
+  }
+  if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+// A 2D tensor of `elem_bytes` elements [rows, cols] in boxes of box_cols x box_rows, no swizzle.
+inline bool encode_plain(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, int elem_bytes,
+                         int box_cols, int box_rows) {
+  auto fn = contig::encode_fn();
+  if (!fn) return false;
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(cols) * elem_bytes};
+  const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  return fn(map, elem_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
+            const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace contig_w4
+
+// Out: the output's and the weight scales' type, __nv_bfloat16 or __half.
+template <int kTileN, class Out>
+struct ContiguousW4A8 {
+  static_assert(kTileN == contig_w4::kTileN, "contiguous W4A8 GEMM: 256 columns");
+  using Storage = contig_w4::Config::SharedStorage;
+
+  static size_t smem_bytes(int num_experts) {
+    return sizeof(Storage) + sizeof(int32_t) * 2 * (size_t(num_experts) + 1);
+  }
+
+  static int registers() {
+    static const int regs = [] {
+      cudaFuncAttributes fa{};
+      if (cudaFuncGetAttributes(&fa, contig_w4::gemm_kernel<Out>) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+      }
+      return fa.numRegs;
+    }();
+    return regs;
+  }
+
+  static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
+    using namespace contig_w4;
+    if (!a.offsets || !a.tile_counter || !a.sfa_base || !a.sfb_base) {
+      snprintf(err, errlen, "contiguous W4A8 GEMM: needs the experts' row offsets, a tile counter, the "
+               "tokens' row scales and the weight scales");
+      return MOEK_INVALID_ARGUMENT;
+    }
+    if (a.act_out || a.zero_base) {
+      snprintf(err, errlen, "contiguous W4A8 GEMM: takes no zero points and applies no activation");
+      return MOEK_UNSUPPORTED;
+    }
+    if (a.weight_group != kTileK || a.k % kTileK || a.n % kTileN) {
+      snprintf(err, errlen, "contiguous W4A8 GEMM: takes scale groups of %d, K a multiple of %d and N a "
+               "multiple of %d; got group %d, K=%lld, N=%lld", kTileK, kTileK, kTileN, a.weight_group,
+               (long long)a.k, (long long)a.n);
+      return MOEK_UNSUPPORTED;
+    }
+    const size_t smem = smem_bytes(a.num_groups);
+    int optin = 0;
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, a.device);
+    if (smem > size_t(optin)) {
+      snprintf(err, errlen, "contiguous W4A8 GEMM: %d experts need %zu bytes of shared memory, the device "
+               "allows %d", a.num_groups, smem, optin);
+      return MOEK_UNSUPPORTED;
+    }
+    if (registers() < contig::kRegsPerThread) {
+      snprintf(err, errlen, "contiguous W4A8 GEMM: built with %d registers per thread, its warpgroups need %d",
+               registers(), contig::kRegsPerThread);
+      return MOEK_UNSUPPORTED;
+    }
+    return MOEK_OK;
+  }
+
+  static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
+    using namespace contig_w4;
+    if (int st = check(a, err, errlen)) return st;
+    if (a.rows == 0) return MOEK_OK;
+    Params p{};
+    const int64_t k_blocks = a.k / kTileK;
+    if (!contig::encode(&p.base.tma_a, a.a_base, a.rows, a.k, kHalfM) ||
+        !contig::encode(&p.base.tma_d, a.d_base, a.rows, 2 * a.n, kHalfM) ||
+        !encode_plain(&p.tma_w, a.b_base, int64_t(a.num_groups) * a.n, a.k / 2, 1, kPackedRowBytes, kBlockN) ||
+        !encode_plain(&p.tma_scale, a.sfb_base, int64_t(a.num_groups) * k_blocks, a.n, 2, kTileN, 1)) {
+      snprintf(err, errlen, "contiguous W4A8 GEMM: cuTensorMapEncodeTiled failed");
+      return MOEK_CUDA_ERROR;
+    }
+    p.base.d = a.d_base;
+    p.base.offsets = a.offsets;
+    p.base.tile_counter = a.tile_counter;
+    p.base.num_experts = a.num_groups;
+    p.base.n = static_cast<int>(a.n);
+    p.base.k = static_cast<int>(a.k);
+    p.row_scale = a.sfa_base;
+    p.rows = a.rows;
+    auto kernel = gemm_kernel<Out>;
+    const size_t smem = smem_bytes(a.num_groups);
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(smem));
+        e != cudaSuccess) {
+      snprintf(err, errlen, "contiguous W4A8 GEMM: %s", cudaGetErrorString(e));
+      return MOEK_CUDA_ERROR;
+    }
+    const int64_t max_tiles = (a.rows / kTileM + a.max_active_groups) * (a.n / kTileN);
+    const int grid = static_cast<int>(std::min<int64_t>(a.sm_count, max_tiles));
+    if (cudaError_t e = launch(kernel, dim3(grid), dim3(kThreads), smem, a.stream, p); e != cudaSuccess) {
+      snprintf(err, errlen, "contiguous W4A8 GEMM launch: %s", cudaGetErrorString(e));
+      return MOEK_CUDA_ERROR;
+    }
+    return MOEK_OK;
+  }
+
+  static size_t workspace_size(int, int) { return 0; }
+
+  static constexpr GemmKernelOps kOps{&run, &check, &workspace_size, int(sizeof(Storage)), false};
+};
+
+}  // namespace moe_kernels::sm90
