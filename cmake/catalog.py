@@ -52,7 +52,7 @@ DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cut
 # warp), the same source for both families. "contiguous": our own TMA + wgmma kernel for
 # fp8_block at many rows per expert (src/gemm/sm90/contiguous_gemm.cuh: one descriptor per
 # operand for all experts, tiles taken from a counter, an expert's last M tile cut to the
-# 64-row half with rows in it), and in that frame for w4a8_int4 (contiguous_w4a8.cuh). "forward": the whole forward of one token as one kernel
+# 64-row half with rows in it), and in that frame for W4A8 (contiguous_w4a8.cuh). "forward": the whole forward of one token as one kernel
 # (src/one_token.cuh), a tactic of its own rather than a GEMM. "tiled": our own W4A16 kernel
 # for many rows per expert (src/gemm/tiled_w4a16.cuh: mma.sync, 128 weight rows by tile_m
 # tokens per block, the 4-bit weights dequantized once per block tile, any scale group of 32
@@ -141,8 +141,8 @@ class GemmConfig:
         # wgmma's A operand (swap-AB), and SM90's RS mainloop is the only one here.
         mixed = self.weight_dtype != self.act_dtype
         assert not mixed or self.schedule in ("decode", "tiled") or (self.swapped and self.arch == "90a") or \
-            (self.schedule == "contig" and self.mode == "w4a8_int4"), \
-            f"{self.name}: mixed input is SM90 swap-AB, decode, tiled or (w4a8_int4) contig"
+            (self.schedule == "contig" and self.mode in ("w4a8_int4", "w4a8_mxfp4")), \
+            f"{self.name}: mixed input is SM90 swap-AB, decode, tiled or (W4A8) contig"
         assert self.schedule != "tiled" or mixed, f"{self.name}: tiled is for 4-bit weights"
         family = ARCHS[self.arch]["family"]
         assert self.schedule in SCHEDULES[family], f"{self.name}: not a {family} schedule"
@@ -175,8 +175,9 @@ class GemmConfig:
             return
         if self.schedule == "contig":
             assert (self.tile_m, self.tile_k, self.cluster_m, self.cluster_n) == (128, 128, 1, 1) and \
-                self.tile_n == 256 and (self.mode, self.mainloop) in (("fp8_block", "blockwise"), ("w4a8_int4", "")), \
-                f"{self.name}: contig is fp8_block or w4a8_int4, 128 rows by 256 columns"
+                self.tile_n == 256 and \
+                (self.mode, self.mainloop) in (("fp8_block", "blockwise"), ("w4a8_int4", ""), ("w4a8_mxfp4", "")), \
+                f"{self.name}: contig is fp8_block or W4A8, 128 rows by 256 columns"
             return
         # Block scales cover 128 output columns; a tile must not split one.
         assert self.mainloop != "blockwise" or self.tile_n % 128 == 0, f"{self.name}: blockwise tile_n"
@@ -295,9 +296,10 @@ _SM90_W4A16_INT4_MINIMAL = [(64, 128, 64, 1, 1, "coop_swapab")]
 # formats, and W4A8's E4M3 tokens. The minimal set keeps one 64-row form per mode.
 _SM90_W4A16_DECODE_FULL = [(m, n, 128, 1, 1, "decode") for m in (8, 16) for n in (16, 64)]
 _SM90_W4A16_DECODE_MINIMAL = [(m, 16, 128, 1, 1, "decode") for m in (8, 16)] + [(8, 64, 128, 1, 1, "decode")]
-# W4A8 INT4 on the FP8 tensor cores: our contiguous kernel with the weights converted to E4M3
-# in shared memory (src/gemm/sm90/contiguous_w4a8.cuh; groups of 128, N a multiple of 256).
-_SM90_W4A8_INT4_CONTIG = [(128, 256, 128, 1, 1, "contig")]
+# W4A8 on the FP8 tensor cores: our contiguous kernel with the weights converted to E4M3 in
+# shared memory (src/gemm/sm90/contiguous_w4a8.cuh; INT4 in groups of 128, MXFP4's scales folded
+# in; N a multiple of 256, K of 128).
+_SM90_W4A8_CONTIG = [(128, 256, 128, 1, 1, "contig")]
 # W4A16 past the decode kernel where CUTLASS's mixed-input mainloop cannot serve (it loads one
 # scale per K tile of 64 or more; MXFP4 has a scale per 32): our tiled kernel
 # (src/gemm/tiled_w4a16.cuh), 32 or 64 tokens per tile.
@@ -353,7 +355,8 @@ def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4=(), sm
             # W4A8: the same kernels with E4M3 tokens (widened to 16 bits, row scales on the output)
             rows += [r for mode in ("w4a8_int4", "w4a8_mxfp4") for out in ("bf16", "fp16")
                      for r in _rows(arch, mode, sm90_w4_decode + sm90_w4_tiled, out)]
-            rows += [r for out in ("bf16", "fp16") for r in _rows(arch, "w4a8_int4", _SM90_W4A8_INT4_CONTIG, out)]
+            rows += [r for mode in ("w4a8_int4", "w4a8_mxfp4") for out in ("bf16", "fp16")
+                     for r in _rows(arch, mode, _SM90_W4A8_CONTIG, out)]
     return rows
 
 

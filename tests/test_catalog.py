@@ -195,10 +195,13 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
                 assert f", {blockwise}, {c.tile_m}, {c.tile_n}>::kOps" in text
                 continue
             if c.schedule == "contig":
-                header, template = (("contiguous_w4a8", "ContiguousW4A8") if c.weight_dtype == "int4"
-                                    else ("contiguous_gemm", "ContiguousBlockwise"))
-                assert f'#include "gemm/{family}/{header}.cuh"' in text
-                assert f"{template}<{c.tile_n}, {generate.CUDA_TYPES[c.out]}>::kOps" in text
+                if c.weight_dtype != c.act_dtype:
+                    weight = {"int4": "Int4", "e2m1": "E2M1"}[c.weight_dtype]
+                    assert '#include "gemm/sm90/contiguous_w4a8.cuh"' in text
+                    assert f"ContiguousW4A8<{c.tile_n}, {generate.CUDA_TYPES[c.out]}, contig_w4::{weight}>::kOps" in text
+                    continue
+                assert f'#include "gemm/{family}/contiguous_gemm.cuh"' in text
+                assert f"ContiguousBlockwise<{c.tile_n}, {generate.CUDA_TYPES[c.out]}>::kOps" in text
                 continue
             assert f'#include "gemm/{family}/grouped_gemm.cuh"' in text
             if c.weight_dtype != c.act_dtype:  # mixed input: our template over CUTLASS's RS mainloop

@@ -827,7 +827,7 @@ def test_w4a16_every_built_kernel(quant, group, act_dtype, error_log):
     for kern in kernels:
         if kern.kind == "grouped" and group % kern.tile[2]:  # refused: see test_w4a16_refusals
             continue
-        if kern.kind == "contiguous":  # N a multiple of 256: test_w4a8_int4_contiguous
+        if kern.kind == "contiguous":  # N a multiple of 256: test_w4a8_contiguous
             continue
         out = run(p, tactic=Tactic(kern.name, kern.name))
         err = rel_error(out, ref)
@@ -988,34 +988,53 @@ def test_w4a8_static_activation_scales_and_extremes(quant, T, error_log):
     assert err < TOLERANCE[quant]
 
 
-def _w4a8_contiguous(act_dtype):
-    kernels = [x for x in moe_kernels.list_kernels(quant="w4a8_int4", out_dtype=act_dtype) if x.kind == "contiguous"]
-    assert kernels, "the catalog builds a contiguous w4a8_int4 kernel in every subset"
+def _w4a8_contiguous(quant, act_dtype):
+    kernels = [x for x in moe_kernels.list_kernels(quant=quant, out_dtype=act_dtype) if x.kind == "contiguous"]
+    assert kernels, f"the catalog builds a contiguous {quant} kernel in every subset"
     return Tactic(kernels[0].name, kernels[0].name)
 
 
 @pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("T,E,k,H,I", [(1, 8, 2, 512, 256), (40, 8, 2, 512, 256), (333, 4, 2, 512, 256),
                                        (2048, 16, 4, 1024, 512)])
-def test_w4a8_int4_contiguous(T, E, k, H, I, act_dtype, error_log):
-    """W4A8 INT4 on the FP8 tensor cores (our contiguous kernel, the weights converted to E4M3 in
+@pytest.mark.parametrize("quant", ["w4a8_int4", "w4a8_mxfp4"])
+def test_w4a8_contiguous(quant, T, E, k, H, I, act_dtype, error_log):
+    """W4A8 on the FP8 tensor cores (our contiguous kernel, the weights converted to E4M3 in
     shared memory) in both GEMMs: one row, a few rows per expert (a tile split by columns), a
     full tile plus a partial one, several tiles and K blocks; both output types."""
-    tactic = _w4a8_contiguous(act_dtype)
-    p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype="w4a8_int4", act_dtype=act_dtype, bias=True, group=128)
+    tactic = _w4a8_contiguous(quant, act_dtype)
+    p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype=quant, act_dtype=act_dtype, bias=True,
+                     group=32 if quant.endswith("mxfp4") else 128)
     out = run(p, tactic=tactic)
     ref = reference_out(p)
     err = rel_error(out, ref)
-    error_log.add(f"w4a8_int4/contig/{act_dtype}/T{T}", err)
-    assert err < TOLERANCE["w4a8_int4"], f"relative error {err:.3e}"
-    assert worst_row_error(out, ref) < 2 * TOLERANCE["w4a8_int4"]
+    error_log.add(f"{quant}/contig/{act_dtype}/T{T}", err)
+    assert err < TOLERANCE[quant], f"relative error {err:.3e}"
+    assert worst_row_error(out, ref) < 2 * TOLERANCE[quant]
+
+
+def test_w4a8_mxfp4_contiguous_scale_spread(error_log):
+    """MXFP4's scales folded into the E4M3 weights: each group's values times 2^(e - e_max) of
+    its column's K block. Group exponents spread over 0-12 below their block's largest (past 8
+    the smaller groups' values round in E4M3, at under 2^-9 of the block's scale)."""
+    tactic = _w4a8_contiguous("w4a8_mxfp4", "bf16")
+    p = make_problem(T=300, E=4, k=2, H=512, I=256, dtype="w4a8_mxfp4", group=32)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for name in ("w13_scale", "w2_scale"):
+        s = p[name]
+        shift = torch.randint(-12, 1, s.shape, device="cuda", generator=gen).float()
+        p[name] = (s.float() * torch.exp2(shift)).to(s.dtype)
+    out = run(p, tactic=tactic)
+    err = rel_error(out, reference_out(p))
+    error_log.add("w4a8_mxfp4/contig/scale-spread", err)
+    assert err < TOLERANCE["w4a8_mxfp4"]
 
 
 def test_w4a8_int4_contiguous_experts_statics_and_refusals(error_log):
     """The contiguous W4A8 kernel with experts of the other rank and empty ones, static input
     scales with saturating and zero rows and the extreme INT4 codes, graph replay; and what it
     refuses (groups other than 128, N not a multiple of 256, zero points) before any launch."""
-    tactic = _w4a8_contiguous("bf16")
+    tactic = _w4a8_contiguous("w4a8_int4", "bf16")
     E, T, k = 16, 300, 2
     ids = torch.rand(T, 2 * E).argsort(dim=1)[:, :k].to(torch.int32)  # half the ids on the other rank
     p = make_problem(T=T, E=E, k=k, H=512, I=256, dtype="w4a8_int4", ids=ids, global_experts=2 * E, group=128)

@@ -35,6 +35,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <type_traits>
 
 #include "gemm/decode_gemm.cuh"  // load_stream, word, mma, to_out
@@ -525,8 +526,13 @@ struct DecodeW4A16 {
     if (int st = check(a, err, errlen)) return st;
     using namespace decode_w4;
     // Scales per whole step (INT4, groups of 128 or more): applied to the step's sums.
+    // MOE_KERNELS_W4_PRESCALED=1 keeps the pre-scaled form there too (for A/B runs).
+    static const bool prescaled_only = [] {
+      const char* v = getenv("MOE_KERNELS_W4_PRESCALED");
+      return v && v[0] == '1';
+    }();
     if constexpr (std::is_same_v<W, Int4>)
-      if (a.weight_group % kStepK == 0)
+      if (a.weight_group % kStepK == 0 && !prescaled_only)
         return launch_groups(a.zero_base ? decode_w4a16_post_kernel<In, T, W, kTiles, kColumns, kPostZero>
                                          : decode_w4a16_post_kernel<In, T, W, kTiles, kColumns, kPostScaled>,
                              a, kColumns, kWarps * 32, "4-bit decode GEMM", err, errlen);

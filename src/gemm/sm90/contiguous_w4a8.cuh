@@ -1,9 +1,15 @@
-// Our own SM90 grouped GEMM for w4a8_int4 at many rows per expert: the catalog's "contig"
-// schedule with INT4 weights. E4M3 tokens (one scale per row) times INT4 weights (one 16-bit
-// scale per output column per 128 of K) on the FP8 tensor cores, exact to the products:
-// every INT4 value is an E4M3 value, so the weights are converted in shared memory without
-// rounding, each 128-deep K block's fp32 partial sums are promoted with their columns'
-// scales, and the tokens' row scales multiply the tile once before it is stored.
+// Our own SM90 grouped GEMM for W4A8 at many rows per expert: the catalog's "contig" schedule
+// with 4-bit weights. E4M3 tokens (one scale per row) times 4-bit weights on the FP8 tensor
+// cores: the weights are converted to E4M3 in shared memory, each 128-deep K block's fp32
+// partial sums are promoted with a scale per output column, and the tokens' row scales
+// multiply the tile once before it is stored.
+// - INT4 (w4a8_int4, groups of 128): every INT4 value is an E4M3 value, so the conversion is
+//   exact; the column scale is the group's 16-bit scale.
+// - MXFP4 (w4a8_mxfp4, E2M1 with power-of-two scales per 32): per column and K block, the
+//   largest of its four group scales, 2^e_max, is the column scale, and each group's values
+//   are converted with their own scale's offset folded in, E4M3(v * 2^(e - e_max)) (the
+//   pre-MMA fold). Exact while a column's four group exponents in a block are within 8 of each
+//   other (E4M3's subnormals reach 2^-9); smaller groups' values round to E4M3 beyond that.
 //
 // The frame is the fp8_block kernel's (contiguous_gemm.cuh: one TMA descriptor per operand for
 // all experts, tiles of 128 rows by 256 columns taken from a counter, a tile of at most 64 rows
@@ -14,8 +20,9 @@
 //   in place to the E4M3 layout wgmma reads (128-byte rows, 128-byte swizzle): rows 0-63 first
 //   (their bytes land below the packed data), then rows 64-127 read into registers, a barrier
 //   among the three warps, and written. They arrive on `converted[stage]` after a proxy fence.
-// - The weight scales come by TMA with the stage ([K/128, N] per expert, 256 columns per box);
-//   each consumer thread multiplies its 32 columns' partial sums by theirs.
+// - The weight scales come by TMA with the stage ([K/g, N] per expert: 256 columns by one row
+//   for INT4, four for MXFP4); for MXFP4 the converters write each column's scale for the
+//   consumers. Each consumer thread multiplies its 32 columns' partial sums by theirs.
 // - No tail rows (an expert's last rows past a full tile get a tile of their own).
 // Compiled for sm_90a; see docs/kernels/contiguous-w4a8.md for what has run.
 #pragma once
@@ -35,6 +42,14 @@ using contig::kThreads;
 using contig::kTileK;
 using contig::kTileM;
 
+// The weight formats (the generated sources name them).
+struct Int4 {
+  static constexpr int kGroup = 128;  // along K: one scale per K block
+};
+struct E2M1 {
+  static constexpr int kGroup = 32;  // four scales per K block
+};
+
 constexpr int kTileN = 256, kBlocksN = kTileN / kBlockN;
 constexpr int kStages = 3;
 constexpr int kConverterWarps = 3;  // warps 1-3 of the producer warpgroup
@@ -50,7 +65,10 @@ constexpr uint32_t kProducerRegs = (kThreads * contig::kRegsPerThread - 256 * kC
 using Element = cutlass::float_e4m3_t;
 using TiledMma = contig::TiledMma;
 
+template <class W>
 struct Config {
+  static constexpr bool kMx = std::is_same_v<W, E2M1>;
+  static constexpr int kScaleRows = kTileK / W::kGroup;  // per K block
   static constexpr int kStageBytesA = kTileM * kTileK, kStageBytesB = kTileN * kTileK;
   static constexpr int kOutBytes = 2 * (2 * kTileN / 128) * kBoxBytes;  // 16-bit rows, per warpgroup
   using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
@@ -61,7 +79,9 @@ struct Config {
     alignas(1024) Element a[kStages * kStageBytesA];
     alignas(1024) Element b[kStages * kStageBytesB];  // each block: packed in its upper half, then E4M3
     alignas(1024) uint8_t out[kOutBytes];
-    alignas(128) uint16_t scale[kStages][kTileN];  // the tile's columns' weight scales per stage
+    alignas(128) uint16_t scale[kStages][kScaleRows][kTileN];  // the tile's columns' weight scales
+    float column_scale[kMx ? kStages : 1][kTileN];  // MXFP4: each column's 2^e_max, by the converters
+    uint2 e4m3_of[kMx ? 16 : 1];  // MXFP4: E4M3 codes of the eight E2M1 magnitudes times 2^-d
     uint64_t full[kStages];       // TMA bytes landed
     uint64_t converted[kStages];  // the converter warps wrote the stage's E4M3 weights
     uint64_t empty[kStages];      // consumers done with the stage (one arrive per consumer warp)
@@ -75,50 +95,98 @@ struct Config {
 struct Params {
   contig::Params base;  // tma_a, tma_d, d, offsets, tile_counter, num_experts, n, k
   CUtensorMap tma_w;      // weights [E * N, K / 2] bytes, box 64 bytes x 128 rows
-  CUtensorMap tma_scale;  // weight scales [E * K / 128, N] 16-bit, box 256 x 1
+  CUtensorMap tma_scale;  // weight scales [E * K / g, N] 16-bit, box 256 x (128 / g)
   const float* row_scale;  // [rows]: each token row's E4M3 scale
   int64_t rows;
 };
 
-// Eight INT4 values (two's complement, value i in bits 4i..4i+3) as eight E4M3 bytes (value
-// i in byte i), exactly: a byte lookup among the codes of 0..7 and of -8..-1 by the value's
-// low three bits, then one per byte by its sign. prmt reads four selectors from the low half
-// of its selector register, so values 4-7 go through the register shifted down.
-__device__ __forceinline__ uint2 int4x8_to_e4m3(uint32_t x) {
-  constexpr uint32_t kPos0 = 0x44403800u, kPos1 = 0x4E4C4A48u;  // 0, 1, 2, 3 | 4, 5, 6, 7
-  constexpr uint32_t kNeg0 = 0xCACCCED0u, kNeg1 = 0xB8C0C4C8u;  // -8, -7, -6, -5 | -4, -3, -2, -1
+// Eight 4-bit codes (value i in bits 4i..4i+3, bit 3 its sign) as eight E4M3 bytes (value i
+// in byte i): a byte lookup among `pos` (the codes of the values with bit 3 clear, by the low
+// three bits) and `neg` (those with it set), then one per byte by bit 3. prmt reads four
+// selectors from the low half of its selector register, so values 4-7 go through it shifted.
+__device__ __forceinline__ uint2 lookup8(uint32_t x, uint2 pos, uint2 neg) {
   const uint32_t index = x & 0x77777777u;
-  // Per value: byte i of the positive candidates (selector i) or of the negative ones (i + 4).
+  // Per value: byte i of the first candidates (selector i) or of the second ones (i + 4).
   const uint32_t pick = ((x >> 1) & 0x44444444u) | 0x32103210u;
   uint2 r;
-  uint32_t pos, neg;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(pos) : "r"(kPos0), "r"(kPos1), "r"(index));
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(neg) : "r"(kNeg0), "r"(kNeg1), "r"(index));
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r.x) : "r"(pos), "r"(neg), "r"(pick));
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(pos) : "r"(kPos0), "r"(kPos1), "r"(index >> 16));
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(neg) : "r"(kNeg0), "r"(kNeg1), "r"(index >> 16));
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r.y) : "r"(pos), "r"(neg), "r"(pick >> 16));
+  uint32_t a, b;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(a) : "r"(pos.x), "r"(pos.y), "r"(index));
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(b) : "r"(neg.x), "r"(neg.y), "r"(index));
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r.x) : "r"(a), "r"(b), "r"(pick));
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(a) : "r"(pos.x), "r"(pos.y), "r"(index >> 16));
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(b) : "r"(neg.x), "r"(neg.y), "r"(index >> 16));
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r.y) : "r"(a), "r"(b), "r"(pick >> 16));
   return r;
+}
+
+// INT4 (two's complement): 0..7, then -8..-1 by the low three bits. Exact.
+constexpr uint2 kInt4Pos = {0x44403800u, 0x4E4C4A48u};  // 0, 1, 2, 3 | 4, 5, 6, 7
+constexpr uint2 kInt4Neg = {0xCACCCED0u, 0xB8C0C4C8u};  // -8, -7, -6, -5 | -4, -3, -2, -1
+// E2M1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2^-d in E4M3 (round to nearest even), d =
+// 0..15: exact up to d = 8, all zeros from 13 (computed with PyTorch's float8_e4m3fn).
+__device__ __forceinline__ uint2 e2m1_to_e4m3(int d) {
+  constexpr uint32_t kTable[16][2] = {
+      {0x3c383000u, 0x4c484440u}, {0x34302800u, 0x44403c38u}, {0x2c282000u, 0x3c383430u},
+      {0x24201800u, 0x34302c28u}, {0x1c181000u, 0x2c282420u}, {0x14100800u, 0x24201c18u},
+      {0x0c080400u, 0x1c181410u}, {0x06040200u, 0x14100c08u}, {0x03020100u, 0x0c080604u},
+      {0x02010000u, 0x06040302u}, {0x01000000u, 0x03020201u}, {0x00000000u, 0x02010100u},
+      {0x00000000u, 0x01000000u}, {0x00000000u, 0x00000000u}, {0x00000000u, 0x00000000u},
+      {0x00000000u, 0x00000000u}};
+  return make_uint2(kTable[d][0], kTable[d][1]);
 }
 
 // 16 packed bytes (K values 32c .. 32c + 31 of row r) to the row's E4M3 bytes there: 16-byte
 // pieces 2c and 2c + 1 of the 128-byte row, at their swizzled places.
-__device__ __forceinline__ void store_e4m3(uint8_t* block, int r, int c, uint4 v) {
-  const uint2 w0 = int4x8_to_e4m3(v.x), w1 = int4x8_to_e4m3(v.y);
-  const uint2 w2 = int4x8_to_e4m3(v.z), w3 = int4x8_to_e4m3(v.w);
+__device__ __forceinline__ void store_e4m3(uint8_t* block, int r, int c, uint4 v, uint2 pos, uint2 neg) {
+  const uint2 w0 = lookup8(v.x, pos, neg), w1 = lookup8(v.y, pos, neg);
+  const uint2 w2 = lookup8(v.z, pos, neg), w3 = lookup8(v.w, pos, neg);
   *reinterpret_cast<uint4*>(block + contig::swizzled(0, r, 32 * c)) = make_uint4(w0.x, w0.y, w1.x, w1.y);
   *reinterpret_cast<uint4*>(block + contig::swizzled(0, r, 32 * c + 16)) = make_uint4(w2.x, w2.y, w3.x, w3.y);
 }
 
-// One 128-row weight block of a stage, packed in its upper 8 KB, expanded in place (see the
-// top). Units: (row, 16-byte piece of its packed 64 bytes), 512 per block.
-__device__ __forceinline__ void convert_block(uint8_t* block, int t) {
+// A 16-bit scale as a float.
+template <class Out>
+__device__ __forceinline__ float scale_value(uint16_t v) {
+  if constexpr (std::is_same_v<Out, __half>) return __half2float(__ushort_as_half(v));
+  else return __uint_as_float(uint32_t(v) << 16);
+}
+
+// The lookup tables of unit (r, c) of a weight block: INT4's, or MXFP4's for group c's offset
+// from the row's largest scale in the K block (the four units of a row are four consecutive
+// lanes, which share it by shuffles); lane c == 0 stores the row's column scale.
+template <class W, class Out>
+__device__ __forceinline__ void unit_tables(const uint16_t (*scales)[kTileN], const uint2* e4m3_of,
+                                            float* column_scale, int col, int c, uint2& pos, uint2& neg) {
+  if constexpr (std::is_same_v<W, Int4>) {
+    pos = kInt4Pos;
+    neg = kInt4Neg;
+  } else {
+    const float s = scale_value<Out>(scales[c][col]);
+    float s_max = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, 1));
+    s_max = fmaxf(s_max, __shfl_xor_sync(0xffffffffu, s_max, 2));
+    // Powers of two: the exponent difference (a zero scale's values are zeros in any row).
+    const int d = s > 0.f ? min(ilogbf(s_max) - ilogbf(s), 15) : 15;
+    pos = e4m3_of[d];
+    neg = make_uint2(pos.x | 0x80808080u, pos.y | 0x80808080u);
+    if (c == 0) column_scale[col] = s_max;
+  }
+}
+
+// One 128-row weight block of a stage (block b of the tile's columns), packed in its upper 8 KB,
+// expanded in place (see the top). Units: (row, 16-byte piece of its packed 64 bytes = one
+// 32-value group), 512 per block; a row's four units are four consecutive converter threads.
+template <class W, class Out, class Smem>
+__device__ __forceinline__ void convert_block(uint8_t* block, Smem& smem, int stage, int b, int t) {
   constexpr int kUnits = kBlockN * 4, kHalfUnits = kUnits / 2;
   constexpr int kPerThread = (kHalfUnits + kConvertThreads - 1) / kConvertThreads;
   const uint8_t* packed = block + kBlockBytes / 2;
+  float* column_scale = smem.column_scale[Config<W>::kMx ? stage : 0];
+  uint2 pos, neg;
   // Rows 0-63: their E4M3 rows are the lower 8 KB, below every packed byte.
-  for (int u = t; u < kHalfUnits; u += kConvertThreads)
-    store_e4m3(block, u / 4, u % 4, *reinterpret_cast<const uint4*>(packed + 16 * u));
+  for (int u = t; u < kHalfUnits; u += kConvertThreads) {
+    unit_tables<W, Out>(smem.scale[stage], smem.e4m3_of, column_scale, b * kBlockN + u / 4, u % 4, pos, neg);
+    store_e4m3(block, u / 4, u % 4, *reinterpret_cast<const uint4*>(packed + 16 * u), pos, neg);
+  }
   // Rows 64-127 overwrite the packed rows: all of them read (by every converter) first.
   uint4 v[kPerThread];
 #pragma unroll
@@ -130,13 +198,16 @@ __device__ __forceinline__ void convert_block(uint8_t* block, int t) {
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const int u = kHalfUnits + t + i * kConvertThreads;
-    if (u < kUnits) store_e4m3(block, u / 4, u % 4, v[i]);
+    if (u < kUnits) {  // whole warps: 256 units past the first 96 + 96 threads are 64 threads
+      unit_tables<W, Out>(smem.scale[stage], smem.e4m3_of, column_scale, b * kBlockN + u / 4, u % 4, pos, neg);
+      store_e4m3(block, u / 4, u % 4, v[i], pos, neg);
+    }
   }
 }
 
-template <class Out>
+template <class W, class Out>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant__ Params p) {
-  using C = Config;
+  using C = Config<W>;
   using SharedStorage = typename C::SharedStorage;
   extern __shared__ __align__(1024) char smem_raw[];
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_raw);
@@ -208,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
           if (lane == 0) {
             cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
                 &smem.full[stage], halves * (C::kStageBytesA / 2) + kBlocksN * (kBlockBytes / 2) +
-                                       kTileN * int(sizeof(uint16_t)));
+                                       C::kScaleRows * kTileN * int(sizeof(uint16_t)));
             const auto hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
             for (int h = 0; h < halves; ++h)
               SM90_TMA_LOAD_2D::copy(&p.base.tma_a, &smem.full[stage], hint,
@@ -220,8 +291,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
                                      reinterpret_cast<uint8_t*>(smem.b) + stage * C::kStageBytesB + b * kBlockBytes +
                                          kBlockBytes / 2,
                                      kb * kPackedRowBytes, tile.expert * p.base.n + tile.n * kTileN + b * kBlockN);
-            SM90_TMA_LOAD_2D::copy(&p.tma_scale, &smem.full[stage], hint, smem.scale[stage], tile.n * kTileN,
-                                   tile.expert * k_blocks + kb);
+            SM90_TMA_LOAD_2D::copy(&p.tma_scale, &smem.full[stage], hint, &smem.scale[stage][0][0], tile.n * kTileN,
+                                   (tile.expert * k_blocks + kb) * C::kScaleRows);
           }
           if (++stage == kStages) { stage = 0; phase ^= 1; }
         }
@@ -230,6 +301,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     }
     // The converters: every stage of every tile, in the order the loader fills them.
     const int t = threadIdx.x - 32;
+    if constexpr (C::kMx) {
+#pragma unroll
+      for (int d = 0; d < 16; ++d)  // constant indices: the table stays in the instructions
+        if (t == d) smem.e4m3_of[d] = e2m1_to_e4m3(d);
+      asm volatile("bar.sync %0, %1;" ::"n"(kConvertBarrier), "n"(kConvertThreads) : "memory");
+    }
     int slot = 0, slot_phase = 0, kseq = 0;
     for (;;) {
       cutlass::arch::ClusterBarrier::wait(&smem.tile_full[slot], slot_phase);
@@ -243,7 +320,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], (kseq / kStages) & 1);
 #pragma unroll
         for (int b = 0; b < kBlocksN; ++b)
-          convert_block(reinterpret_cast<uint8_t*>(smem.b) + stage * C::kStageBytesB + b * kBlockBytes, t);
+          convert_block<W, Out>(reinterpret_cast<uint8_t*>(smem.b) + stage * C::kStageBytesB + b * kBlockBytes,
+                                smem, stage, b, t);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the wgmmas
         __syncwarp();
         if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.converted[stage]);
@@ -300,11 +378,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         warpgroup_commit_batch();
         warpgroup_wait<0>();
         warpgroup_fence_operand(part);
-        const uint32_t* scales =
-            reinterpret_cast<const uint32_t*>(smem.scale[stage] + (b_first + b) * kBlockN + 2 * q);
+        const int col = (b_first + b) * kBlockN + 2 * q;
 #pragma unroll
         for (int j = 0; j < 16; ++j) {  // columns 8j + 2q, 8j + 2q + 1
-          const float2 s = contig::unpack2<Out>(scales[4 * j]);
+          float2 s;
+          if constexpr (C::kMx) s = *reinterpret_cast<const float2*>(&smem.column_scale[stage][col + 8 * j]);
+          else s = contig::unpack2<Out>(*reinterpret_cast<const uint32_t*>(&smem.scale[stage][0][col + 8 * j]));
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc(4 * j + e, 0, b) += part(4 * j + e) * ((e & 1) ? s.y : s.x);
         }
@@ -346,11 +425,13 @@ inline bool encode_plain(CUtensorMap* map, const void* base, int64_t rows, int64
 
 }  // namespace contig_w4
 
-// Out: the output's and the weight scales' type, __nv_bfloat16 or __half.
-template <int kTileN, class Out>
+// Out: the output's and the weight scales' type, __nv_bfloat16 or __half. W: contig_w4::Int4
+// or contig_w4::E2M1.
+template <int kTileN, class Out, class W>
 struct ContiguousW4A8 {
   static_assert(kTileN == contig_w4::kTileN, "contiguous W4A8 GEMM: 256 columns");
-  using Storage = contig_w4::Config::SharedStorage;
+  using Storage = typename contig_w4::Config<W>::SharedStorage;
+  static constexpr int kGroup = W::kGroup;
 
   static size_t smem_bytes(int num_experts) {
     return sizeof(Storage) + sizeof(int32_t) * 2 * (size_t(num_experts) + 1);
@@ -359,7 +440,7 @@ struct ContiguousW4A8 {
   static int registers() {
     static const int regs = [] {
       cudaFuncAttributes fa{};
-      if (cudaFuncGetAttributes(&fa, contig_w4::gemm_kernel<Out>) != cudaSuccess) {
+      if (cudaFuncGetAttributes(&fa, contig_w4::gemm_kernel<W, Out>) != cudaSuccess) {
         cudaGetLastError();
         return 0;
       }
@@ -379,9 +460,9 @@ struct ContiguousW4A8 {
       snprintf(err, errlen, "contiguous W4A8 GEMM: takes no zero points and applies no activation");
       return MOEK_UNSUPPORTED;
     }
-    if (a.weight_group != kTileK || a.k % kTileK || a.n % kTileN) {
+    if (a.weight_group != kGroup || a.k % kTileK || a.n % kTileN) {
       snprintf(err, errlen, "contiguous W4A8 GEMM: takes scale groups of %d, K a multiple of %d and N a "
-               "multiple of %d; got group %d, K=%lld, N=%lld", kTileK, kTileK, kTileN, a.weight_group,
+               "multiple of %d; got group %d, K=%lld, N=%lld", kGroup, kTileK, kTileN, a.weight_group,
                (long long)a.k, (long long)a.n);
       return MOEK_UNSUPPORTED;
     }
@@ -406,11 +487,11 @@ struct ContiguousW4A8 {
     if (int st = check(a, err, errlen)) return st;
     if (a.rows == 0) return MOEK_OK;
     Params p{};
-    const int64_t k_blocks = a.k / kTileK;
     if (!contig::encode(&p.base.tma_a, a.a_base, a.rows, a.k, kHalfM) ||
         !contig::encode(&p.base.tma_d, a.d_base, a.rows, 2 * a.n, kHalfM) ||
         !encode_plain(&p.tma_w, a.b_base, int64_t(a.num_groups) * a.n, a.k / 2, 1, kPackedRowBytes, kBlockN) ||
-        !encode_plain(&p.tma_scale, a.sfb_base, int64_t(a.num_groups) * k_blocks, a.n, 2, kTileN, 1)) {
+        !encode_plain(&p.tma_scale, a.sfb_base, int64_t(a.num_groups) * (a.k / kGroup), a.n, 2, kTileN,
+                      kTileK / kGroup)) {
       snprintf(err, errlen, "contiguous W4A8 GEMM: cuTensorMapEncodeTiled failed");
       return MOEK_CUDA_ERROR;
     }
@@ -422,7 +503,7 @@ struct ContiguousW4A8 {
     p.base.k = static_cast<int>(a.k);
     p.row_scale = a.sfa_base;
     p.rows = a.rows;
-    auto kernel = gemm_kernel<Out>;
+    auto kernel = gemm_kernel<W, Out>;
     const size_t smem = smem_bytes(a.num_groups);
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(smem));
