@@ -57,8 +57,9 @@ constexpr int kConvertThreads = 32 * kConverterWarps;
 constexpr int kConvertBarrier = 4;  // named barrier id (1, 2: the consumer warpgroups; 3: both)
 constexpr int kPackedRowBytes = kTileK / 2;  // 64: a packed row of a K block
 constexpr int kBlockBytes = kBlockN * kTileK;  // 16 KB: one weight block of a stage, as E4M3
-// Registers: the consumers as in the unfused fp8_block kernel; the producer warpgroup's 40
-// are enough for the converters (ptxas, no spills).
+// Registers: the CTA's 168 per thread split as 224 for the consumers (two 64x128 fp32
+// accumulators and a partial one) and 56 for the producer warpgroup: at 232/40 the converters
+// spilled loop values (ptxas).
 constexpr uint32_t kConsumerRegs = 224;
 constexpr uint32_t kProducerRegs = (kThreads * contig::kRegsPerThread - 256 * kConsumerRegs) / 128;
 
