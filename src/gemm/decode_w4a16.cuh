@@ -17,14 +17,14 @@
 // in the same order, so the sums are those of the natural order.
 //
 // Dequantization: INT4 (two's complement nibbles) as CUTLASS converts it (the nibble put into
-// a 16-bit float of value 128 + (q ^ 8), minus 136); E2M1 by e2m1_bits below. Then times the
+// a 16-bit float of value 128 + (q ^ 8), minus 136); E2M1 by a byte lookup (dequant8). Then times the
 // group's scale ([K/g, N] in the hidden dtype) plus, for asymmetric INT4, its zero term (same
 // layout), rounded once to the hidden dtype (one fma; without zero terms the value the
 // prefill kernels' mainloop computes too). INT4 with groups of 128 or more skips both: the
 // MMAs take 128 + (q ^ 8) as converted, one more MMA per K chunk subtracts 136 x the tokens,
 // and each K step's fp32 sums are scaled (and the zero term times the tokens' sum added) once
 // per row (multiply, kPostScaled): each product exact, the scale applied in fp32, and about 134
-// instructions per warp K step (1 KB of weights) instead of 208 (sm_90a SASS), where an SM
+// instructions per warp K step (1 KB of weights) instead of 173 (sm_90a SASS), where an SM
 // issues about 4 x 53 while HBM delivers it its 1 KB share.
 //
 // Design, the rule that picks it, and the variants measured: docs/kernels/decode.md.
@@ -101,35 +101,15 @@ __device__ __forceinline__ uint32_t spread_byte(uint32_t x, uint32_t x_shifted, 
   return r;
 }
 
-// Eight 4-bit values (value i in bits 4i..4i+3) -> four pairs in T (value 2j low in out[j]).
-template <class T, class W>
-__device__ __forceinline__ void dequant8(uint32_t x, uint32_t (&out)[4]) {
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  const uint32_t xs = x >> 4;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t r = spread_byte(x, xs, j);
-    if constexpr (std::is_same_v<W, Int4>) {
-      // 16-bit floats whose low mantissa bits hold q ^ 8 at a fixed exponent: value
-      // base + (q + 8); subtracting base + 8 leaves q exactly.
-      constexpr uint32_t kMagic = kBf16 ? 0x43004300u : 0x64006400u;   // 128 : 1024
-      constexpr uint32_t kBias = kBf16 ? 0x43084308u : 0x64086408u;    // 136 : 1032
-      out[j] = sub2<T>(((r & 0x000F000Fu) ^ 0x00080008u) | kMagic, kBias);
-    } else {
-      // E2M1 s|e1 e0|m: the magnitude code in the lowest exponent bits and top mantissa bit
-      // reads as 2^(e - bias) * (1 + m/2) (a subnormal for e = 0, as E2M1's 0 and 0.5 are),
-      // so one multiply by 2^(bias - 1) is exact; the sign moves to bit 15.
-      constexpr uint32_t kShift = kBf16 ? 6 : 9;
-      constexpr uint32_t kMask = kBf16 ? 0x01C001C0u : 0x0E000E00u;
-      constexpr uint32_t kRescale = kBf16 ? 0x7E807E80u : 0x74007400u;  // 2^126 : 2^14
-      out[j] = mul2<T>(((r << kShift) & kMask) | ((r << 12) & 0x80008000u), kRescale);
-    }
-  }
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t select) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(select));
+  return r;
 }
 
-// Eight INT4 values (value i in bits 4i..4i+3) -> four pairs in T of q + bias (bias: kRawBias),
-// exactly, value 2j low in out[j]: dequant8 without its subtraction, which the post-scaled
-// multiply takes out with one MMA per K chunk instead (see multiply).
+// Eight INT4 values (value i in bits 4i..4i+3) -> four pairs in T of q + bias (136 or 1032),
+// exactly, value 2j low in out[j]: dequant8 before its subtraction, which the post-scaled
+// multiply does with one MMA per K chunk instead (see multiply).
 template <class T>
 __device__ __forceinline__ void int4_raw8(uint32_t x, uint32_t (&out)[4]) {
   constexpr uint32_t kMagic8 = std::is_same_v<T, __nv_bfloat16> ? 0x43084308u : 0x64086408u;
@@ -141,9 +121,44 @@ __device__ __forceinline__ void int4_raw8(uint32_t x, uint32_t (&out)[4]) {
     asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(out[j]) : "r"(spread_byte(x, xs, j)), "n"(0x000F000F), "r"(kMagic8));
   }
 }
-// The bias int4_raw8 adds (136 in bf16, 1032 in fp16), and its negation as a pair of T.
-template <class T>
-constexpr float kRawBias = std::is_same_v<T, __nv_bfloat16> ? 136.f : 1032.f;
+
+// Eight 4-bit values (value i in bits 4i..4i+3) -> four pairs in T (value 2j low in out[j]).
+template <class T, class W>
+__device__ __forceinline__ void dequant8(uint32_t x, uint32_t (&out)[4]) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (std::is_same_v<W, Int4>) {
+    // 16-bit floats whose low mantissa bits hold q ^ 8 at a fixed exponent: value base + (q +
+    // 8) (int4_raw8); subtracting base + 8 leaves q exactly.
+    constexpr uint32_t kBias = kBf16 ? 0x43084308u : 0x64086408u;  // 136 : 1032
+    int4_raw8<T>(x, out);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = sub2<T>(out[j], kBias);
+  } else {
+    // E2M1 s|e1 e0|m by lookup: the bytes of the eight magnitudes' 16-bit values (0, 0.5, 1,
+    // 1.5, 2, 3, 4, 6) by the low three bits, the high byte from the positive or the negative
+    // table by the sign bit (prmt picks per byte), then the bytes paired into values. fp16's
+    // low bytes are all zero. Exact; checked against PyTorch on the CPU (emulating prmt).
+    constexpr uint32_t kLo0 = 0xC0800000u, kLo1 = 0xC0804000u;  // bf16 low bytes
+    constexpr uint32_t kHi0 = kBf16 ? 0x3F3F3F00u : 0x3E3C3800u, kHi1 = kBf16 ? 0x40404040u : 0x46444240u;
+    const uint32_t index = x & 0x77777777u;
+    const uint32_t pick = ((x >> 1) & 0x44444444u) | 0x32103210u;  // byte i: positive i, negative i + 4
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // values 4h .. 4h + 3: prmt reads the low half of its selector
+      const uint32_t i = index >> (16 * h), p = pick >> (16 * h);
+      const uint32_t hi = prmt(prmt(kHi0, kHi1, i), prmt(kHi0 | 0x80808080u, kHi1 | 0x80808080u, i), p);
+      if constexpr (kBf16) {
+        const uint32_t lo = prmt(kLo0, kLo1, i);
+        out[2 * h] = prmt(lo, hi, 0x5140u);
+        out[2 * h + 1] = prmt(lo, hi, 0x7362u);
+      } else {
+        out[2 * h] = prmt(hi, 0u, 0x1404u);
+        out[2 * h + 1] = prmt(hi, 0u, 0x3424u);
+      }
+    }
+  }
+}
+
+// Minus the bias int4_raw8 adds (136 in bf16, 1032 in fp16), and one, as pairs of T.
 template <class T>
 constexpr uint32_t kMinusRawBias2 = std::is_same_v<T, __nv_bfloat16> ? 0xC308C308u : 0xE408E408u;
 template <class T>
