@@ -298,7 +298,7 @@ _SM90_W4A16_DECODE_FULL = [(m, n, 128, 1, 1, "decode") for m in (8, 16) for n in
 _SM90_W4A16_DECODE_MINIMAL = [(m, 16, 128, 1, 1, "decode") for m in (8, 16)] + [(8, 64, 128, 1, 1, "decode")]
 # W4A8 on the FP8 tensor cores: our contiguous kernel with the weights converted to E4M3 in
 # shared memory (src/gemm/sm90/contiguous_w4a8.cuh; INT4 in groups of 128, MXFP4's scales folded
-# in; N a multiple of 256, K of 128).
+# in; partial last N tiles and K blocks).
 _SM90_W4A8_CONTIG = [(128, 256, 128, 1, 1, "contig")]
 # W4A16 past the decode kernel where CUTLASS's mixed-input mainloop cannot serve (it loads one
 # scale per K tile of 64 or more; MXFP4 has a scale per 32): our tiled kernel

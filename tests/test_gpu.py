@@ -827,8 +827,6 @@ def test_w4a16_every_built_kernel(quant, group, act_dtype, error_log):
     for kern in kernels:
         if kern.kind == "grouped" and group % kern.tile[2]:  # refused: see test_w4a16_refusals
             continue
-        if kern.kind == "contiguous":  # N a multiple of 256: test_w4a8_contiguous
-            continue
         out = run(p, tactic=Tactic(kern.name, kern.name))
         err = rel_error(out, ref)
         error_log.add(f"{quant}/{act_dtype}/g{group}/kernel/{kern.name}", err)
@@ -996,12 +994,13 @@ def _w4a8_contiguous(quant, act_dtype):
 
 @pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("T,E,k,H,I", [(1, 8, 2, 512, 256), (40, 8, 2, 512, 256), (333, 4, 2, 512, 256),
-                                       (2048, 16, 4, 1024, 512)])
+                                       (2048, 16, 4, 1024, 512), (200, 4, 2, 640, 384)])
 @pytest.mark.parametrize("quant", ["w4a8_int4", "w4a8_mxfp4"])
 def test_w4a8_contiguous(quant, T, E, k, H, I, act_dtype, error_log):
     """W4A8 on the FP8 tensor cores (our contiguous kernel, the weights converted to E4M3 in
     shared memory) in both GEMMs: one row, a few rows per expert (a tile split by columns), a
-    full tile plus a partial one, several tiles and K blocks; both output types."""
+    full tile plus a partial one, several tiles and K blocks, a partial last N tile (640 = 2.5 x
+    256); both output types."""
     tactic = _w4a8_contiguous(quant, act_dtype)
     p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype=quant, act_dtype=act_dtype, bias=True,
                      group=32 if quant.endswith("mxfp4") else 128)
@@ -1011,6 +1010,18 @@ def test_w4a8_contiguous(quant, T, E, k, H, I, act_dtype, error_log):
     error_log.add(f"{quant}/contig/{act_dtype}/T{T}", err)
     assert err < TOLERANCE[quant], f"relative error {err:.3e}"
     assert worst_row_error(out, ref) < 2 * TOLERANCE[quant]
+
+
+@pytest.mark.parametrize("T", [3, 300])
+def test_w4a8_mxfp4_contiguous_gpt_oss_shapes(T, error_log):
+    """gpt-oss's H = I = 2880 on the contiguous W4A8 kernel: partial last N tiles (5760 and 2880
+    columns) and a partial last K block (2880 = 22.5 x 128), with swiglu_oai and biases."""
+    tactic = _w4a8_contiguous("w4a8_mxfp4", "bf16")
+    p = make_problem(T=T, E=4, k=2, H=2880, I=2880, dtype="w4a8_mxfp4", bias=True, group=32)
+    out = run(p, activation="swiglu_oai", tactic=tactic)
+    err = rel_error(out, reference_out(p, activation="swiglu_oai"))
+    error_log.add(f"w4a8_mxfp4/contig/gpt-oss/T{T}", err)
+    assert err < TOLERANCE["w4a8_mxfp4"]
 
 
 def test_w4a8_mxfp4_contiguous_scale_spread(error_log):
@@ -1033,7 +1044,7 @@ def test_w4a8_mxfp4_contiguous_scale_spread(error_log):
 def test_w4a8_int4_contiguous_experts_statics_and_refusals(error_log):
     """The contiguous W4A8 kernel with experts of the other rank and empty ones, static input
     scales with saturating and zero rows and the extreme INT4 codes, graph replay; and what it
-    refuses (groups other than 128, N not a multiple of 256, zero points) before any launch."""
+    refuses (INT4 groups other than 128, zero points) before any launch."""
     tactic = _w4a8_contiguous("w4a8_int4", "bf16")
     E, T, k = 16, 300, 2
     ids = torch.rand(T, 2 * E).argsort(dim=1)[:, :k].to(torch.int32)  # half the ids on the other rank
@@ -1072,8 +1083,7 @@ def test_w4a8_int4_contiguous_experts_statics_and_refusals(error_log):
     torch.cuda.synchronize()
     assert torch.equal(out, first), "graph replay differs from the eager run"
 
-    for bad, why in ((dict(group=64), "scale groups of 128"), (dict(H=640), "multiple of 256"),
-                     (dict(symmetric=False), "zero points")):
+    for bad, why in ((dict(group=64), "scale groups of 128"), (dict(symmetric=False), "zero points")):
         kw = dict(T=8, E=4, k=2, H=512, I=256, group=128) | bad
         q = make_problem(dtype="w4a8_int4", **kw)
         with pytest.raises(RuntimeError, match=why):

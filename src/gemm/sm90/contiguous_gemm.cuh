@@ -44,6 +44,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -274,10 +275,10 @@ __device__ __forceinline__ void out_acquire(int half) {
 }
 
 // The buffer's first `boxes` boxes to map (rows from row0, bytes from x0), or its first `rows`
-// rows.
+// rows' first `row_bytes` bytes (TMA clips the boxes at the tensor's edge itself).
 __device__ __forceinline__ void out_release(const CUtensorMap* map, const uint8_t* out, uint8_t* gmem,
                                             int64_t ld, int x0, int64_t row0, int rows, int half,
-                                            int boxes) {
+                                            int boxes, int64_t row_bytes = INT64_MAX) {
   if (rows >= kHalfM) {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the TMA stores
     warpgroup_sync(half);
@@ -292,8 +293,9 @@ __device__ __forceinline__ void out_release(const CUtensorMap* map, const uint8_
   const int pieces = 8 * boxes;  // 16-byte pieces per row
   for (int i = threadIdx.x % 128; i < rows * pieces; i += 128) {
     const int r = i / pieces, c = i % pieces;
-    *reinterpret_cast<uint4*>(gmem + r * ld + 16 * c) =
-        *reinterpret_cast<const uint4*>(out + swizzled(c / 8, r, 16 * (c % 8)));
+    if (16 * c < row_bytes)
+      *reinterpret_cast<uint4*>(gmem + r * ld + 16 * c) =
+          *reinterpret_cast<const uint4*>(out + swizzled(c / 8, r, 16 * (c % 8)));
   }
 }
 
@@ -322,7 +324,7 @@ __device__ __forceinline__ void store_out(const Params& p, const Acc& acc, uint8
     }
   }
   out_release(&p.tma_d, out, reinterpret_cast<uint8_t*>(static_cast<Out*>(p.d) + row0 * p.n + col0), 2 * int64_t(p.n),
-                 2 * col0, row0, rows, half, 2 * blocks);
+                 2 * col0, row0, rows, half, 2 * blocks, 2 * (int64_t(p.n) - col0));
 }
 
 // The fused activation's epilogue for this warpgroup's rows row0 + [0, rows): acc(i, 0, 0)

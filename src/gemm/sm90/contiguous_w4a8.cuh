@@ -23,7 +23,8 @@
 // - The weight scales come by TMA with the stage ([K/g, N] per expert: 256 columns by one row
 //   for INT4, four for MXFP4); for MXFP4 the converters write each column's scale for the
 //   consumers. Each consumer thread multiplies its 32 columns' partial sums by theirs.
-// - No tail rows (an expert's last rows past a full tile get a tile of their own).
+// - No tail rows (an expert's last rows past a full tile get a tile of their own); a partial last
+//   N tile and K block are allowed (gpt-oss's 2880).
 // Compiled for sm_90a; see docs/kernels/contiguous-w4a8.md for what has run.
 #pragma once
 
@@ -96,7 +97,7 @@ struct Config {
 struct Params {
   contig::Params base;  // tma_a, tma_d, d, offsets, tile_counter, num_experts, n, k
   CUtensorMap tma_w;      // weights [E * N, K / 2] bytes, box 64 bytes x 128 rows
-  CUtensorMap tma_scale;  // weight scales [E * K / g, N] 16-bit, box 256 x (128 / g)
+  CUtensorMap tma_scale;  // weight scales [E, K / g, N] 16-bit, box 256 x (128 / g) x 1
   const float* row_scale;  // [rows]: each token row's E4M3 scale
   int64_t rows;
 };
@@ -255,7 +256,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     }
   }
   __syncthreads();
-  const int n_tiles = p.base.n / kTileN, k_blocks = p.base.k / kTileK;
+  // The last N tile and K block may be partial (gpt-oss: N = 5760 and 2880, K = 2880): the loads
+  // past K read zeros, the weight rows past N are the next expert's (computed, never stored),
+  // their scales zeros.
+  const int n_tiles = (p.base.n + kTileN - 1) / kTileN, k_blocks = (p.base.k + kTileK - 1) / kTileK;
   const int num_tiles = tile_start[E] * n_tiles;
 
   if (wg == 0) {
@@ -292,8 +296,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
                                      reinterpret_cast<uint8_t*>(smem.b) + stage * C::kStageBytesB + b * kBlockBytes +
                                          kBlockBytes / 2,
                                      kb * kPackedRowBytes, tile.expert * p.base.n + tile.n * kTileN + b * kBlockN);
-            SM90_TMA_LOAD_2D::copy(&p.tma_scale, &smem.full[stage], hint, &smem.scale[stage][0][0], tile.n * kTileN,
-                                   (tile.expert * k_blocks + kb) * C::kScaleRows);
+            SM90_TMA_LOAD_3D::copy(&p.tma_scale, &smem.full[stage], hint, &smem.scale[stage][0][0], tile.n * kTileN,
+                                   kb * C::kScaleRows, tile.expert);
           }
           if (++stage == kStages) { stage = 0; phase ^= 1; }
         }
@@ -409,6 +413,21 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
+// The weight scales [E, K / g, N] 16-bit in boxes of 256 columns x (128 / g) rows of one expert:
+// 3D, so that a partial last K block reads zeros past the expert's rows, not the next one's.
+inline bool encode_scales3d(CUtensorMap* map, const void* base, int64_t experts, int64_t rows, int64_t n,
+                            int box_rows) {
+  auto fn = contig::encode_fn();
+  if (!fn) return false;
+  const cuuint64_t dims[3] = {cuuint64_t(n), cuuint64_t(rows), cuuint64_t(experts)};
+  const cuuint64_t strides[2] = {cuuint64_t(n) * 2, cuuint64_t(rows) * cuuint64_t(n) * 2};
+  const cuuint32_t box[3] = {cuuint32_t(kTileN), cuuint32_t(box_rows), 1};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(base), dims, strides, box, elem,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 // A 2D tensor of `elem_bytes` elements [rows, cols] in boxes of box_cols x box_rows, no swizzle.
 inline bool encode_plain(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, int elem_bytes,
                          int box_cols, int box_rows) {
@@ -461,10 +480,11 @@ struct ContiguousW4A8 {
       snprintf(err, errlen, "contiguous W4A8 GEMM: takes no zero points and applies no activation");
       return MOEK_UNSUPPORTED;
     }
-    if (a.weight_group != kGroup || a.k % kTileK || a.n % kTileN) {
-      snprintf(err, errlen, "contiguous W4A8 GEMM: takes scale groups of %d, K a multiple of %d and N a "
-               "multiple of %d; got group %d, K=%lld, N=%lld", kGroup, kTileK, kTileN, a.weight_group,
-               (long long)a.k, (long long)a.n);
+    // Rows of 16 bytes for TMA: the packed weights' K / 2, the scales' and the output's N x 2.
+    if (a.weight_group != kGroup || a.k % kGroup || a.k % 32 || a.n % 8) {
+      snprintf(err, errlen, "contiguous W4A8 GEMM: takes scale groups of %d dividing K, K a multiple of 32 "
+               "and N of 8; got group %d, K=%lld, N=%lld", kGroup, a.weight_group, (long long)a.k,
+               (long long)a.n);
       return MOEK_UNSUPPORTED;
     }
     const size_t smem = smem_bytes(a.num_groups);
@@ -491,8 +511,7 @@ struct ContiguousW4A8 {
     if (!contig::encode(&p.base.tma_a, a.a_base, a.rows, a.k, kHalfM) ||
         !contig::encode(&p.base.tma_d, a.d_base, a.rows, 2 * a.n, kHalfM) ||
         !encode_plain(&p.tma_w, a.b_base, int64_t(a.num_groups) * a.n, a.k / 2, 1, kPackedRowBytes, kBlockN) ||
-        !encode_plain(&p.tma_scale, a.sfb_base, int64_t(a.num_groups) * (a.k / kGroup), a.n, 2, kTileN,
-                      kTileK / kGroup)) {
+        !encode_scales3d(&p.tma_scale, a.sfb_base, a.num_groups, a.k / kGroup, a.n, kTileK / kGroup)) {
       snprintf(err, errlen, "contiguous W4A8 GEMM: cuTensorMapEncodeTiled failed");
       return MOEK_CUDA_ERROR;
     }
@@ -512,7 +531,7 @@ struct ContiguousW4A8 {
       snprintf(err, errlen, "contiguous W4A8 GEMM: %s", cudaGetErrorString(e));
       return MOEK_CUDA_ERROR;
     }
-    const int64_t max_tiles = (a.rows / kTileM + a.max_active_groups) * (a.n / kTileN);
+    const int64_t max_tiles = (a.rows / kTileM + a.max_active_groups) * ((a.n + kTileN - 1) / kTileN);
     const int grid = static_cast<int>(std::min<int64_t>(a.sm_count, max_tiles));
     if (cudaError_t e = launch(kernel, dim3(grid), dim3(kThreads), smem, a.stream, p); e != cudaSuccess) {
       snprintf(err, errlen, "contiguous W4A8 GEMM launch: %s", cudaGetErrorString(e));
