@@ -708,6 +708,7 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
                 row["breakdown_us"] = {n: b - a for n, a, b in zip(STEPS, [0.0] + prefix[:-1], prefix)}
             if getattr(args, "host", False):
                 row["host_us"] = host_time(lambda: ours(*sets[0], outs[0]))
+                row["host_python_us"] = python_time(lambda: ours(*sets[0], outs[0]))
                 if "+" in row["tactic"]:  # per step: the forward cut after each (its launches, a GEMM's setup)
                     prefix = [host_time(lambda s=s: ours(*sets[0], outs[0], last_step=s)) for s in (1, 2, 3, 4)]
                     prefix.append(row["host_us"])
@@ -808,6 +809,31 @@ def host_time(call, calls=64, rounds=5) -> float:
     return statistics.median(times) * 1e6
 
 
+def python_time(call, calls=2000) -> float:
+    """us of host time per eager call with the library call replaced by a no-op: the Python
+    side (argument checks, the plan lookup, the pointers), median of five batches."""
+    import time
+    from .. import ops
+    call()  # the plan is made and cached with the real library
+    real = ops._native.C
+
+    class NoLibrary:
+        @staticmethod
+        def run(*args):
+            return None
+    times = []
+    try:
+        ops._native.C = NoLibrary
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call()
+            times.append((time.perf_counter() - t0) / calls)
+    finally:
+        ops._native.C = real
+    return statistics.median(times) * 1e6
+
+
 def _timer(ours, timed):
     """A tactic's time in us (inf where it failed or was wrong)."""
     def t(tactic):
@@ -874,7 +900,8 @@ def format_row(row, peer_names) -> str:
     if "breakdown_us" in row:
         lines.append("    steps (us): " + ", ".join(f"{k} {v:.1f}" for k, v in row["breakdown_us"].items()))
     if "host_us" in row:
-        lines.append(f"    host time per eager call: {row['host_us']:.1f} us")
+        lines.append(f"    host time per eager call: {row['host_us']:.1f} us"
+                     + (f" (Python side {row['host_python_us']:.1f})" if "host_python_us" in row else ""))
     if "host_steps_us" in row:
         lines.append("    host time by step: " + ", ".join(f"{n} {v:.1f}" for n, v in row["host_steps_us"].items()))
     if "ranks" in row:
