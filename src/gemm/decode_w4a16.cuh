@@ -299,6 +299,10 @@ __device__ __forceinline__ void multiply(const WeightTile<T>& t, const TokenRows
                                          const uint4 (&w)[kN][2], const uint32_t (&sc)[kN][2],
                                          const uint32_t (&zr)[kN][2], float (&acc)[kTiles][4]) {
   static_assert(kPost == kPreScaled || std::is_same_v<W, Int4>, "post-scaled steps: INT4 weights");
+  // The MMAs' type: the hidden dtype, except for post-scaled steps with E4M3 tokens, where every
+  // operand is exact in fp16 (INT4 + bias, E4M3) and fp16 takes E4M3 pairs in one conversion
+  // where bf16 needs five instructions: the sums are the same fp32 ones either way.
+  using M = std::conditional_t<kPost != kPreScaled && sizeof(In) == 1, __half, T>;
   const int lane = threadIdx.x & 31, r = lane >> 2, q = lane & 3;
 #pragma unroll
   for (int i = 0; i < kN; ++i) {
@@ -311,7 +315,7 @@ __device__ __forceinline__ void multiply(const WeightTile<T>& t, const TokenRows
     for (int u = 0; u < kTiles; ++u) {
       const int m = m0 + 8 * u + r;
       const bool ok = kk < t.k && m < x_rows.m_rows;
-      load_tokens<In, T>(x_rows.a + (ok ? m * x_rows.lda + int64_t(kk) * sizeof(In) : 0), ok, x[u]);
+      load_tokens<In, M>(x_rows.a + (ok ? m * x_rows.lda + int64_t(kk) * sizeof(In) : 0), ok, x[u]);
     }
     // Dequantize the lane's 32 values of rows r and r + 8: pair j of word c is values
     // 8c + 2j, 8c + 2j + 1.
@@ -322,7 +326,7 @@ __device__ __forceinline__ void multiply(const WeightTile<T>& t, const TokenRows
       for (int c = 0; c < 4; ++c) {
         uint32_t out[4];
         if constexpr (kPost != kPreScaled) {
-          int4_raw8<T>(word(w[i][j], c), out);
+          int4_raw8<M>(word(w[i][j], c), out);
 #pragma unroll
           for (int e = 0; e < 4; ++e) wv[j][4 * c + e] = out[e];
         } else {
@@ -333,17 +337,17 @@ __device__ __forceinline__ void multiply(const WeightTile<T>& t, const TokenRows
       }
     if constexpr (kPost != kPreScaled) {
       float part[kTiles][4] = {}, xsum[kTiles][4] = {};
-      const uint32_t bias[4] = {kMinusRawBias2<T>, kMinusRawBias2<T>, kMinusRawBias2<T>, kMinusRawBias2<T>};
-      const uint32_t ones[4] = {kOne2<T>, kOne2<T>, kOne2<T>, kOne2<T>};
+      const uint32_t bias[4] = {kMinusRawBias2<M>, kMinusRawBias2<M>, kMinusRawBias2<M>, kMinusRawBias2<M>};
+      const uint32_t ones[4] = {kOne2<M>, kOne2<M>, kOne2<M>, kOne2<M>};
 #pragma unroll
       for (int tt = 0; tt < 8; ++tt) {
         const uint32_t fa[4] = {wv[0][2 * tt], wv[1][2 * tt], wv[0][2 * tt + 1], wv[1][2 * tt + 1]};
 #pragma unroll
         for (int u = 0; u < kTiles; ++u) {
           const uint32_t b0 = word(x[u][tt / 2], 2 * (tt % 2)), b1 = word(x[u][tt / 2], 2 * (tt % 2) + 1);
-          decode::mma<T>(part[u], fa, b0, b1);
-          decode::mma<T>(part[u], bias, b0, b1);
-          if constexpr (kPost == kPostZero) decode::mma<T>(xsum[u], ones, b0, b1);
+          decode::mma<M>(part[u], fa, b0, b1);
+          decode::mma<M>(part[u], bias, b0, b1);
+          if constexpr (kPost == kPostZero) decode::mma<M>(xsum[u], ones, b0, b1);
         }
       }
       // c0, c1: row r; c2, c3: row r + 8.
