@@ -292,8 +292,8 @@ constexpr int kPreScaled = 0, kPostScaled = 1, kPostZero = 2;
 // term): the MMAs take q + bias as converted (int4_raw8) and one more MMA per K chunk adds
 // -bias x the tokens, so the step's sums are sum(q x) in fp32; then acc += scale * that
 // (+ zero term * sum(x), a third MMA per chunk with ones). Each product is exact and the
-// scale is applied in fp32, where the pre-scaled form rounds q * scale to T first: about half
-// the instructions per weight, which bound this kernel.
+// scale is applied in fp32, where the pre-scaled form rounds q * scale to T first; fewer
+// instructions per weight (the counts are in the file's header).
 template <class In, class T, class W, int kTiles, int kN, int kStride, int kPost>
 __device__ __forceinline__ void multiply(const WeightTile<T>& t, const TokenRows<In, T>& x_rows, int m0, int s0,
                                          const uint4 (&w)[kN][2], const uint32_t (&sc)[kN][2],
@@ -477,7 +477,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_w4a16_kernel(Params p) {
   decode_w4a16_body<In, T, W, kTiles, kColumns, kPreScaled>(p);
 }
 
-// The post-scaled kernels held to four blocks per SM (the pre-scaled ones' occupancy, 110-126
+// The post-scaled kernels held to four blocks per SM (the pre-scaled ones' occupancy, 113-128
 // registers; unbounded these take 150-170) for the 8-token split-K block, three for the others,
 // where four would spill.
 template <class In, class T, class W, int kTiles, int kColumns, int kPost>
