@@ -50,6 +50,8 @@ def _type_alias(c: catalog.GemmConfig) -> str:
 
 # CUDA's own element types, for the decode kernel (no CUTLASS in it).
 CUDA_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half", "e4m3": "__nv_fp8_e4m3"}
+# The 4-bit weight format tags of our own kernels (decode_w4::Int4, contig_w4::E2M1, ...).
+WEIGHT_TAGS = {"int4": "Int4", "e2m1": "E2M1"}
 
 
 def kernel_source(c: catalog.GemmConfig) -> str:
@@ -57,7 +59,7 @@ def kernel_source(c: catalog.GemmConfig) -> str:
     if c.schedule in ("decode", "tiled") and c.weight_dtype != c.act_dtype:  # 4-bit weights
         header, template = {"decode": ("decode_w4a16", "DecodeW4A16"),
                             "tiled": ("tiled_w4a16", "TiledW4A16")}[c.schedule]
-        weight = {"int4": "Int4", "e2m1": "E2M1"}[c.weight_dtype]
+        weight = WEIGHT_TAGS[c.weight_dtype]
         return (HEADER +
                 f'#include "gemm/{header}.cuh"\n\n'
                 f"namespace moe_kernels::{ns} {{\n"
@@ -74,7 +76,7 @@ def kernel_source(c: catalog.GemmConfig) -> str:
                 f"{c.tile_n}>::kOps;\n"
                 f"}}  // namespace moe_kernels::{ns}\n")
     if c.schedule == "contig" and c.weight_dtype != c.act_dtype:  # W4A8
-        weight = {"int4": "Int4", "e2m1": "E2M1"}[c.weight_dtype]
+        weight = WEIGHT_TAGS[c.weight_dtype]
         return (HEADER +
                 f'#include "gemm/{ns}/contiguous_w4a8.cuh"\n\n'
                 f"namespace moe_kernels::{ns} {{\n"

@@ -178,13 +178,13 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
             text = (tmp_path / arch / f"{c.name}.cu").read_text()
             if c.schedule == "decode" and c.weight_dtype in ("int4", "e2m1"):
                 assert '#include "gemm/decode_w4a16.cuh"' in text
-                weight = {"int4": "Int4", "e2m1": "E2M1"}[c.weight_dtype]
+                weight = generate.WEIGHT_TAGS[c.weight_dtype]
                 assert (f"DecodeW4A16<{generate.CUDA_TYPES[c.act_dtype]}, {generate.CUDA_TYPES[c.out]}, "
                         f"decode_w4::{weight}, {c.tile_m}, {c.tile_n}>::kOps") in text
                 continue
             if c.schedule == "tiled":
                 assert '#include "gemm/tiled_w4a16.cuh"' in text
-                weight = {"int4": "Int4", "e2m1": "E2M1"}[c.weight_dtype]
+                weight = generate.WEIGHT_TAGS[c.weight_dtype]
                 assert (f"TiledW4A16<{generate.CUDA_TYPES[c.act_dtype]}, {generate.CUDA_TYPES[c.out]}, "
                         f"decode_w4::{weight}, {c.tile_m}>::kOps") in text
                 continue
@@ -196,7 +196,7 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
                 continue
             if c.schedule == "contig":
                 if c.weight_dtype != c.act_dtype:
-                    weight = {"int4": "Int4", "e2m1": "E2M1"}[c.weight_dtype]
+                    weight = generate.WEIGHT_TAGS[c.weight_dtype]
                     assert '#include "gemm/sm90/contiguous_w4a8.cuh"' in text
                     assert f"ContiguousW4A8<{c.tile_n}, {generate.CUDA_TYPES[c.out]}, contig_w4::{weight}>::kOps" in text
                     continue

@@ -218,6 +218,79 @@ __device__ __forceinline__ Tile tile_at(int t, const int32_t* tile_start, const 
   return tile;
 }
 
+// Every thread of the CTA (kThreads): the experts' row offsets [E + 1] into shared memory, and each
+// expert's first M tile (tile_start[e], prefix sums of m_tiles_of, warp 0 scanning 32 experts
+// at a time). Syncs the CTA.
+__device__ __forceinline__ void load_tile_starts(const int32_t* gmem_offsets, int E, int max_tail,
+                                                 int32_t* offsets, int32_t* tile_start) {
+  for (int i = threadIdx.x; i <= E; i += kThreads) offsets[i] = gmem_offsets[i];
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  if (threadIdx.x / 32 == 0) {
+    int carry = 0;
+    if (lane == 0) tile_start[0] = 0;
+    for (int base = 0; base < E; base += 32) {
+      const int e = base + lane;
+      int v = e < E ? m_tiles_of(offsets[e + 1] - offsets[e], max_tail) : 0;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int u = __shfl_up_sync(0xffffffffu, v, d);
+        if (lane >= d) v += u;
+      }
+      if (e < E) tile_start[e + 1] = carry + v;
+      carry += __shfl_sync(0xffffffffu, v, 31);
+    }
+  }
+  __syncthreads();
+}
+
+// The tile schedule's slots in shared memory (Smem's tile, tile_full, tile_empty): the loader
+// warp takes the next tile from the counter and passes it on (a number past the last tells the
+// other warps to stop); every other warp reads the tiles in the same order.
+struct TileSlots {
+  int slot = 0, phase = 0;
+  __device__ __forceinline__ void next() {
+    if (++slot == kSchedSlots) { slot = 0; phase ^= 1; }
+  }
+};
+template <class Smem>
+__device__ __forceinline__ int take_tile(Smem& smem, int32_t* counter, TileSlots& s) {
+  const int lane = threadIdx.x % 32;
+  int t = 0;
+  if (lane == 0) t = atomicAdd(counter, 1);
+  t = __shfl_sync(0xffffffffu, t, 0);
+  cutlass::arch::ClusterBarrier::wait(&smem.tile_empty[s.slot], s.phase ^ 1);
+  if (lane == 0) {
+    smem.tile[s.slot] = t;
+    cutlass::arch::ClusterBarrier::arrive(&smem.tile_full[s.slot]);
+  }
+  s.next();
+  return t;
+}
+template <class Smem>
+__device__ __forceinline__ int read_tile(Smem& smem, TileSlots& s) {
+  cutlass::arch::ClusterBarrier::wait(&smem.tile_full[s.slot], s.phase);
+  const int t = smem.tile[s.slot];
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) cutlass::arch::ClusterBarrier::arrive(&smem.tile_empty[s.slot]);
+  s.next();
+  return t;
+}
+
+// Registers per thread a kernel was built with (0 if the runtime cannot say), asked once.
+template <auto kKernel>
+int kernel_registers() {
+  static const int regs = [] {
+    cudaFuncAttributes fa{};
+    if (cudaFuncGetAttributes(&fa, kKernel) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return fa.numRegs;
+  }();
+  return regs;
+}
+
 // First weight row (within the expert) of 128-row block b of N tile n: consecutive blocks, or
 // with the activation fused, gate block n and up block n.
 template <int kTileN>
@@ -507,44 +580,18 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   }
   pdl_begin();  // the offsets, A and its scales come from the previous kernels
 
-  // Per-expert M tiles and their prefix sums (warp 0 scans 32 experts at a time).
   const int E = p.num_experts;
-  for (int i = threadIdx.x; i <= E; i += kThreads) offsets[i] = p.offsets[i];
-  __syncthreads();
-  if (warp == 0) {
-    int carry = 0;
-    if (lane == 0) tile_start[0] = 0;
-    for (int base = 0; base < E; base += 32) {
-      const int e = base + lane;
-      int v = e < E ? m_tiles_of(offsets[e + 1] - offsets[e], p.max_tail) : 0;
-#pragma unroll
-      for (int d = 1; d < 32; d *= 2) {
-        const int u = __shfl_up_sync(0xffffffffu, v, d);
-        if (lane >= d) v += u;
-      }
-      if (e < E) tile_start[e + 1] = carry + v;
-      carry += __shfl_sync(0xffffffffu, v, 31);
-    }
-  }
-  __syncthreads();
+  load_tile_starts(p.offsets, E, p.max_tail, offsets, tile_start);
   const int n_tiles = p.act_out ? p.inter / kBlockN : p.n / kTileN, k_blocks = p.k / kTileK;
   const int num_tiles = tile_start[E] * n_tiles;
 
   if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kSets ? C::kProducerRegsSets : C::kProducerRegs>();
     if (warp != 0) return;
-    int stage = 0, phase = 0, slot = 0, slot_phase = 0, kseq = 0;
+    int stage = 0, phase = 0, kseq = 0;
+    TileSlots slots;
     for (;;) {
-      // Take the next tile and pass it on; a number past the last tells the consumers to stop.
-      int t = 0;
-      if (lane == 0) t = atomicAdd(p.tile_counter, 1);
-      t = __shfl_sync(0xffffffffu, t, 0);
-      cutlass::arch::ClusterBarrier::wait(&smem.tile_empty[slot], slot_phase ^ 1);
-      if (lane == 0) {
-        smem.tile[slot] = t;
-        cutlass::arch::ClusterBarrier::arrive(&smem.tile_full[slot]);
-      }
-      if (++slot == kSchedSlots) { slot = 0; slot_phase ^= 1; }
+      const int t = take_tile(smem, p.tile_counter, slots);
       if (t >= num_tiles) break;
       const Tile tile = tile_at(t, tile_start, offsets, E, n_tiles);
       const int b_row = tile.expert * p.n;
@@ -630,13 +677,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   // (weight row within the block, tail row) of each value
   Tensor coord_t = tthr.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kTail>>{}));
 
-  int slot = 0, slot_phase = 0, kseq = 0;  // kseq: the K blocks taken so far (stage, phase, scales)
+  int kseq = 0;  // the K blocks taken so far (stage, phase, scales)
+  TileSlots slots;
   for (;;) {
-    cutlass::arch::ClusterBarrier::wait(&smem.tile_full[slot], slot_phase);
-    const int t = smem.tile[slot];
-    __syncwarp();
-    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.tile_empty[slot]);
-    if (++slot == kSchedSlots) { slot = 0; slot_phase ^= 1; }
+    const int t = read_tile(smem, slots);
     if (t >= num_tiles) break;
     const Tile tile = tile_at(t, tile_start, offsets, E, n_tiles);
     const int tile_rows = min(tile.rows, kTileM);
@@ -776,6 +820,39 @@ inline bool encode_scales(CUtensorMap* map, const float* base, int64_t rows, int
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// Why a contiguous kernel (`what`) needing `smem` bytes of shared memory cannot run on the
+// device, or MOEK_OK.
+inline int check_smem(const char* what, const GroupedGemmArgs& a, size_t smem, char* err, size_t errlen) {
+  int optin = 0;
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, a.device);
+  if (smem > size_t(optin)) {
+    snprintf(err, errlen, "%s: %d experts need %zu bytes of shared memory, the device allows %d", what,
+             a.num_groups, smem, optin);
+    return MOEK_UNSUPPORTED;
+  }
+  return MOEK_OK;
+}
+
+// Launches a persistent contiguous kernel with `smem` bytes of shared memory: one CTA per SM,
+// never more than tiles can exist (each expert has at most rows / 128 + 1 M tiles, of n_tiles N
+// tiles each).
+template <class Kernel, class KernelParams>
+int launch_persistent(const char* what, Kernel kernel, const KernelParams& p, size_t smem, int64_t n_tiles,
+                      const GroupedGemmArgs& a, char* err, size_t errlen) {
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      e != cudaSuccess) {
+    snprintf(err, errlen, "%s: %s", what, cudaGetErrorString(e));
+    return MOEK_CUDA_ERROR;
+  }
+  const int64_t max_tiles = (a.rows / kTileM + a.max_active_groups) * n_tiles;
+  const int grid = static_cast<int>(std::min<int64_t>(a.sm_count, max_tiles));
+  if (cudaError_t e = launch(kernel, dim3(grid), dim3(kThreads), smem, a.stream, p); e != cudaSuccess) {
+    snprintf(err, errlen, "%s launch: %s", what, cudaGetErrorString(e));
+    return MOEK_CUDA_ERROR;
+  }
+  return MOEK_OK;
+}
+
 }  // namespace contig
 
 // Out: the output's (and GEMM1's bias's) type, __nv_bfloat16 or __half.
@@ -793,15 +870,7 @@ struct ContiguousBlockwise {
 
   template <bool kFused, bool kSets>
   static int registers() {
-    static const int regs = [] {
-      cudaFuncAttributes fa{};
-      if (cudaFuncGetAttributes(&fa, contig::gemm_kernel<kTileN, kFused, kSets, Out>) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-      }
-      return fa.numRegs;
-    }();
-    return regs;
+    return contig::kernel_registers<contig::gemm_kernel<kTileN, kFused, kSets, Out>>();
   }
 
   static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
@@ -825,14 +894,8 @@ struct ContiguousBlockwise {
                (long long)a.n, kTileN, (long long)a.k, kTileK);
       return MOEK_UNSUPPORTED;
     }
-    const size_t smem = smem_bytes(a.num_groups, fused);
-    int optin = 0;
-    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, a.device);
-    if (smem > size_t(optin)) {
-      snprintf(err, errlen, "contiguous fp8_block GEMM: %d experts need %zu bytes of shared "
-               "memory, the device allows %d", a.num_groups, smem, optin);
-      return MOEK_UNSUPPORTED;
-    }
+    if (int st = check_smem("contiguous fp8_block GEMM", a, smem_bytes(a.num_groups, fused), err, errlen))
+      return st;
     const int regs = std::min(fused ? registers<true, true>() : registers<false, true>(),
                               fused ? registers<true, false>() : registers<false, false>());
     if (regs < kRegsPerThread) {
@@ -883,22 +946,8 @@ struct ContiguousBlockwise {
     const bool fused = p.act_out != nullptr;
     auto kernel = fused ? (sets ? gemm_kernel<kTileN, true, true, Out> : gemm_kernel<kTileN, true, false, Out>)
                         : (sets ? gemm_kernel<kTileN, false, true, Out> : gemm_kernel<kTileN, false, false, Out>);
-    const size_t smem = smem_bytes(a.num_groups, fused);
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(smem));
-        e != cudaSuccess) {
-      snprintf(err, errlen, "contiguous fp8_block GEMM: %s", cudaGetErrorString(e));
-      return MOEK_CUDA_ERROR;
-    }
-    // Never more CTAs than tiles can exist: each expert has at most rows / 128 + 1 M tiles.
-    const int64_t max_tiles = (a.rows / kTileM + a.max_active_groups) * (a.n / kTileN);
-    const int grid = static_cast<int>(std::min<int64_t>(a.sm_count, max_tiles));
-    if (cudaError_t e = launch(kernel, dim3(grid), dim3(kThreads), smem, a.stream, p);
-        e != cudaSuccess) {
-      snprintf(err, errlen, "contiguous fp8_block GEMM launch: %s", cudaGetErrorString(e));
-      return MOEK_CUDA_ERROR;
-    }
-    return MOEK_OK;
+    return launch_persistent("contiguous fp8_block GEMM", kernel, p, smem_bytes(a.num_groups, fused), a.n / kTileN, a,
+                             err, errlen);
   }
 
   static size_t workspace_size(int, int) { return 0; }

@@ -236,26 +236,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   }
   pdl_begin();  // the offsets, A and its scales come from the previous kernels
 
-  // Per-expert M tiles (no tail rows) and their prefix sums, as in the fp8_block kernel.
   const int E = p.base.num_experts;
-  for (int i = threadIdx.x; i <= E; i += kThreads) offsets[i] = p.base.offsets[i];
-  __syncthreads();
-  if (warp == 0) {
-    int carry = 0;
-    if (lane == 0) tile_start[0] = 0;
-    for (int base = 0; base < E; base += 32) {
-      const int e = base + lane;
-      int v = e < E ? contig::m_tiles_of(offsets[e + 1] - offsets[e], 0) : 0;
-#pragma unroll
-      for (int d = 1; d < 32; d *= 2) {
-        const int u = __shfl_up_sync(0xffffffffu, v, d);
-        if (lane >= d) v += u;
-      }
-      if (e < E) tile_start[e + 1] = carry + v;
-      carry += __shfl_sync(0xffffffffu, v, 31);
-    }
-  }
-  __syncthreads();
+  contig::load_tile_starts(p.base.offsets, E, 0, offsets, tile_start);  // no tail rows
   // The last N tile and K block may be partial (gpt-oss: N = 5760 and 2880, K = 2880): the loads
   // past K read zeros, the weight rows past N are the next expert's (computed, never stored),
   // their scales zeros.
@@ -265,17 +247,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     if (warp == 0) {  // the loader
-      int stage = 0, phase = 0, slot = 0, slot_phase = 0;
+      int stage = 0, phase = 0;
+      contig::TileSlots slots;
       for (;;) {
-        int t = 0;
-        if (lane == 0) t = atomicAdd(p.base.tile_counter, 1);
-        t = __shfl_sync(0xffffffffu, t, 0);
-        cutlass::arch::ClusterBarrier::wait(&smem.tile_empty[slot], slot_phase ^ 1);
-        if (lane == 0) {
-          smem.tile[slot] = t;
-          cutlass::arch::ClusterBarrier::arrive(&smem.tile_full[slot]);
-        }
-        if (++slot == kSchedSlots) { slot = 0; slot_phase ^= 1; }
+        const int t = contig::take_tile(smem, p.base.tile_counter, slots);
         if (t >= num_tiles) break;
         const contig::Tile tile = contig::tile_at(t, tile_start, offsets, E, n_tiles);
         const int halves = tile.rows > kHalfM ? 2 : 1;
@@ -312,13 +287,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         if (t == d) smem.e4m3_of[d] = e2m1_to_e4m3(d);
       asm volatile("bar.sync %0, %1;" ::"n"(kConvertBarrier), "n"(kConvertThreads) : "memory");
     }
-    int slot = 0, slot_phase = 0, kseq = 0;
+    int kseq = 0;
+    contig::TileSlots slots;
     for (;;) {
-      cutlass::arch::ClusterBarrier::wait(&smem.tile_full[slot], slot_phase);
-      const int tile = smem.tile[slot];
-      __syncwarp();
-      if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.tile_empty[slot]);
-      if (++slot == kSchedSlots) { slot = 0; slot_phase ^= 1; }
+      const int tile = contig::read_tile(smem, slots);
       if (tile >= num_tiles) break;
       for (int kb = 0; kb < k_blocks; ++kb, ++kseq) {
         const int stage = kseq % kStages;
@@ -352,13 +324,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   const int q = lane & 3;
   static_assert(decltype(size(part))::value == 64, "64x128 fp32 accumulator: 64 values per thread");
 
-  int slot = 0, slot_phase = 0, kseq = 0;
+  int kseq = 0;
+  contig::TileSlots slots;
   for (;;) {
-    cutlass::arch::ClusterBarrier::wait(&smem.tile_full[slot], slot_phase);
-    const int t = smem.tile[slot];
-    __syncwarp();
-    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.tile_empty[slot]);
-    if (++slot == kSchedSlots) { slot = 0; slot_phase ^= 1; }
+    const int t = contig::read_tile(smem, slots);
     if (t >= num_tiles) break;
     const contig::Tile tile = contig::tile_at(t, tile_start, offsets, E, n_tiles);
     const int tile_rows = min(tile.rows, kTileM);
@@ -457,17 +426,7 @@ struct ContiguousW4A8 {
     return sizeof(Storage) + sizeof(int32_t) * 2 * (size_t(num_experts) + 1);
   }
 
-  static int registers() {
-    static const int regs = [] {
-      cudaFuncAttributes fa{};
-      if (cudaFuncGetAttributes(&fa, contig_w4::gemm_kernel<W, Out>) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-      }
-      return fa.numRegs;
-    }();
-    return regs;
-  }
+  static int registers() { return contig::kernel_registers<contig_w4::gemm_kernel<W, Out>>(); }
 
   static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
     using namespace contig_w4;
@@ -487,14 +446,7 @@ struct ContiguousW4A8 {
                (long long)a.n);
       return MOEK_UNSUPPORTED;
     }
-    const size_t smem = smem_bytes(a.num_groups);
-    int optin = 0;
-    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, a.device);
-    if (smem > size_t(optin)) {
-      snprintf(err, errlen, "contiguous W4A8 GEMM: %d experts need %zu bytes of shared memory, the device "
-               "allows %d", a.num_groups, smem, optin);
-      return MOEK_UNSUPPORTED;
-    }
+    if (int st = contig::check_smem("contiguous W4A8 GEMM", a, smem_bytes(a.num_groups), err, errlen)) return st;
     if (registers() < contig::kRegsPerThread) {
       snprintf(err, errlen, "contiguous W4A8 GEMM: built with %d registers per thread, its warpgroups need %d",
                registers(), contig::kRegsPerThread);
@@ -523,21 +475,8 @@ struct ContiguousW4A8 {
     p.base.k = static_cast<int>(a.k);
     p.row_scale = a.sfa_base;
     p.rows = a.rows;
-    auto kernel = gemm_kernel<W, Out>;
-    const size_t smem = smem_bytes(a.num_groups);
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(smem));
-        e != cudaSuccess) {
-      snprintf(err, errlen, "contiguous W4A8 GEMM: %s", cudaGetErrorString(e));
-      return MOEK_CUDA_ERROR;
-    }
-    const int64_t max_tiles = (a.rows / kTileM + a.max_active_groups) * ((a.n + kTileN - 1) / kTileN);
-    const int grid = static_cast<int>(std::min<int64_t>(a.sm_count, max_tiles));
-    if (cudaError_t e = launch(kernel, dim3(grid), dim3(kThreads), smem, a.stream, p); e != cudaSuccess) {
-      snprintf(err, errlen, "contiguous W4A8 GEMM launch: %s", cudaGetErrorString(e));
-      return MOEK_CUDA_ERROR;
-    }
-    return MOEK_OK;
+    return contig::launch_persistent("contiguous W4A8 GEMM", gemm_kernel<W, Out>, p, smem_bytes(a.num_groups),
+                                     (a.n + kTileN - 1) / kTileN, a, err, errlen);
   }
 
   static size_t workspace_size(int, int) { return 0; }
