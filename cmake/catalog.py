@@ -233,9 +233,9 @@ _SM90_16BIT_MINIMAL = [
     (64, 128, 64, 1, 1, "pingpong"),
     (128, 256, 64, 1, 1, "coop"),
 ]
-# FP8 (E4M3 x E4M3, bf16 out), K tiles of 128 bytes. Measured on H200 (Qwen3-30B-A3B):
-# with the promoting mainloop, N=256 tiles are 1.3-1.8x slower than N=128 (two fp32
-# accumulators per thread), so wide tiles come only with fast accumulation.
+# FP8 (E4M3 x E4M3, bf16 out), K tiles of 128 bytes. Wide (N=256) tiles only with fast
+# accumulation: with the promoting mainloop they hold two fp32 accumulators per thread and
+# trail N=128 (docs/design.md, "Tiles left out").
 _SM90_FP8_FULL = [
     (64, 128, 128, 1, 1, "pingpong"),
     (128, 128, 128, 1, 1, "coop"),
@@ -249,35 +249,23 @@ _SM90_FP8_MINIMAL = [
     (128, 128, 128, 1, 1, "coop", "fastaccum"),
 ]
 # fp8_block: CUTLASS's blockwise-scaled mainloop (scales per 128 of K, applied to fp32 partial
-# sums); tile_n a multiple of the 128-column weight block. On H200 (DeepSeek-V3) a 2x1
-# cluster of 128x128 tiles was 1.1-2x slower than 1x1 at every token count (one M tile per
-# expert leaves half of each cluster idle), so none here; a 1x2 cluster multicasts the
-# activation tile to two N tiles of the same expert instead. 128x256 (two N scales per
-# tile with K-major scales) does not compile in CUTLASS 4.2.
+# sums); tile_n a multiple of the 128-column weight block. No 2x1 clusters (one M tile per
+# expert leaves half of each cluster idle); a 1x2 cluster multicasts the activation tile to
+# two N tiles of the same expert instead. 128x256 (two N scales per tile with K-major
+# scales) does not compile in CUTLASS 4.2.
 _SM90_FP8_BLOCK_FULL = [
     (64, 128, 128, 1, 1, "pingpong", "blockwise"),
     (128, 128, 128, 1, 1, "coop", "blockwise"),
     (128, 128, 128, 1, 2, "coop", "blockwise"),
     # Our own kernel (schedule "contig"): the default past 64 rows per expert where N is a
-    # multiple of 256 (tactic.py; in GEMM1 it also applies a gated activation). A 128-wide form
-    # tied or trailed CUTLASS's 128x128 cooperative tile on H200 and was dropped.
+    # multiple of 256 (tactic.py; in GEMM1 it also applies a gated activation).
     (128, 256, 128, 1, 1, "contig", "blockwise"),
 ]
 _SM90_FP8_BLOCK_MINIMAL = _SM90_FP8_BLOCK_FULL[:2] + _SM90_FP8_BLOCK_FULL[3:]
 # fp8_block swap-AB: tile_m tokens per tile as the wgmma's N, tile_n = 128 weight rows (one
-# scale block) as its M, so a few tokens per expert pad 8 or 16 columns, not 64 rows. H200,
-# DeepSeek-V3 (sweep, uniform routing): in both GEMMs faster than our decode kernel and the
-# 64x128 ping-pong at 1 and 16 tokens (whole layer 108.0 vs 114.7 us, 1041.8 vs 1077.3 us).
-# Measured and dropped: a ping-pong variant (no faster); per-tensor fp8 with fast or promoted
-# accumulation (Qwen3-30B-A3B, 1 and 16 tokens: 35 vs 28 us and 123-145 vs 118 us behind
-# the decode kernel).
-# 64 tokens swapped, for ~32 rows per expert (DeepSeek-V3, 1024 tokens, H200): GEMM1 0.8% ahead
-# of the 64x128 ping-pong tile in the tuner's interleaved rounds (skewed routing; 9% in one
-# uniform sweep, whose timings drifted by as much within the run).
-# Measured and dropped (same sweeps, 4096 and 16384 tokens): 128 and 160 tokens swapped, 1x1
-# and 1x2 clusters, i.e. 128-row tiles up to 160 columns wide (unswapped, the weights'
-# 128-column scale block would be split): the layer 2-30% slower in either GEMM than with
-# the 128x128 cooperative tile.
+# scale block) as its M, so a few tokens per expert pad 8 or 16 columns, not 64 rows; 64 tokens
+# swapped for about 32 rows per expert. The measurements behind these three and the swap
+# tiles left out: docs/design.md, "Tiles left out".
 _SM90_FP8_BLOCK_SWAPAB = [
     (8, 128, 128, 1, 1, "coop_swapab", "blockwise"),
     (16, 128, 128, 1, 1, "coop_swapab", "blockwise"),

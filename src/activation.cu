@@ -87,10 +87,9 @@ activation_kernel(const T* g, const T* bias, void* out, int64_t inter, const IdT
 // FP8 with a bias, over many rows: a block per run of rows, each thread owning 8 columns of
 // gate and up. A row's bias is its expert's, and the rows are sorted by expert, so each
 // thread keeps its columns' bias in registers while the expert stays the same. The
-// warp-per-row kernel loads it again for every row, L1 hits that made it L1-bound when
-// per-channel scales came with it (ncu, Qwen3-30B-A3B fp8 per channel, 16384 tokens: 262 us,
-// L1/TEX 83%, DRAM 40%; scales are now the GEMM's). The arithmetic is the warp kernel's,
-// value for value (activation, amax, E4M3 rounding).
+// warp-per-row kernel loads it again for every row, L1 hits that made it L1-bound
+// (docs/design.md, "The activation step"). The arithmetic is the warp kernel's, value for
+// value (activation, amax, E4M3 rounding).
 constexpr int kColRows = 16;       // rows per block
 constexpr int kColBatch = 4;       // rows loaded together
 constexpr int64_t kColMaxInter = 2048;  // a thread per 8 columns, at most 256 threads
@@ -195,13 +194,11 @@ cudaError_t run(const void* g, const void* bias, void* out, int64_t max_rows, in
                   static_cast<const IdT*>(ids), experts, rb.offsets, rb.row_src,
                   num_experts, alpha, limit, q);
   };
-  // A warp per row, unless the row is long and the rows are few: a warp walks its row's
-  // columns alone (DeepSeek-V3 fp8_block, I = 2048, on H200: one token 13 us with a warp per
-  // row, 4 us with a block; 128 tokens 16 vs 11 us; 1024 tokens 77 vs 94 us; 4096 tokens
-  // 200 vs 264 us). FP8 with one dynamic scale per row computes the columns past
-  // kWarpRowCols twice in a warp (for the amax, then to store), and still gains from many
-  // rows on: a block per row holds one block per SM (156 registers); DeepSeek-V3's shape at
-  // 16384 tokens, fp8: 3.0 ms with a block per row, 0.75 ms with a warp.
+  // A warp per row, unless the row is long and the rows are few, where a warp would walk its
+  // row's columns alone. FP8 with one dynamic scale per row computes the columns past
+  // kWarpRowCols twice in a warp (for the amax, then to store), and still gains from many rows
+  // on: a block per row holds one block per SM (156 registers). Figures: docs/design.md, "The
+  // activation step".
   if constexpr (kFormat == MOEK_ACT_FORMAT_FP8_ROW) {
     if (bias && max_rows >= kWarpRowsFrom && inter <= kColMaxInter) {
       const int threads = static_cast<int>((inter / 8 + 31) / 32 * 32);

@@ -23,9 +23,8 @@
 // prefill kernels' mainloop computes too). INT4 with groups of 128 or more skips both: the
 // MMAs take 128 + (q ^ 8) as converted, one more MMA per K chunk subtracts 136 x the tokens,
 // and each K step's fp32 sums are scaled (and the zero term times the tokens' sum added) once
-// per row (multiply, kPostScaled): each product exact, the scale applied in fp32, and about 134
-// instructions per warp K step (1 KB of weights) instead of 173 (sm_90a SASS), where an SM
-// issues about 4 x 53 while HBM delivers it its 1 KB share.
+// per row (multiply, kPostScaled): each product exact, the scale applied in fp32, and fewer
+// instructions per weight byte (docs/kernels/decode.md counts them).
 //
 // Design, the rule that picks it, and the variants measured: docs/kernels/decode.md.
 #pragma once
