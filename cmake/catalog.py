@@ -63,7 +63,7 @@ SCHEDULE_KINDS = {"pingpong": ("grouped", False), "coop": ("grouped", False),
                   "contig": ("contiguous", False), "one_token": ("forward", False), "tiled": ("tiled", False)}
 KINDS = ("grouped", "decode", "contiguous", "forward", "tiled")  # C codes: positions here
 SCHEDULES = {"sm90": ("pingpong", "coop", "coop_swapab", "decode", "contig", "one_token", "tiled"),
-             "sm100": ("1sm", "2sm", "decode", "one_token")}
+             "sm100": ("1sm", "2sm", "decode", "one_token", "tiled")}
 DECODE_TILE_N = (16, 64)
 
 # FP8 mainloops (SM90). "": partial sums promoted to fp32 every few k-blocks (accurate for
@@ -279,20 +279,20 @@ _SM90_FP8_BLOCK_SWAPAB = [
 # tiled kernels.
 _SM90_W4A16_INT4_FULL = [(m, 128, 64, 1, 1, "coop_swapab") for m in (16, 64, 128)]
 _SM90_W4A16_INT4_MINIMAL = [(64, 128, 64, 1, 1, "coop_swapab")]
-# W4A16 decode (src/gemm/decode_w4a16.cuh, mma.sync): 8 or 16 tokens per pass, 16 weight rows
-# per block (split K) or 64 (a warp per 16 over all of K), K steps of 128 values; both 4-bit
-# formats, and W4A8's E4M3 tokens. The minimal set keeps one 64-row form per mode.
-_SM90_W4A16_DECODE_FULL = [(m, n, 128, 1, 1, "decode") for m in (8, 16) for n in (16, 64)]
-_SM90_W4A16_DECODE_MINIMAL = [(m, 16, 128, 1, 1, "decode") for m in (8, 16)] + [(8, 64, 128, 1, 1, "decode")]
+# 4-bit decode (src/gemm/decode_w4a16.cuh, mma.sync, so on every arch): 8 or 16 tokens per
+# pass, 16 weight rows per block (split K) or 64 (a warp per 16 over all of K), K steps of 128
+# values; both 4-bit formats, and W4A8's E4M3 tokens. The minimal set keeps one 64-row form.
+_W4_DECODE_FULL = [(m, n, 128, 1, 1, "decode") for m in (8, 16) for n in (16, 64)]
+_W4_DECODE_MINIMAL = [(m, 16, 128, 1, 1, "decode") for m in (8, 16)] + [(8, 64, 128, 1, 1, "decode")]
 # W4A8 on the FP8 tensor cores: our contiguous kernel with the weights converted to E4M3 in
 # shared memory (src/gemm/sm90/contiguous_w4a8.cuh; INT4 in groups of 128, MXFP4's scales folded
 # in; partial last N tiles and K blocks).
 _SM90_W4A8_CONTIG = [(128, 256, 128, 1, 1, "contig")]
-# W4A16 past the decode kernel where CUTLASS's mixed-input mainloop cannot serve (it loads one
-# scale per K tile of 64 or more; MXFP4 has a scale per 32): our tiled kernel
-# (src/gemm/tiled_w4a16.cuh), 32 or 64 tokens per tile.
-_SM90_W4A16_TILED_FULL = [(m, 128, 64, 1, 1, "tiled") for m in (32, 64)]
-_SM90_W4A16_TILED_MINIMAL = [(64, 128, 64, 1, 1, "tiled")]
+# 4-bit weights past the decode kernel where CUTLASS's mixed-input mainloop cannot serve (it
+# loads one scale per K tile of 64 or more; MXFP4 has a scale per 32; SM100 has none here): our
+# tiled kernel (src/gemm/tiled_w4a16.cuh, mma.sync), 32 or 64 tokens per tile.
+_W4_TILED_FULL = [(m, 128, 64, 1, 1, "tiled") for m in (32, 64)]
+_W4_TILED_MINIMAL = [(64, 128, 64, 1, 1, "tiled")]
 
 # Decode: 8 or 16 tokens per pass over an expert's weights (in registers); more rows make
 # more passes, so these are for a few rows per expert only. K steps of 128 bytes. On SM100
@@ -321,9 +321,11 @@ _SM100_16BIT_MINIMAL = [(256, 256, 0, 2, 1, "2sm")]
 _SM100_FP8_MINIMAL = [(128, 256, 128, 1, 1, "1sm"), _SM100_FP8_BLOCK_FULL[0]]
 
 
-def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4=(), sm90_w4_tiled=(), sm90_w4_decode=()):
+def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4, w4, w4_outs):
     """Each family's 16-bit and FP8 tiles, all built with bf16 (output); fp16: by family, the
-    (16-bit, FP8) tiles also built with fp16. The decode kernels come in every form."""
+    (16-bit, FP8) tiles also built with fp16. The decode kernels come in every form. 4-bit
+    weights: SM90's CUTLASS INT4 tiles and W4A8 contiguous kernel, and on every arch the `w4`
+    decode and tiled tiles, for the outputs `w4_outs` names per family."""
     fp8_decode = _DECODE + [(*t, "blockwise") for t in _DECODE]
     families = {"sm90": (sm90_16bit, sm90_fp8), "sm100": (sm100_16bit, sm100_fp8)}
     rows = []
@@ -335,16 +337,12 @@ def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4=(), sm
         rows += _rows(arch, "fp16", _k(fp16_16bit + _DECODE, 64), out="fp16")
         rows += [GemmConfig(arch, mode, 0, 0, 0, 1, 1, "one_token", out, "blockwise" if mode == "fp8_block" else "")
                  for mode in ("fp8", "fp8_block") for out in ("bf16", "fp16")]
-        if v["family"] == "sm90":
-            rows += [r for out in ("bf16", "fp16")
-                     for r in _rows(arch, "w4a16_int4", sm90_int4 + sm90_w4_decode + sm90_w4_tiled, out)]
-            rows += [r for out in ("bf16", "fp16")
-                     for r in _rows(arch, "w4a16_mxfp4", sm90_w4_decode + sm90_w4_tiled, out)]
-            # W4A8: the same kernels with E4M3 tokens (widened to 16 bits, row scales on the output)
-            rows += [r for mode in ("w4a8_int4", "w4a8_mxfp4") for out in ("bf16", "fp16")
-                     for r in _rows(arch, mode, sm90_w4_decode + sm90_w4_tiled, out)]
-            rows += [r for mode in ("w4a8_int4", "w4a8_mxfp4") for out in ("bf16", "fp16")
-                     for r in _rows(arch, mode, _SM90_W4A8_CONTIG, out)]
+        sm90 = v["family"] == "sm90"
+        # W4A8 runs the same decode and tiled kernels with E4M3 tokens (widened to 16 bits, row
+        # scales on the output).
+        for mode in ("w4a16_int4", "w4a16_mxfp4", "w4a8_int4", "w4a8_mxfp4"):
+            own = (sm90_int4 if mode == "w4a16_int4" else _SM90_W4A8_CONTIG if mode.startswith("w4a8") else [])
+            rows += [r for out in w4_outs[v["family"]] for r in _rows(arch, mode, (own if sm90 else []) + w4, out)]
     return rows
 
 
@@ -352,7 +350,8 @@ _SM90_FP8_ALL = _SM90_FP8_FULL + _SM90_FP8_BLOCK_FULL + _SM90_FP8_BLOCK_SWAPAB
 CATALOG = {
     "full": _subset(_SM90_16BIT_FULL, _SM90_FP8_ALL, _SM100_FULL, _SM100_FP8_FULL,
                     {"sm90": (_SM90_16BIT_FULL, _SM90_FP8_ALL), "sm100": (_SM100_FULL, _SM100_FP8_FULL)},
-                    _SM90_W4A16_INT4_FULL, _SM90_W4A16_TILED_FULL, _SM90_W4A16_DECODE_FULL),
+                    _SM90_W4A16_INT4_FULL, _W4_DECODE_FULL + _W4_TILED_FULL,
+                    {"sm90": ("bf16", "fp16"), "sm100": ("bf16", "fp16")}),
     # fp16 on SM90 in the minimal set: both 16-bit tiles, one prefill tile per FP8 mode and our
     # contiguous kernel (with the decode kernels, every routing has a kernel), so that form is
     # built and tested in CI and on the GPU too.
@@ -360,7 +359,8 @@ CATALOG = {
                        _SM100_16BIT_MINIMAL, _SM100_FP8_MINIMAL,
                        {"sm90": (_SM90_16BIT_MINIMAL, _SM90_FP8_MINIMAL[1:] + _SM90_FP8_BLOCK_MINIMAL[1:]),
                         "sm100": ([], [])},
-                       _SM90_W4A16_INT4_MINIMAL, _SM90_W4A16_TILED_MINIMAL, _SM90_W4A16_DECODE_MINIMAL),
+                       _SM90_W4A16_INT4_MINIMAL, _W4_DECODE_MINIMAL + _W4_TILED_MINIMAL,
+                       {"sm90": ("bf16", "fp16"), "sm100": ("bf16",)}),
 }
 
 

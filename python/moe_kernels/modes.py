@@ -156,14 +156,14 @@ MODES = {m.name: m for m in (
          "FP8 per token (or static per tensor) x E4M3 per tensor or channel"),
     Mode("fp8_block", "fp8_row128", "e4m3_block128", _BOTH, 128, "whole 128-wide scale blocks",
          5e-2, _SM90_SM100, "FP8 per token per 128 columns x E4M3 128x128 blocks (DeepSeek-V3)"),
-    Mode("w4a16_int4", "a16", "int4", _BOTH, 128, "whole scale groups of 128 along K", 2e-2, ("90a",),
+    Mode("w4a16_int4", "a16", "int4", _BOTH, 128, "whole scale groups of 128 along K", 2e-2, _SM90_SM100,
          "16-bit activations x INT4 weights in groups of 32-128, optional zero points "
          "(GPTQ, AWQ, compressed-tensors)"),
-    Mode("w4a16_mxfp4", "a16", "mxfp4", _BOTH, 32, "whole scale groups of 32 along K", 2e-2, ("90a",),
+    Mode("w4a16_mxfp4", "a16", "mxfp4", _BOTH, 32, "whole scale groups of 32 along K", 2e-2, _SM90_SM100,
          "16-bit activations x MXFP4 weights (gpt-oss)"),
-    Mode("w4a8_int4", "fp8_row", "int4", _BOTH, 128, "whole scale groups of 128 along K", 5e-2, ("90a",),
+    Mode("w4a8_int4", "fp8_row", "int4", _BOTH, 128, "whole scale groups of 128 along K", 5e-2, _SM90_SM100,
          "FP8 per token (or static per tensor) x INT4 weights as w4a16_int4's"),
-    Mode("w4a8_mxfp4", "fp8_row", "mxfp4", _BOTH, 32, "whole scale groups of 32 along K", 5e-2, ("90a",),
+    Mode("w4a8_mxfp4", "fp8_row", "mxfp4", _BOTH, 32, "whole scale groups of 32 along K", 5e-2, _SM90_SM100,
          "FP8 per token (or static per tensor) x MXFP4 weights (gpt-oss)"),
     # Declared, no kernels yet: asking for them gives the "no kernels in this build" error.
     Mode("mxfp8", "mxfp8", "mxfp8", _BOTH, 32, "whole 32-wide scale groups", 5e-2, (),
