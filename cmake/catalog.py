@@ -52,7 +52,8 @@ DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cut
 # warp), the same source for both families. "contiguous": our own TMA + wgmma kernel for
 # fp8_block at many rows per expert (src/gemm/sm90/contiguous_gemm.cuh: one descriptor per
 # operand for all experts, tiles taken from a counter, an expert's last M tile cut to the
-# 64-row half with rows in it), and in that frame for W4A8 (contiguous_w4a8.cuh). "forward": the whole forward of one token as one kernel
+# 64-row half with rows in it), and in that frame for 4-bit weights (contiguous_w4.cuh). "forward":
+# the whole forward of one token as one kernel
 # (src/one_token.cuh), a tactic of its own rather than a GEMM. "tiled": our own W4A16 kernel
 # for many rows per expert (src/gemm/tiled_w4a16.cuh: mma.sync, 128 weight rows by tile_m
 # tokens per block, the 4-bit weights dequantized once per block tile, any scale group of 32
@@ -140,9 +141,8 @@ class GemmConfig:
         # Mixed input (4-bit weights): converted in registers, so the weights must be the
         # wgmma's A operand (swap-AB), and SM90's RS mainloop is the only one here.
         mixed = self.weight_dtype != self.act_dtype
-        assert not mixed or self.schedule in ("decode", "tiled") or (self.swapped and self.arch == "90a") or \
-            (self.schedule == "contig" and self.mode in ("w4a8_int4", "w4a8_mxfp4")), \
-            f"{self.name}: mixed input is SM90 swap-AB, decode, tiled or (W4A8) contig"
+        assert not mixed or self.schedule in ("decode", "tiled", "contig") or (self.swapped and self.arch == "90a"), \
+            f"{self.name}: mixed input is SM90 swap-AB, decode, tiled or contig"
         assert self.schedule != "tiled" or mixed, f"{self.name}: tiled is for 4-bit weights"
         family = ARCHS[self.arch]["family"]
         assert self.schedule in SCHEDULES[family], f"{self.name}: not a {family} schedule"
@@ -174,10 +174,10 @@ class GemmConfig:
             assert self.mainloop != "fastaccum", f"{self.name}: decode accumulates in fp32 (mma.sync)"
             return
         if self.schedule == "contig":
-            assert (self.tile_m, self.tile_k, self.cluster_m, self.cluster_n) == (128, 128, 1, 1) and \
-                self.tile_n == 256 and \
-                (self.mode, self.mainloop) in (("fp8_block", "blockwise"), ("w4a8_int4", ""), ("w4a8_mxfp4", "")), \
-                f"{self.name}: contig is fp8_block or W4A8, 128 rows by 256 columns"
+            assert (self.tile_m, self.tile_n, self.cluster_m, self.cluster_n) == (128, 256, 1, 1) and \
+                (self.mode, self.mainloop) in (("fp8_block", "blockwise"), ("w4a8_int4", ""), ("w4a8_mxfp4", ""),
+                                               ("w4a16_int4", ""), ("w4a16_mxfp4", "")), \
+                f"{self.name}: contig is fp8_block or 4-bit weights, 128 rows by 256 columns"
             return
         # Block scales cover 128 output columns; a tile must not split one.
         assert self.mainloop != "blockwise" or self.tile_n % 128 == 0, f"{self.name}: blockwise tile_n"
@@ -284,9 +284,11 @@ _SM90_W4A16_INT4_MINIMAL = [(64, 128, 64, 1, 1, "coop_swapab")]
 # values; both 4-bit formats, and W4A8's E4M3 tokens. The minimal set keeps one 64-row form.
 _W4_DECODE_FULL = [(m, n, 128, 1, 1, "decode") for m in (8, 16) for n in (16, 64)]
 _W4_DECODE_MINIMAL = [(m, 16, 128, 1, 1, "decode") for m in (8, 16)] + [(8, 64, 128, 1, 1, "decode")]
-# W4A8 on the FP8 tensor cores: our contiguous kernel with the weights converted to E4M3 in
-# shared memory (src/gemm/sm90/contiguous_w4a8.cuh; INT4 in groups of 128, MXFP4's scales folded
-# in; partial last N tiles and K blocks).
+# 4-bit weights on wgmma: our contiguous kernel with the weights converted in shared memory
+# (src/gemm/sm90/contiguous_w4.cuh): to the 16-bit type for W4A16 (K blocks of 64; any group of
+# 32 or more, AWQ's zero terms), to E4M3 for W4A8 (INT4 in groups of 128, MXFP4's scales
+# folded in); partial last N tiles and K blocks.
+_SM90_W4A16_CONTIG = [(128, 256, 64, 1, 1, "contig")]
 _SM90_W4A8_CONTIG = [(128, 256, 128, 1, 1, "contig")]
 # 4-bit weights past the decode kernel where CUTLASS's mixed-input mainloop cannot serve (it
 # loads one scale per K tile of 64 or more; MXFP4 has a scale per 32; SM100 has none here): our
@@ -324,7 +326,7 @@ _SM100_FP8_MINIMAL = [(128, 256, 128, 1, 1, "1sm"), _SM100_FP8_BLOCK_FULL[0]]
 def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4, w4, w4_outs):
     """Each family's 16-bit and FP8 tiles, all built with bf16 (output); fp16: by family, the
     (16-bit, FP8) tiles also built with fp16. The decode kernels come in every form. 4-bit
-    weights: SM90's CUTLASS INT4 tiles and W4A8 contiguous kernel, and on every arch the `w4`
+    weights: SM90's CUTLASS INT4 tiles and contiguous kernels, and on every arch the `w4`
     decode and tiled tiles, for the outputs `w4_outs` names per family."""
     fp8_decode = _DECODE + [(*t, "blockwise") for t in _DECODE]
     families = {"sm90": (sm90_16bit, sm90_fp8), "sm100": (sm100_16bit, sm100_fp8)}
@@ -341,7 +343,8 @@ def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4, w4, w
         # W4A8 runs the same decode and tiled kernels with E4M3 tokens (widened to 16 bits, row
         # scales on the output).
         for mode in ("w4a16_int4", "w4a16_mxfp4", "w4a8_int4", "w4a8_mxfp4"):
-            own = (sm90_int4 if mode == "w4a16_int4" else _SM90_W4A8_CONTIG if mode.startswith("w4a8") else [])
+            own = (sm90_int4 if mode == "w4a16_int4" else []) + \
+                (_SM90_W4A8_CONTIG if mode.startswith("w4a8") else _SM90_W4A16_CONTIG)
             rows += [r for out in w4_outs[v["family"]] for r in _rows(arch, mode, (own if sm90 else []) + w4, out)]
     return rows
 

@@ -75,12 +75,12 @@ def kernel_source(c: catalog.GemmConfig) -> str:
                 f"{CUDA_TYPES[c.out]}, {str(c.mainloop == 'blockwise').lower()}, {c.tile_m}, "
                 f"{c.tile_n}>::kOps;\n"
                 f"}}  // namespace moe_kernels::{ns}\n")
-    if c.schedule == "contig" and c.weight_dtype != c.act_dtype:  # W4A8
+    if c.schedule == "contig" and c.weight_dtype != c.act_dtype:  # 4-bit weights
         weight = WEIGHT_TAGS[c.weight_dtype]
         return (HEADER +
-                f'#include "gemm/{ns}/contiguous_w4a8.cuh"\n\n'
+                f'#include "gemm/{ns}/contiguous_w4.cuh"\n\n'
                 f"namespace moe_kernels::{ns} {{\n"
-                f"extern const GemmKernelOps kOps_{c.name} = ContiguousW4A8<{c.tile_n}, "
+                f"extern const GemmKernelOps kOps_{c.name} = ContiguousW4<{CUDA_TYPES[c.act_dtype]}, "
                 f"{CUDA_TYPES[c.out]}, contig_w4::{weight}>::kOps;\n"
                 f"}}  // namespace moe_kernels::{ns}\n")
     if c.schedule == "contig":

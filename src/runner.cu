@@ -140,6 +140,13 @@ int check_for_problem(const KernelEntry& k, const moek_shape& s, const DeviceLim
   if (k.info.kind == MOEK_KERNEL_GROUPED && s.weight_zero)
     return fail(err, errlen, MOEK_UNSUPPORTED,
                 "kernel %s takes no zero points (asymmetric INT4 runs on the decode and tiled kernels)", k.info.name);
+  // Our contiguous W4A8 INT4 kernel promotes each 128-deep K block with one scale per column
+  // and takes no zero points (src/gemm/sm90/contiguous_w4.cuh).
+  if (k.info.kind == MOEK_KERNEL_CONTIGUOUS && s.act_format == MOEK_ACT_FORMAT_FP8_ROW &&
+      s.weight_format == MOEK_WEIGHT_FORMAT_INT4 && (s.weight_group != 128 || s.weight_zero))
+    return fail(err, errlen, MOEK_UNSUPPORTED,
+                "kernel %s takes INT4 scale groups of 128 without zero points; the weights have groups of %d%s",
+                k.info.name, s.weight_group, s.weight_zero ? " and zero points" : "");
   if (k.info.kind == MOEK_KERNEL_FORWARD) {
     char why[256];
     if (one_token_problem(s, d.sm_count, d.smem_optin, why, sizeof(why)))

@@ -197,8 +197,9 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
             if c.schedule == "contig":
                 if c.weight_dtype != c.act_dtype:
                     weight = generate.WEIGHT_TAGS[c.weight_dtype]
-                    assert '#include "gemm/sm90/contiguous_w4a8.cuh"' in text
-                    assert f"ContiguousW4A8<{c.tile_n}, {generate.CUDA_TYPES[c.out]}, contig_w4::{weight}>::kOps" in text
+                    assert '#include "gemm/sm90/contiguous_w4.cuh"' in text
+                    assert (f"ContiguousW4<{generate.CUDA_TYPES[c.act_dtype]}, {generate.CUDA_TYPES[c.out]}, "
+                            f"contig_w4::{weight}>::kOps") in text
                     continue
                 assert f'#include "gemm/{family}/contiguous_gemm.cuh"' in text
                 assert f"ContiguousBlockwise<{c.tile_n}, {generate.CUDA_TYPES[c.out]}>::kOps" in text

@@ -986,7 +986,7 @@ def test_w4a8_static_activation_scales_and_extremes(quant, T, error_log):
     assert err < TOLERANCE[quant]
 
 
-def _w4a8_contiguous(quant, act_dtype):
+def _contiguous(quant, act_dtype):
     kernels = [x for x in moe_kernels.list_kernels(quant=quant, out_dtype=act_dtype) if x.kind == "contiguous"]
     assert kernels, f"the catalog builds a contiguous {quant} kernel in every subset"
     return Tactic(kernels[0].name, kernels[0].name)
@@ -995,13 +995,13 @@ def _w4a8_contiguous(quant, act_dtype):
 @pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("T,E,k,H,I", [(1, 8, 2, 512, 256), (40, 8, 2, 512, 256), (333, 4, 2, 512, 256),
                                        (2048, 16, 4, 1024, 512), (200, 4, 2, 640, 384)])
-@pytest.mark.parametrize("quant", ["w4a8_int4", "w4a8_mxfp4"])
-def test_w4a8_contiguous(quant, T, E, k, H, I, act_dtype, error_log):
-    """W4A8 on the FP8 tensor cores (our contiguous kernel, the weights converted to E4M3 in
-    shared memory) in both GEMMs: one row, a few rows per expert (a tile split by columns), a
-    full tile plus a partial one, several tiles and K blocks, a partial last N tile (640 = 2.5 x
-    256); both output types."""
-    tactic = _w4a8_contiguous(quant, act_dtype)
+@pytest.mark.parametrize("quant", W4)
+def test_four_bit_contiguous(quant, T, E, k, H, I, act_dtype, error_log):
+    """4-bit weights on wgmma (our contiguous kernel, the weights converted in shared memory:
+    to the 16-bit type for W4A16, to E4M3 for W4A8) in both GEMMs: one row, a few rows per
+    expert (a tile split by columns), a full tile plus a partial one, several tiles and K
+    blocks, a partial last N tile (640 = 2.5 x 256); both output types."""
+    tactic = _contiguous(quant, act_dtype)
     p = make_problem(T=T, E=E, k=k, H=H, I=I, dtype=quant, act_dtype=act_dtype, bias=True,
                      group=32 if quant.endswith("mxfp4") else 128)
     out = run(p, tactic=tactic)
@@ -1012,23 +1012,36 @@ def test_w4a8_contiguous(quant, T, E, k, H, I, act_dtype, error_log):
     assert worst_row_error(out, ref) < 2 * TOLERANCE[quant]
 
 
+@pytest.mark.parametrize("group,symmetric", [(32, True), (64, True), (128, False), (32, False)])
+def test_w4a16_int4_contiguous_groups_and_zero_points(group, symmetric, error_log):
+    """The contiguous W4A16 kernel with INT4 groups of 32 and 64 (two and one per K block of 64)
+    and AWQ's zero terms (which CUTLASS's mixed-input GEMM cannot take)."""
+    tactic = _contiguous("w4a16_int4", "bf16")
+    p = make_problem(T=300, E=8, k=2, H=512, I=256, dtype="w4a16_int4", group=group, symmetric=symmetric)
+    out = run(p, tactic=tactic)
+    err = rel_error(out, reference_out(p))
+    error_log.add(f"w4a16_int4/contig/g{group}/{'sym' if symmetric else 'zero'}", err)
+    assert err < TOLERANCE["w4a16_int4"]
+
+
 @pytest.mark.parametrize("T", [3, 300])
-def test_w4a8_mxfp4_contiguous_gpt_oss_shapes(T, error_log):
-    """gpt-oss's H = I = 2880 on the contiguous W4A8 kernel: partial last N tiles (5760 and 2880
-    columns) and a partial last K block (2880 = 22.5 x 128), with swiglu_oai and biases."""
-    tactic = _w4a8_contiguous("w4a8_mxfp4", "bf16")
-    p = make_problem(T=T, E=4, k=2, H=2880, I=2880, dtype="w4a8_mxfp4", bias=True, group=32)
+@pytest.mark.parametrize("quant", ["w4a16_mxfp4", "w4a8_mxfp4"])
+def test_mxfp4_contiguous_gpt_oss_shapes(quant, T, error_log):
+    """gpt-oss's H = I = 2880 on the contiguous kernel: partial last N tiles (5760 and 2880
+    columns) and, for W4A8, a partial last K block (2880 = 22.5 x 128), with swiglu_oai and biases."""
+    tactic = _contiguous(quant, "bf16")
+    p = make_problem(T=T, E=4, k=2, H=2880, I=2880, dtype=quant, bias=True, group=32)
     out = run(p, activation="swiglu_oai", tactic=tactic)
     err = rel_error(out, reference_out(p, activation="swiglu_oai"))
-    error_log.add(f"w4a8_mxfp4/contig/gpt-oss/T{T}", err)
-    assert err < TOLERANCE["w4a8_mxfp4"]
+    error_log.add(f"{quant}/contig/gpt-oss/T{T}", err)
+    assert err < TOLERANCE[quant]
 
 
 def test_w4a8_mxfp4_contiguous_scale_spread(error_log):
     """MXFP4's scales folded into the E4M3 weights: each group's values times 2^(e - e_max) of
     its column's K block. Group exponents spread over 0-12 below their block's largest (past 8
     the smaller groups' values round in E4M3, at under 2^-9 of the block's scale)."""
-    tactic = _w4a8_contiguous("w4a8_mxfp4", "bf16")
+    tactic = _contiguous("w4a8_mxfp4", "bf16")
     p = make_problem(T=300, E=4, k=2, H=512, I=256, dtype="w4a8_mxfp4", group=32)
     gen = torch.Generator(device="cuda").manual_seed(3)
     for name in ("w13_scale", "w2_scale"):
@@ -1045,7 +1058,7 @@ def test_w4a8_int4_contiguous_experts_statics_and_refusals(error_log):
     """The contiguous W4A8 kernel with experts of the other rank and empty ones, static input
     scales with saturating and zero rows and the extreme INT4 codes, graph replay; and what it
     refuses (INT4 groups other than 128, zero points) before any launch."""
-    tactic = _w4a8_contiguous("w4a8_int4", "bf16")
+    tactic = _contiguous("w4a8_int4", "bf16")
     E, T, k = 16, 300, 2
     ids = torch.rand(T, 2 * E).argsort(dim=1)[:, :k].to(torch.int32)  # half the ids on the other rank
     p = make_problem(T=T, E=E, k=k, H=512, I=256, dtype="w4a8_int4", ids=ids, global_experts=2 * E, group=128)
