@@ -14,7 +14,9 @@
 #include <cuda_runtime.h>
 #include <stdlib.h>
 
+#include <mutex>
 #include <utility>
+#include <vector>
 
 namespace moe_kernels {
 
@@ -49,6 +51,30 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// Raises `kernel`'s dynamic shared-memory limit on the current device `device` to `bytes`,
+// unless an earlier call for that kernel and device asked as much. The limit belongs to the
+// device's copy of the kernel and only ever grows, so a concurrent launch that needs more is
+// never undercut; each new high-water mark costs one driver call.
+inline cudaError_t allow_smem(const void* kernel, int device, size_t bytes) {
+  struct Mark {
+    const void* kernel;
+    int device;
+    size_t bytes;
+  };
+  static std::mutex mu;
+  static std::vector<Mark> marks;
+  std::lock_guard<std::mutex> lock(mu);
+  Mark* mark = nullptr;
+  for (Mark& m : marks)
+    if (m.kernel == kernel && m.device == device) mark = &m;
+  if (mark && bytes <= mark->bytes) return cudaSuccess;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)))
+    return e;
+  if (mark) mark->bytes = bytes;
+  else marks.push_back({kernel, device, bytes});
+  return cudaSuccess;
 }
 
 }  // namespace moe_kernels

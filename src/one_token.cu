@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include <atomic>
 #include <type_traits>
 
 #include "dispatch.cuh"
@@ -102,15 +101,9 @@ int one_token_problem(const moek_shape& s, int sm_count, int smem_optin, char* w
 namespace {
 
 template <typename T, int kAct, bool kBlock, bool kStream>
-cudaError_t launch_typed(const one_token::Params& p, int sm_count, size_t smem, cudaStream_t stream) {
+cudaError_t launch_typed(const one_token::Params& p, int device, int sm_count, size_t smem, cudaStream_t stream) {
   auto kernel = one_token::forward_kernel<T, kAct, kBlock, kStream>;
-  // The largest shared memory asked of this instantiation so far (set again only to grow).
-  static std::atomic<size_t> allowed{0};
-  if (smem > allowed.load()) {
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)))
-      return e;
-    allowed.store(smem);
-  }
+  if (cudaError_t e = allow_smem(reinterpret_cast<const void*>(kernel), device, smem)) return e;
   // Cooperative: every CTA resident, for the grid barrier between the GEMMs.
   cudaLaunchAttribute attrs[2];
   attrs[0].id = cudaLaunchAttributeCooperative;
@@ -175,7 +168,8 @@ cudaError_t launch_one_token(const moek_args& a, float* y, int sm_count, int sme
   with_gated_activation(s.activation, [&](auto act) {
     constexpr int A = decltype(act)::value;
     auto typed = [&](auto t, auto blockwise, auto streamed) {
-      err = launch_typed<decltype(t), A, decltype(blockwise)::value, decltype(streamed)::value>(p, sm_count, smem, stream);
+      err = launch_typed<decltype(t), A, decltype(blockwise)::value, decltype(streamed)::value>(
+          p, a.device, sm_count, smem, stream);
     };
     auto by_form = [&](auto t, auto blockwise) {
       pl.stream ? typed(t, blockwise, std::true_type{}) : typed(t, blockwise, std::false_type{});

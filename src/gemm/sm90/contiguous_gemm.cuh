@@ -839,8 +839,7 @@ inline int check_smem(const char* what, const GroupedGemmArgs& a, size_t smem, c
 template <class Kernel, class KernelParams>
 int launch_persistent(const char* what, Kernel kernel, const KernelParams& p, size_t smem, int64_t n_tiles,
                       const GroupedGemmArgs& a, char* err, size_t errlen) {
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      e != cudaSuccess) {
+  if (cudaError_t e = allow_smem(reinterpret_cast<const void*>(kernel), a.device, smem); e != cudaSuccess) {
     snprintf(err, errlen, "%s: %s", what, cudaGetErrorString(e));
     return MOEK_CUDA_ERROR;
   }
