@@ -70,8 +70,8 @@ inline cudaError_t allow_smem(const void* kernel, int device, size_t bytes) {
   for (Mark& m : marks)
     if (m.kernel == kernel && m.device == device) mark = &m;
   if (mark && bytes <= mark->bytes) return cudaSuccess;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)))
-    return e;
+  const int limit = static_cast<int>(bytes);
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit)) return e;
   if (mark) mark->bytes = bytes;
   else marks.push_back({kernel, device, bytes});
   return cudaSuccess;

@@ -114,7 +114,8 @@ struct Config {
     alignas(1024) uint8_t b[kStages * kStageBytesB];  // each block: packed at its top, then converted
     alignas(1024) uint8_t out[kOutBytes];
     alignas(128) uint16_t scale[kStages][kScaleRows][kTileN];  // the tile's columns' weight scales
-    alignas(128) uint16_t zero[kW4A8 ? 1 : kStages][kW4A8 ? 1 : kScaleRows][kW4A8 ? 8 : kTileN];  // W4A16 INT4: zero terms
+    // W4A16 INT4's zero terms, in the scales' layout (W4A8 takes none: a token of room)
+    alignas(128) uint16_t zero[kW4A8 ? 1 : kStages][kW4A8 ? 1 : kScaleRows][kW4A8 ? 8 : kTileN];
     float column_scale[kMx ? kStages : 1][kTileN];  // W4A8 MXFP4: each column's 2^e_max
     uint2 e4m3_of[kMx ? 16 : 1];  // W4A8 MXFP4: E4M3 codes of the eight E2M1 magnitudes times 2^-d
     uint64_t full[kStages];       // TMA bytes landed
