@@ -50,6 +50,19 @@ def test_minimal_is_a_subset_of_full():
     assert len(widths) == 8 and all(w == {16, 64} for w in widths.values()), widths
 
 
+def test_four_bit_kernels_on_every_arch():
+    # Every 4-bit mode: on SM90 the contiguous wgmma kernel besides the decode and tiled ones (in
+    # both subsets, so CI and the GPU suite build and test it); on SM100/SM103 the mma.sync decode
+    # and tiled kernels, its only ones.
+    for subset in ("minimal", "full"):
+        rows = catalog.select(subset, list(catalog.ARCHS))
+        for arch in catalog.ARCHS:
+            for mode in ("w4a16_int4", "w4a16_mxfp4", "w4a8_int4", "w4a8_mxfp4"):
+                schedules = {c.schedule for c in rows if c.arch == arch and c.mode == mode}
+                assert {"decode", "tiled"} <= schedules, (subset, arch, mode, schedules)
+                assert ("contig" in schedules) == (arch == "90a"), (subset, arch, mode, schedules)
+
+
 def test_full_catalog_is_deliberate_size():
     per_mode = {}  # by arch, mode and output type
     for c in catalog.CATALOG["full"]:
