@@ -1012,6 +1012,27 @@ def test_four_bit_contiguous(quant, T, E, k, H, I, act_dtype, error_log):
     assert worst_row_error(out, ref) < 2 * TOLERANCE[quant]
 
 
+@pytest.mark.parametrize("rows", [64, 40])
+@pytest.mark.parametrize("quant", W4)
+def test_four_bit_contiguous_split_tiles_at_the_n_edge(quant, rows, error_log):
+    """Experts of exactly `rows` rows (tiles split by columns between the warpgroups) with GEMM2's
+    N = 640 = 2.5 x 256: in the last N tile the second warpgroup's 128 columns start at N, so
+    its TMA store box (64 rows) or its row-by-row copy (fewer) lies wholly past the edge."""
+    tactic = _contiguous(quant, "bf16")
+    E, k = 4, 2
+    T = rows * E // k
+    t = torch.arange(T)
+    ids = torch.stack([t % E, (t + 1) % E], dim=1).to(torch.int32)  # every expert exactly `rows` rows
+    p = make_problem(T=T, E=E, k=k, H=640, I=384, dtype=quant, ids=ids,
+                     group=32 if quant.endswith("mxfp4") else 128)
+    out = run(p, tactic=tactic)
+    ref = reference_out(p)
+    err = rel_error(out, ref)
+    error_log.add(f"{quant}/contig/split-edge/rows{rows}", err)
+    assert err < TOLERANCE[quant]
+    assert worst_row_error(out, ref) < 2 * TOLERANCE[quant]
+
+
 @pytest.mark.parametrize("group,symmetric", [(32, True), (64, True), (128, False), (32, False)])
 def test_w4a16_int4_contiguous_groups_and_zero_points(group, symmetric, error_log):
     """The contiguous W4A16 kernel with INT4 groups of 32 and 64 (two and one per K block of 64)
