@@ -52,9 +52,9 @@ DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cut
 # warp), the same source for both families. "contiguous": our own TMA + wgmma kernel for
 # fp8_block at many rows per expert (src/gemm/sm90/contiguous_gemm.cuh: one descriptor per
 # operand for all experts, tiles taken from a counter, an expert's last M tile cut to the
-# 64-row half with rows in it), and in that frame for 4-bit weights (contiguous_w4.cuh). "forward":
-# the whole forward of one token as one kernel
-# (src/one_token.cuh), a tactic of its own rather than a GEMM. "tiled": our own W4A16 kernel
+# 64-row half with rows in it), and in that frame for 4-bit weights converted in shared memory
+# (contiguous_w4.cuh). "forward": the whole forward of one token as one kernel
+# (src/one_token.cuh), a tactic of its own rather than a GEMM. "tiled": our own 4-bit kernel
 # for many rows per expert (src/gemm/tiled_w4a16.cuh: mma.sync, 128 weight rows by tile_m
 # tokens per block, the 4-bit weights dequantized once per block tile, any scale group of 32
 # or more, zero terms), for what CUTLASS's mixed-input mainloop cannot take (MXFP4's groups of 32).
@@ -138,8 +138,8 @@ class GemmConfig:
         # Outputs are 16-bit: the runner's activation and finalize kernels read them.
         assert self.out in self.spec.hidden, f"{self.name}: output must be one of {self.spec.hidden}"
         assert self.act_dtype in DTYPES and self.weight_dtype in DTYPES, self
-        # Mixed input (4-bit weights): converted in registers, so the weights must be the
-        # wgmma's A operand (swap-AB), and SM90's RS mainloop is the only one here.
+        # Mixed input (4-bit weights): CUTLASS converts them in registers, so they must be the
+        # wgmma's A operand (swap-AB, SM90's RS mainloop); our own kernels convert their own.
         mixed = self.weight_dtype != self.act_dtype
         assert not mixed or self.schedule in ("decode", "tiled", "contig") or (self.swapped and self.arch == "90a"), \
             f"{self.name}: mixed input is SM90 swap-AB, decode, tiled or contig"
