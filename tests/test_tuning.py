@@ -368,6 +368,48 @@ def test_parent_survives_a_faulting_child_and_excludes_the_suspect(tmp_path, mon
         assert "faulty" in rec["faulted"] and "illegal memory access" in rec["faulted"]["faulty"]
 
 
+HANGING_WORKER = r'''
+import argparse, json, time
+p = argparse.ArgumentParser()
+for a in ("--worker", "--buckets", "--routing", "--skew", "--replays", "--device", "--exclude", "--histogram"):
+    p.add_argument(a)
+p.add_argument("--exhaustive", action="store_true")
+args = p.parse_args()
+excluded = json.loads(args.exclude)
+def emit(**e):
+    print(json.dumps(e), flush=True)
+for b in map(int, args.buckets.split(",")):
+    if "stuck" not in excluded:
+        emit(event="try", bucket=b, tactic="stuck+stuck", suspect="stuck", index=0, count=2)
+        time.sleep(60)  # what a deadlocked kernel does to the child (past HANG_S below)
+    emit(event="try", bucket=b, tactic="good+good", suspect="good", index=1, count=2)
+    emit(event="bucket", bucket=b, record={"tactic": "good+good", "us": 1.0, "faulted": excluded, "rejected": {}})
+emit(event="done", peak_bytes=1, weight_bytes=1, workspace_bytes=1)
+'''
+
+
+def test_parent_kills_a_hung_child_and_excludes_the_suspect(tmp_path, monkeypatch):
+    """A child that stops reporting while it tries a kernel (a kernel that never finishes) is
+    killed after HANG_S, the kernel is excluded as hung, and a fresh child finishes the bucket."""
+    script = tmp_path / "hanging_worker.py"
+    script.write_text(HANGING_WORKER)
+    monkeypatch.setattr(tuning, "WORKER", [__import__("sys").executable, str(script)])
+    monkeypatch.setattr(tuning, "HANG_S", 2.0)
+    res = tuning.tune([SPEC], [16], device="cuda:0", progress=False)
+    rec = res[SPEC.signature]["16"]
+    assert rec["tactic"] == "good+good"
+    assert rec["faulted"]["stuck"].startswith("hung: no report for 2 s")
+
+
+def test_parent_reports_a_child_that_hangs_outside_any_candidate(tmp_path, monkeypatch):
+    script = tmp_path / "silent.py"
+    script.write_text("import time; time.sleep(60)\n")
+    monkeypatch.setattr(tuning, "WORKER", [__import__("sys").executable, str(script)])
+    monkeypatch.setattr(tuning, "HANG_S", 1.0)
+    with pytest.raises(RuntimeError, match="hung \\(no report for 1 s, killed\\) outside any candidate"):
+        tuning.tune([SPEC], [16], device="cuda:0", progress=False)
+
+
 def test_parent_reports_a_child_that_dies_outside_any_candidate(tmp_path, monkeypatch):
     script = tmp_path / "crash.py"
     script.write_text("import sys; print('boom', file=sys.stderr); sys.exit(3)\n")

@@ -5,8 +5,8 @@
   memory, arch). Filtered kernels are never launched; a forward kernel is timed only where
   the problem fits it (the library says why not, and the record keeps that).
 - Tuning runs in a child process (`python -m moe_kernels.tuning --worker ...`): a kernel
-  that faults takes down the child, the parent records it against the candidate being
-  tried, excludes it and goes on in a fresh child.
+  that faults takes down the child, and one that never finishes gets it killed (HANG_S); the
+  parent records it against the candidate being tried, excludes it and goes on in a fresh child.
 - Each candidate's output on the profiling inputs is compared with
   `moe_kernels.reference` before its time counts; wrong candidates are excluded.
 - Choices are kept per token bucket (moe_kernels.cache): in memory and in a JSON file.
@@ -22,9 +22,11 @@ import contextlib
 import dataclasses
 import json
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 
 from . import _native
 from . import cache as _cache
@@ -40,6 +42,10 @@ MAX_RESTARTS = 8
 FINALISTS = 3          # fastest candidates of the search, timed again before one is chosen
 CONFIRM_ROUNDS = 3     # interleaved re-timings of each finalist
 SETTLE_S = 1.0         # seconds of forwards before a bucket's first timing (clocks: see _worker)
+# A child that reports nothing for this long is hung (a kernel that never finishes: a deadlocked
+# warp-specialized pipeline): killed, its candidate excluded like a faulting one. Far above a
+# candidate's validation and timing, and the problem set-up before the first one.
+HANG_S = 300.0
 WORKER = [sys.executable, "-m", "moe_kernels.tuning"]  # the child's command (tests replace it)
 
 
@@ -113,9 +119,10 @@ def tune(specs, buckets, *, device=None, routing="uniform", skew=1.2, histogram=
          progress=True, exhaustive=False, log=None, env=None) -> dict:
     """Tune each problem at each bucket in child processes; returns {signature: {bucket: record}}.
 
-    A child that dies (a kernel fault) is replaced; the candidate it was trying is excluded
-    and reported under "faulted" in that bucket's record. `env`: extra environment variables
-    for the children (the tests use it for the test-only fault and corruption hooks)."""
+    A child that dies (a kernel fault) or hangs (no report for HANG_S seconds: killed) is
+    replaced; the candidate it was trying is excluded and reported under "faulted" in that
+    bucket's record. `env`: extra environment variables for the children (the tests use it for
+    the test-only fault and corruption hooks)."""
     dev = device_index(device)
     progress = progress and sys.stderr.isatty()  # a \r-rewritten line is noise in a log file
     results: dict = {}
@@ -136,7 +143,18 @@ def tune(specs, buckets, *, device=None, routing="uniform", skew=1.2, histogram=
             errfile = tempfile.TemporaryFile(mode="w+")  # a file, so a chatty child cannot block
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errfile, text=True,
                                     env={**os.environ, **(env or {})})
-            for line in proc.stdout:
+            lines: queue.Queue = queue.Queue()  # the child's stdout, read by a thread: waits can time out
+            threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+            hung = False
+            while True:
+                try:
+                    line = lines.get(timeout=HANG_S)
+                except queue.Empty:
+                    hung = True
+                    proc.kill()
+                    break
+                if line is None:
+                    break
                 if not line.startswith("{"):
                     continue
                 ev = json.loads(line)
@@ -162,12 +180,20 @@ def tune(specs, buckets, *, device=None, routing="uniform", skew=1.2, histogram=
                 sys.stderr.write("\r" + " " * 100 + "\r")
             if finished and not todo:
                 break
+            what = f"hung (no report for {HANG_S:g} s, killed)" if hung else f"failed (exit {proc.returncode})"
             if trying is None or restarts >= MAX_RESTARTS:
-                raise RuntimeError(f"tuning {spec.signature} failed (exit {proc.returncode}) "
-                                   f"outside any candidate:\n{stderr[-2000:]}")
-            excluded[trying] = f"faulted (exit {proc.returncode}): {_last_error(stderr)}"
+                raise RuntimeError(f"tuning {spec.signature} {what} outside any candidate:\n{stderr[-2000:]}")
+            excluded[trying] = (f"hung: no report for {HANG_S:g} s, killed" if hung
+                                else f"faulted (exit {proc.returncode}): {_last_error(stderr)}")
             restarts += 1
     return results
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    """Every line of `stream`, then None at its end, into `lines`."""
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
 
 
 def _last_error(stderr: str) -> str:
