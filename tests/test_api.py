@@ -243,6 +243,19 @@ def test_default_rule_four_bit():
     assert default_tactic(decode + wide + tiled, num_tokens=1, **gpt_oss) == Tactic("d8", "d8")  # K not given
     assert default_tactic(wide + tiled, num_tokens=1, **gpt_oss) == Tactic("w8", "w8")   # only 64 built
     assert default_tactic(decode + wide, num_tokens=4096, **gpt_oss) == Tactic("d16", "d16")  # no prefill kernel
+    # The contiguous wgmma kernel instead of the tiled one: MXFP4 past 64 rows per expert, W4A8
+    # INT4 past the decode kernel's 16; never where CUTLASS's kernels serve (W4A16 INT4 g128)
+    contig = [k("g", 128, 256, "contig", "w4a16_mxfp4")]
+    assert default_tactic(decode + tiled + contig, num_tokens=1024, **gpt_oss) == Tactic("t32", "t32")  # 32 rows
+    assert default_tactic(decode + tiled + contig, num_tokens=4096, **gpt_oss) == Tactic("g", "g")  # 128
+    w4a8 = [dataclasses.replace(x, mode="w4a8_int4", act_format="fp8_row", weight_format="int4")
+            for x in decode + tiled + contig]
+    assert default_tactic(w4a8, num_tokens=512, **gpt_oss) == Tactic("d16", "d16")  # 16 rows
+    assert default_tactic(w4a8, num_tokens=1024, **gpt_oss) == Tactic("g", "g")  # 32
+    int4_contig = int4 + [dataclasses.replace(contig[0], mode="w4a16_int4", weight_format="int4")]
+    assert default_tactic(int4_contig, num_tokens=4096, **gpt_oss) == Tactic("c128", "c128")
+    awq = [x for x in int4_contig if x.kind != "grouped"]  # CUTLASS's kernels filtered out: not yet measured
+    assert default_tactic(awq, num_tokens=4096, **gpt_oss) == Tactic("t64", "t64")
 
 
 def test_default_rule_fp8():

@@ -90,19 +90,28 @@ CONTIG_TILE_N = 256
 
 # 4-bit weights (W4A16, W4A8): our decode kernel (src/gemm/decode_w4a16.cuh) up to this many
 # rows per expert, then CUTLASS's mixed-input GEMM with the narrowest token tile that holds
-# them, else (groups of 32: MXFP4, INT4 g32) our tiled kernel (src/gemm/tiled_w4a16.cuh)
-# likewise. The decode kernel's block width per GEMM: 64 columns (a warp per 16, pipelined
+# them, else (W4A8; groups of 32: MXFP4, INT4 g32) our contiguous wgmma kernel
+# (src/gemm/sm90/contiguous_w4.cuh) past FOUR_BIT_CONTIG_ROWS rows per expert of the weight
+# format, else our tiled kernel (src/gemm/tiled_w4a16.cuh) likewise. The decode kernel's block width per GEMM: 64 columns (a warp per 16, pipelined
 # over all of K) where K is at most FOUR_BIT_DECODE_WIDE_MAX_K, else 16 (K split over the
 # block's 4 warps, which a short K leaves unevenly loaded). Measured on an H200 over 1-64
 # tokens, Qwen3-30B-A3B and DeepSeek-V3 (docs/performance.md, default rule).
 FOUR_BIT_FORMATS = ("int4", "mxfp4")
 FOUR_BIT_DECODE_ROWS = 16
 FOUR_BIT_DECODE_WIDE_MAX_K = 1024
+# Past these rows per expert, by (activation, weight) format, the contiguous kernel instead of
+# the tiled one (docs/performance.md, default rule): W4A8 INT4 ahead from 32 rows on; MXFP4
+# (W4A16, W4A8) behind at 32 rows, ahead at 128; W4A16 INT4 without CUTLASS (AWQ, groups of
+# 32) not yet measured against the tiled kernel.
+FOUR_BIT_CONTIG_ROWS = {("fp8_row", "int4"): FOUR_BIT_DECODE_ROWS, ("fp8_row", "mxfp4"): 64, ("a16", "mxfp4"): 64}
 
 
 def _pick_four_bit(kernels: list, rows_per_expert: float, k_size: int) -> KernelInfo:
-    decode, grouped, tiled = (sorted((k for k in kernels if k.kind == kind), key=lambda k: k.tile[0])
-                              for kind in ("decode", "grouped", "tiled"))
+    decode, grouped, tiled, contig = (sorted((k for k in kernels if k.kind == kind), key=lambda k: k.tile[0])
+                                      for kind in ("decode", "grouped", "tiled", "contiguous"))
+    contig_rows = FOUR_BIT_CONTIG_ROWS.get((contig[0].act_format, contig[0].weight_format)) if contig else None
+    if not grouped and contig_rows is not None and rows_per_expert > contig_rows:
+        return contig[0]
     if decode and rows_per_expert <= FOUR_BIT_DECODE_ROWS:
         narrow, wide = min(k.tile[1] for k in decode), max(k.tile[1] for k in decode)
         use_wide = 0 < k_size <= FOUR_BIT_DECODE_WIDE_MAX_K

@@ -20,11 +20,11 @@
 // a 16-bit float of value 128 + (q ^ 8), minus 136); E2M1 by a byte lookup (dequant8). Then times the
 // group's scale ([K/g, N] in the hidden dtype) plus, for asymmetric INT4, its zero term (same
 // layout), rounded once to the hidden dtype (one fma; without zero terms the value the
-// prefill kernels' mainloop computes too). INT4 with groups of 128 or more skips both: the
-// MMAs take 128 + (q ^ 8) as converted, one more MMA per K chunk subtracts 136 x the tokens,
-// and each K step's fp32 sums are scaled (and the zero term times the tokens' sum added) once
-// per row (multiply, kPostScaled): each product exact, the scale applied in fp32, and fewer
-// instructions per weight byte (docs/kernels/decode.md counts them).
+// prefill kernels' mainloop computes too). A post-scaled form for INT4 with groups of 128 or
+// more (MOE_KERNELS_W4_POSTSCALED=1, for A/B runs) skips both: the MMAs take 128 + (q ^ 8) as
+// converted, one more MMA per K chunk subtracts 136 x the tokens, and each K step's fp32 sums
+// are scaled (and the zero term times the tokens' sum added) once per row (multiply,
+// kPostScaled); fewer instructions per weight byte, yet slower (docs/kernels/decode.md).
 //
 // Design, the rule that picks it, and the variants measured: docs/kernels/decode.md.
 #pragma once
@@ -543,14 +543,14 @@ struct DecodeW4A16 {
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
     using namespace decode_w4;
-    // Scales per whole step (INT4, groups of 128 or more): applied to the step's sums.
-    // MOE_KERNELS_W4_PRESCALED=1 keeps the pre-scaled form there too (for A/B runs).
-    static const bool prescaled_only = [] {
-      const char* v = getenv("MOE_KERNELS_W4_PRESCALED");
+    // Pre-scaled weights everywhere: the post-scaled form (INT4, groups of 128 or more) measured
+    // slower (docs/kernels/decode.md); MOE_KERNELS_W4_POSTSCALED=1 takes it, for A/B runs.
+    static const bool post_scaled = [] {
+      const char* v = getenv("MOE_KERNELS_W4_POSTSCALED");
       return v && v[0] == '1';
     }();
     if constexpr (std::is_same_v<W, Int4>)
-      if (a.weight_group % kStepK == 0 && !prescaled_only)
+      if (a.weight_group % kStepK == 0 && post_scaled)
         return launch_groups(a.zero_base ? decode_w4a16_post_kernel<In, T, W, kTiles, kColumns, kPostZero>
                                          : decode_w4a16_post_kernel<In, T, W, kTiles, kColumns, kPostScaled>,
                              a, kColumns, kWarps * 32, "4-bit decode GEMM", err, errlen);
