@@ -331,7 +331,8 @@ def test_forward_kernels_are_candidates_at_one_token():
             mem.put(ONE_TOKEN_SPEC, 1, saved)
 
 
-FAKE_WORKER = r'''
+# What every fake child starts with: the worker's arguments and its event printer.
+WORKER_PREAMBLE = r'''
 import argparse, json, sys
 p = argparse.ArgumentParser()
 for a in ("--worker", "--buckets", "--routing", "--skew", "--replays", "--device", "--exclude", "--histogram"):
@@ -341,6 +342,9 @@ args = p.parse_args()
 excluded = json.loads(args.exclude)
 def emit(**e):
     print(json.dumps(e), flush=True)
+'''
+
+FAKE_WORKER = WORKER_PREAMBLE + r'''
 for b in map(int, args.buckets.split(",")):
     for i, k in enumerate(["good", "faulty", "slow"]):
         if k in excluded:
@@ -368,16 +372,8 @@ def test_parent_survives_a_faulting_child_and_excludes_the_suspect(tmp_path, mon
         assert "faulty" in rec["faulted"] and "illegal memory access" in rec["faulted"]["faulty"]
 
 
-HANGING_WORKER = r'''
-import argparse, json, time
-p = argparse.ArgumentParser()
-for a in ("--worker", "--buckets", "--routing", "--skew", "--replays", "--device", "--exclude", "--histogram"):
-    p.add_argument(a)
-p.add_argument("--exhaustive", action="store_true")
-args = p.parse_args()
-excluded = json.loads(args.exclude)
-def emit(**e):
-    print(json.dumps(e), flush=True)
+HANGING_WORKER = WORKER_PREAMBLE + r'''
+import time
 for b in map(int, args.buckets.split(",")):
     if "stuck" not in excluded:
         emit(event="try", bucket=b, tactic="stuck+stuck", suspect="stuck", index=0, count=2)
