@@ -259,7 +259,8 @@ def test_gpu_sampler_takes_medians_and_never_fails_the_run(monkeypatch):
     assert w == {}
 
 
-@pytest.mark.parametrize("host", [{}, {"host_us": 41.25}])
+@pytest.mark.parametrize("host", [{}, {"host_us": 41.25},
+                                  {"host_us": 41.25, "host_runtime": {"runtime_us": 20.04, "launches": 7}}])
 @pytest.mark.parametrize("clocks", [{}, {"sm_mhz": 1530.0, "power_w": 548.0, "samples": 9}])
 @pytest.mark.parametrize("peers", [{}, {"torch._grouped_mm": {"status": "ok", "us": 25.0}}])
 def test_markdown_columns_line_up(peers, clocks, host):
@@ -276,7 +277,8 @@ def test_markdown_columns_line_up(peers, clocks, host):
     assert cells[3] == "-"    # no read-only ceiling in rows from before it was measured
     assert cells[10] == "50%"  # of the dense rate: 500 of 1000 TFLOP/s
     assert (cells[-1 - bool(host)] == "1530 MHz, 548 W") == bool(clocks)
-    assert (cells[-1] == "41.2") == bool(host)
+    assert cells[-1].startswith("41.2") == bool(host)
+    assert (cells[-1] == "41.2 (CUDA runtime 20.0, 7 launches)") == ("host_runtime" in host)
     assert "catalog" not in bench.markdown(result).splitlines()[0]  # results from before it was recorded
     assert "at x (minimal catalog); bf16" in bench.markdown({**result, "catalog": "minimal"}).splitlines()[0]
 

@@ -709,6 +709,10 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
             if getattr(args, "host", False):
                 row["host_us"] = host_time(lambda: ours(*sets[0], outs[0]))
                 row["host_python_us"] = python_time(lambda: ours(*sets[0], outs[0]))
+                try:  # the profiler may be unavailable (no CUPTI): the rest of the row stands
+                    row["host_runtime"] = launch_cost(lambda: ours(*sets[0], outs[0]))
+                except Exception as e:
+                    row["host_runtime"] = {"status": f"failed: {type(e).__name__}: {e}"[:200]}
                 if "+" in row["tactic"]:  # per step: the forward cut after each (its launches, a GEMM's setup)
                     prefix = [host_time(lambda s=s: ours(*sets[0], outs[0], last_step=s)) for s in (1, 2, 3, 4)]
                     prefix.append(row["host_us"])
@@ -834,6 +838,40 @@ def python_time(call, calls=2000) -> float:
     return statistics.median(times) * 1e6
 
 
+def launch_cost(call, forwards=32) -> dict:
+    """What one eager call hands to the CUDA runtime, from PyTorch's profiler (CUPTI): the
+    kernels it launches and the host time spent inside CUDA runtime and driver calls (launches,
+    memsets, attribute calls), medians over `forwards` calls. That time
+    is the floor of the host time per call that no caching on our side removes."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(forwards):
+            with torch.profiler.record_function("moe_kernels.forward"):
+                call()
+        torch.cuda.synchronize()
+    events = prof.events()
+    calls = sorted((e for e in events if e.name == "moe_kernels.forward"), key=lambda e: e.time_range.start)
+    runtime = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU
+               and e.name.startswith(("cuda", "cu")) and e.name != "cudaDeviceSynchronize"
+               and "Synchronize" not in e.name]
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    per_call_us, per_call_n = [], []
+    for c in calls:
+        inside = [e for e in runtime if c.time_range.start <= e.time_range.start <= c.time_range.end]
+        per_call_us.append(sum(e.time_range.elapsed_us() for e in inside))
+        per_call_n.append(sum("Launch" in e.name for e in inside))
+    names = {}
+    for e in runtime:
+        names[e.name] = names.get(e.name, 0) + 1
+    return {"launches": statistics.median(per_call_n) if per_call_n else None,
+            "kernels": len(kernels) / max(len(calls), 1),
+            "runtime_us": statistics.median(per_call_us) if per_call_us else None,
+            "runtime_calls": {n: c / max(len(calls), 1) for n, c in sorted(names.items())}}
+
+
 def _timer(ours, timed):
     """A tactic's time in us (inf where it failed or was wrong)."""
     def t(tactic):
@@ -902,6 +940,12 @@ def format_row(row, peer_names) -> str:
     if "host_us" in row:
         lines.append(f"    host time per eager call: {row['host_us']:.1f} us"
                      + (f" (Python side {row['host_python_us']:.1f})" if "host_python_us" in row else ""))
+    rt = row.get("host_runtime", {})
+    if rt.get("runtime_us") is not None:
+        lines.append(f"    inside the CUDA runtime per call: {rt['runtime_us']:.1f} us, {rt['launches']:.0f} launches, "
+                     f"{rt['kernels']:.0f} kernels")
+    elif "status" in rt:
+        lines.append(f"    CUDA runtime time per call: {rt['status']}")
     if "host_steps_us" in row:
         lines.append("    host time by step: " + ", ".join(f"{n} {v:.1f}" for n, v in row["host_steps_us"].items()))
     if "ranks" in row:
@@ -944,7 +988,7 @@ def markdown(result) -> str:
                               "ours us", "TB/s", "TFLOP/s", "of floor", "of dense"]
                              + [f"{p} us (speedup)" for p in peers_]
                              + (["SM clock, power (ours)"] if clocks else [])
-                             + (["host us per eager call"] if host else [])) + " |",
+                             + (["host us per eager call (in the CUDA runtime)"] if host else [])) + " |",
            "|---" * (11 + len(peers_) + clocks + host) + "|"]
     for r in rows:
         o = r["results"]["moe_kernels"]
@@ -961,7 +1005,10 @@ def markdown(result) -> str:
         if clocks:
             cells.append(f"{o['sm_mhz']:.0f} MHz, {o['power_w']:.0f} W" if "sm_mhz" in o else "-")
         if host:
-            cells.append(f"{r['host_us']:.1f}" if "host_us" in r else "-")
+            rt = r.get("host_runtime", {})
+            cells.append((f"{r['host_us']:.1f}" if "host_us" in r else "-")
+                         + (f" (CUDA runtime {rt['runtime_us']:.1f}, {rt['launches']:.0f} launches)"
+                            if rt.get("runtime_us") is not None else ""))
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
