@@ -405,8 +405,10 @@ def test_tiny_profile_run():
 def test_four_bit_modes_have_the_dequantized_and_own_fp8_peers():
     from moe_kernels import reference
     from moe_kernels.prepare import quantize_weights
-    names = [n for n, _, _ in bench.peers("swiglu", "w4a16_int4")]
-    assert names == ["torch._grouped_mm (bf16 weights)", "moe_kernels fp8 (same weights)", "humming-kernels"]
+    peers = bench.peers("swiglu", "w4a16_int4")
+    assert [n for n, _, _ in peers] == ["torch._grouped_mm (bf16 weights)", "moe_kernels bf16 (same weights dequantized)",
+                                        "moe_kernels fp8 (same weights)", "humming-kernels"]
+    assert peers[1][1].dequantized is peers[0][1]  # one bf16 copy of the weights for both
     assert [n for n, _, _ in bench.peers("swiglu", "w4a8_mxfp4")] == [
         "torch._grouped_mm (bf16 weights)", "moe_kernels fp8 (same weights)", "moe_kernels w4a16 (same weights)",
         "humming-kernels"]
@@ -428,6 +430,10 @@ def test_four_bit_modes_have_the_dequantized_and_own_fp8_peers():
     w4 = reference.fused_moe(x, p["w13"], p["w2"], wts, ids, quant="w4a16_int4", w13_scale=p["w13_scale"],
                              w2_scale=p["w2_scale"])
     assert ((ref - w4).norm() / w4.norm()).item() < 0.1  # the same weights, E4M3 on top of INT4
+    # the bf16 peer's reference: the 16-bit one on the dequantized weights
+    ref16 = peers[1][1].reference(x, p["w13"], p["w2"], wts, ids, "swiglu", w13_scale=p["w13_scale"],
+                                  w2_scale=p["w2_scale"])
+    assert ((ref16.float() - w4.float()).norm() / w4.float().norm()).item() < 0.02
 
 
 @pytest.mark.gpu

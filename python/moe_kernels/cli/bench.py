@@ -389,6 +389,26 @@ class DequantizedGroupedMM(Bf16GroupedMM):
         return out
 
 
+class OwnBf16:
+    """For the W4A16 modes: this package's bf16 mode on the weights the PyTorch peer dequantized
+    (its copy, not a second one): the same forward with 16-bit weights, four times the weight
+    bytes at the same tensor-core rate, the ceiling a 4-bit prefill kernel is held against.
+    Checked against the 16-bit reference on those weights."""
+    tolerance = MODES["bf16"].tolerance
+
+    def __init__(self, dequantized: "DequantizedGroupedMM"):
+        self.dequantized = dequantized
+
+    def __call__(self, x, w13, w2, wts, ids, act, w13_scale=None, w2_scale=None):
+        import torch
+        import moe_kernels
+        b13, b2 = self.dequantized.weights(w13, w2, w13_scale, w2_scale)
+        return moe_kernels.fused_moe(x.to(torch.bfloat16), b13, b2, wts, ids, activation=act).to(x.dtype)
+
+    def reference(self, x, w13, w2, wts, ids, act, w13_scale=None, w2_scale=None):
+        return self.dequantized.reference(x, w13, w2, wts, ids, act, w13_scale, w2_scale)
+
+
 class OwnFp8(Bf16GroupedMM):
     """For the 4-bit modes: this package's own `fp8` per-tensor-activation, per-channel-weight
     mode on the same weights (dequantized, then quantized to E4M3 once), the baseline that
@@ -568,7 +588,8 @@ def _flashinfer_cutlass(x, w13, w2, wts, ids, act):
 
 def peers(activation, quant="bf16"):
     """(name, fn or None, why not) for every peer this benchmark knows: for fp8 and fp8_block
-    the PyTorch ones; for the 4-bit modes also this package's fp8 and humming-kernels. A peer
+    the PyTorch ones; for the 4-bit modes also this package's fp8 (and for W4A16 its bf16 on
+    the dequantized weights, for W4A8 its W4A16) and humming-kernels. A peer
     with a `reference` method is checked against what it returns, within its `tolerance`,
     instead of the mode's reference."""
     import importlib.util
@@ -578,9 +599,11 @@ def peers(activation, quant="bf16"):
                  torch_scaled_grouped_mm_moe if hasattr(torch, "_scaled_grouped_mm") else None,
                  f"not in torch {torch.__version__}")]
     if MODES[quant].weight in ("e4m3_block128", "int4", "mxfp4"):
-        out = [("torch._grouped_mm (bf16 weights)",
-                DequantizedGroupedMM(MODES[quant].weight) if hasattr(torch, "_grouped_mm") else None,
+        dequantized = DequantizedGroupedMM(MODES[quant].weight)
+        out = [("torch._grouped_mm (bf16 weights)", dequantized if hasattr(torch, "_grouped_mm") else None,
                 f"not in torch {torch.__version__}")]
+        if MODES[quant].weight_format.bits == 4 and not MODES[quant].act_format.quantized:
+            out.append(("moe_kernels bf16 (same weights dequantized)", OwnBf16(dequantized), ""))
         if MODES[quant].weight_format.bits == 4:
             out.append(("moe_kernels fp8 (same weights)", OwnFp8(MODES[quant].weight), ""))
             if MODES[quant].act_format.quantized:  # W4A8: also W4A16 on the same weights
