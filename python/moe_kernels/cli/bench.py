@@ -876,11 +876,12 @@ def launch_cost(call, forwards=32) -> dict:
                 call()
         torch.cuda.synchronize()
     events = prof.events()
-    calls = sorted((e for e in events if e.name == "moe_kernels.forward"), key=lambda e: e.time_range.start)
-    runtime = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU
-               and e.name.startswith(("cuda", "cu")) and e.name != "cudaDeviceSynchronize"
-               and "Synchronize" not in e.name]
-    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    cpu, gpu = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    # the annotation also appears on the GPU timeline: the calls are its CPU ranges
+    calls = sorted((e for e in events if e.name == "moe_kernels.forward" and e.device_type == cpu),
+                   key=lambda e: e.time_range.start)
+    runtime = [e for e in events if e.device_type == cpu and e.name.startswith("cu") and "Synchronize" not in e.name]
+    kernels = [e for e in events if e.device_type == gpu and e.name != "moe_kernels.forward"]
     per_call_us, per_call_n = [], []
     for c in calls:
         inside = [e for e in runtime if c.time_range.start <= e.time_range.start <= c.time_range.end]
