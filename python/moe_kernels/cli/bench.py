@@ -863,9 +863,10 @@ def python_time(call, calls=2000) -> float:
 
 def launch_cost(call, forwards=32) -> dict:
     """What one eager call hands to the CUDA runtime, from PyTorch's profiler (CUPTI): the
-    kernels it launches and the host time spent inside CUDA runtime and driver calls (launches,
-    memsets, attribute calls), medians over `forwards` calls. That time
-    is the floor of the host time per call that no caching on our side removes."""
+    launches, the GPU operations and the host time spent inside CUDA runtime and driver calls
+    (launches, memsets, attribute calls), medians over `forwards` calls. That is the share of the
+    host time per call that no caching on our side removes; CUPTI adds its own cost to each
+    runtime call, so the figure overstates it (compare `host_us - host_python_us`)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     call()
