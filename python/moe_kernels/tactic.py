@@ -92,9 +92,10 @@ CONTIG_TILE_N = 256
 # rows per expert, then CUTLASS's mixed-input GEMM with the narrowest token tile that holds
 # them, else (W4A8; groups of 32: MXFP4, INT4 g32) our contiguous wgmma kernel
 # (src/gemm/sm90/contiguous_w4.cuh) past FOUR_BIT_CONTIG_ROWS rows per expert of the weight
-# format, else our tiled kernel (src/gemm/tiled_w4a16.cuh) likewise. The decode kernel's block width per GEMM: 64 columns (a warp per 16, pipelined
-# over all of K) where K is at most FOUR_BIT_DECODE_WIDE_MAX_K, else 16 (K split over the
-# block's 4 warps, which a short K leaves unevenly loaded). Measured on an H200 over 1-64
+# format, else our tiled kernel (src/gemm/tiled_w4a16.cuh) likewise. The decode kernel's block
+# width per GEMM: 64 columns (a warp per 16, pipelined over all of K) where K is at most
+# FOUR_BIT_DECODE_WIDE_MAX_K, else 16 (K split over the block's 4 warps, which a short K
+# leaves unevenly loaded). Measured on an H200 over 1-64
 # tokens, Qwen3-30B-A3B and DeepSeek-V3 (docs/performance.md, default rule).
 FOUR_BIT_FORMATS = ("int4", "mxfp4")
 FOUR_BIT_DECODE_ROWS = 16
