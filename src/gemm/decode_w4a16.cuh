@@ -20,11 +20,8 @@
 // a 16-bit float of value 128 + (q ^ 8), minus 136); E2M1 by a byte lookup (dequant8). Then times the
 // group's scale ([K/g, N] in the hidden dtype) plus, for asymmetric INT4, its zero term (same
 // layout), rounded once to the hidden dtype (one fma; without zero terms the value the
-// prefill kernels' mainloop computes too). A post-scaled form for INT4 with groups of 128 or
-// more (MOE_KERNELS_W4_POSTSCALED=1, for A/B runs) skips both: the MMAs take 128 + (q ^ 8) as
-// converted, one more MMA per K chunk subtracts 136 x the tokens, and each K step's fp32 sums
-// are scaled (and the zero term times the tokens' sum added) once per row (multiply,
-// kPostScaled); fewer instructions per weight byte, yet slower (docs/kernels/decode.md).
+// prefill kernels' mainloop computes too). Scaling each K step's fp32 sums instead (fewer
+// instructions per weight byte) measured slower (docs/kernels/decode.md).
 //
 // Design, the rule that picks it, and the variants measured: docs/kernels/decode.md.
 #pragma once
@@ -34,7 +31,6 @@
 #include <cuda_fp8.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <type_traits>
 
 #include "gemm/decode_gemm.cuh"  // load_stream, word, mma, to_out
@@ -107,8 +103,7 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t select
 }
 
 // Eight INT4 values (value i in bits 4i..4i+3) -> four pairs in T of q + bias (136 or 1032),
-// exactly, value 2j low in out[j]: dequant8 before its subtraction, which the post-scaled
-// multiply does with one MMA per K chunk instead (see multiply).
+// exactly, value 2j low in out[j]: dequant8 before its subtraction.
 template <class T>
 __device__ __forceinline__ void int4_raw8(uint32_t x, uint32_t (&out)[4]) {
   constexpr uint32_t kMagic8 = std::is_same_v<T, __nv_bfloat16> ? 0x43084308u : 0x64086408u;
@@ -155,19 +150,6 @@ __device__ __forceinline__ void dequant8(uint32_t x, uint32_t (&out)[4]) {
       }
     }
   }
-}
-
-// Minus the bias int4_raw8 adds (136 in bf16, 1032 in fp16), and one, as pairs of T.
-template <class T>
-constexpr uint32_t kMinusRawBias2 = std::is_same_v<T, __nv_bfloat16> ? 0xC308C308u : 0xE408E408u;
-template <class T>
-constexpr uint32_t kOne2 = std::is_same_v<T, __nv_bfloat16> ? 0x3F803F80u : 0x3C003C00u;
-
-// A 16-bit scale or zero term (its bits in the low half of v) as a float.
-template <class T>
-__device__ __forceinline__ float half_bits_to_float(uint32_t v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __uint_as_float(v << 16);
-  else return __half2float(__ushort_as_half(static_cast<unsigned short>(v)));
 }
 
 // Two E4M3 values (the low 16 bits of v, the first in the low byte) as a pair of T, exactly:
@@ -282,26 +264,12 @@ struct TokenRows {
   }
 };
 
-// How multiply applies the weights' scales (and zero terms).
-constexpr int kPreScaled = 0, kPostScaled = 1, kPostZero = 2;
-
 // acc += the lane's share of (weights of steps s0, s0 + kStride, ... (kN of them)) x (tokens
 // m0 + 8u + r), dequantizing the weights in registers.
-// kPost (INT4 with scale groups of 128 or more: a whole step shares each row's scale and zero
-// term): the MMAs take q + bias as converted (int4_raw8) and one more MMA per K chunk adds
-// -bias x the tokens, so the step's sums are sum(q x) in fp32; then acc += scale * that
-// (+ zero term * sum(x), a third MMA per chunk with ones). Each product is exact and the
-// scale is applied in fp32, where the pre-scaled form rounds q * scale to T first; fewer
-// instructions per weight (the counts are in the file's header).
-template <class In, class T, class W, int kTiles, int kN, int kStride, int kPost>
+template <class In, class T, class W, int kTiles, int kN, int kStride>
 __device__ __forceinline__ void multiply(const WeightTile<T>& t, const TokenRows<In, T>& x_rows, int m0, int s0,
                                          const uint4 (&w)[kN][2], const uint32_t (&sc)[kN][2],
                                          const uint32_t (&zr)[kN][2], float (&acc)[kTiles][4]) {
-  static_assert(kPost == kPreScaled || std::is_same_v<W, Int4>, "post-scaled steps: INT4 weights");
-  // The MMAs' type: the hidden dtype, except for post-scaled steps with E4M3 tokens, where every
-  // operand is exact in fp16 (INT4 + bias, E4M3) and fp16 takes E4M3 pairs in one conversion
-  // where bf16 needs five instructions: the sums are the same fp32 ones either way.
-  using M = std::conditional_t<kPost != kPreScaled && sizeof(In) == 1, __half, T>;
   const int lane = threadIdx.x & 31, r = lane >> 2, q = lane & 3;
 #pragma unroll
   for (int i = 0; i < kN; ++i) {
@@ -314,7 +282,7 @@ __device__ __forceinline__ void multiply(const WeightTile<T>& t, const TokenRows
     for (int u = 0; u < kTiles; ++u) {
       const int m = m0 + 8 * u + r;
       const bool ok = kk < t.k && m < x_rows.m_rows;
-      load_tokens<In, M>(x_rows.a + (ok ? m * x_rows.lda + int64_t(kk) * sizeof(In) : 0), ok, x[u]);
+      load_tokens<In, T>(x_rows.a + (ok ? m * x_rows.lda + int64_t(kk) * sizeof(In) : 0), ok, x[u]);
     }
     // Dequantize the lane's 32 values of rows r and r + 8: pair j of word c is values
     // 8c + 2j, 8c + 2j + 1.
@@ -324,49 +292,16 @@ __device__ __forceinline__ void multiply(const WeightTile<T>& t, const TokenRows
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         uint32_t out[4];
-        if constexpr (kPost != kPreScaled) {
-          int4_raw8<M>(word(w[i][j], c), out);
+        dequant8<T, W>(word(w[i][j], c), out);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) wv[j][4 * c + e] = out[e];
-        } else {
-          dequant8<T, W>(word(w[i][j], c), out);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) wv[j][4 * c + e] = fma2<T>(out[e], sc[i][j], zr[i][j]);
-        }
+        for (int e = 0; e < 4; ++e) wv[j][4 * c + e] = fma2<T>(out[e], sc[i][j], zr[i][j]);
       }
-    if constexpr (kPost != kPreScaled) {
-      float part[kTiles][4] = {}, xsum[kTiles][4] = {};
-      const uint32_t bias[4] = {kMinusRawBias2<M>, kMinusRawBias2<M>, kMinusRawBias2<M>, kMinusRawBias2<M>};
-      const uint32_t ones[4] = {kOne2<M>, kOne2<M>, kOne2<M>, kOne2<M>};
 #pragma unroll
-      for (int tt = 0; tt < 8; ++tt) {
-        const uint32_t fa[4] = {wv[0][2 * tt], wv[1][2 * tt], wv[0][2 * tt + 1], wv[1][2 * tt + 1]};
-#pragma unroll
-        for (int u = 0; u < kTiles; ++u) {
-          const uint32_t b0 = word(x[u][tt / 2], 2 * (tt % 2)), b1 = word(x[u][tt / 2], 2 * (tt % 2) + 1);
-          decode::mma<M>(part[u], fa, b0, b1);
-          decode::mma<M>(part[u], bias, b0, b1);
-          if constexpr (kPost == kPostZero) decode::mma<M>(xsum[u], ones, b0, b1);
-        }
-      }
-      // c0, c1: row r; c2, c3: row r + 8.
-      const float scale[2] = {half_bits_to_float<T>(sc[i][0]), half_bits_to_float<T>(sc[i][1])};
-      const float zero[2] = {half_bits_to_float<T>(zr[i][0]), half_bits_to_float<T>(zr[i][1])};
+    for (int tt = 0; tt < 8; ++tt) {
+      const uint32_t fa[4] = {wv[0][2 * tt], wv[1][2 * tt], wv[0][2 * tt + 1], wv[1][2 * tt + 1]};
 #pragma unroll
       for (int u = 0; u < kTiles; ++u)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          acc[u][e] = fmaf(scale[e >> 1], part[u][e], acc[u][e]);
-          if constexpr (kPost == kPostZero) acc[u][e] = fmaf(zero[e >> 1], xsum[u][e], acc[u][e]);
-        }
-    } else {
-#pragma unroll
-      for (int tt = 0; tt < 8; ++tt) {
-        const uint32_t fa[4] = {wv[0][2 * tt], wv[1][2 * tt], wv[0][2 * tt + 1], wv[1][2 * tt + 1]};
-#pragma unroll
-        for (int u = 0; u < kTiles; ++u)
-          decode::mma<T>(acc[u], fa, word(x[u][tt / 2], 2 * (tt % 2)), word(x[u][tt / 2], 2 * (tt % 2) + 1));
-      }
+        decode::mma<T>(acc[u], fa, word(x[u][tt / 2], 2 * (tt % 2)), word(x[u][tt / 2], 2 * (tt % 2) + 1));
     }
   }
 }
@@ -374,7 +309,7 @@ __device__ __forceinline__ void multiply(const WeightTile<T>& t, const TokenRows
 // One block of 16 columns: its 4 warps take K steps warp, warp + 4, ... of the tile's 16
 // weight rows for all of group g's tokens, in passes of 8 * kTiles, and add their sums in
 // shared memory. In: the tokens' element type; T: the MMAs' and the output's.
-template <class In, class T, class W, int kTiles, int kPost>
+template <class In, class T, class W, int kTiles>
 __device__ __forceinline__ void split_k_tile(const Params& p, const WeightTile<T>& t,
                                              float (&partial)[kWarps][kTiles * 8][kRows + 1]) {
   const int n = t.n, n0 = t.n0, steps = t.steps;
@@ -388,7 +323,7 @@ __device__ __forceinline__ void split_k_tile(const Params& p, const WeightTile<T
       uint4 w[kBatch][2];
       uint32_t sc[kBatch][2], zr[kBatch][2];
       t.template load<kBatch, kWarps>(s0, w, sc, zr);
-      multiply<In, T, W, kTiles, kBatch, kWarps, kPost>(t, x_rows, m0, s0, w, sc, zr, acc);
+      multiply<In, T, W, kTiles, kBatch, kWarps>(t, x_rows, m0, s0, w, sc, zr, acc);
     }
     // c0: (row r, token 2q), c1: (r, 2q + 1), c2: (r + 8, 2q), c3: (r + 8, 2q + 1).
 #pragma unroll
@@ -416,7 +351,7 @@ __device__ __forceinline__ void split_k_tile(const Params& p, const WeightTile<T
 // tokens, in passes of 8 * kTiles. Weight batches of kWideBatch steps alternate between two
 // register sets: the next batch is requested before the current one is multiplied, so a
 // warp always has loads in flight. No shared memory, no block barrier.
-template <class In, class T, class W, int kTiles, int kPost>
+template <class In, class T, class W, int kTiles>
 __device__ __forceinline__ void wide_tile(const Params& p, const WeightTile<T>& t) {
   constexpr int kB = kWideBatch;
   const int n = t.n, n0 = t.n0, steps = t.steps;
@@ -431,10 +366,10 @@ __device__ __forceinline__ void wide_tile(const Params& p, const WeightTile<T>& 
     t.template load<kB, 1>(0, wa, sa, za);
     for (int s0 = 0; s0 < steps; s0 += 2 * kB) {
       if (s0 + kB < steps) t.template load<kB, 1>(s0 + kB, wb, sb, zb);
-      multiply<In, T, W, kTiles, kB, 1, kPost>(t, x_rows, m0, s0, wa, sa, za, acc);
+      multiply<In, T, W, kTiles, kB, 1>(t, x_rows, m0, s0, wa, sa, za, acc);
       if (s0 + kB >= steps) break;
       if (s0 + 2 * kB < steps) t.template load<kB, 1>(s0 + 2 * kB, wa, sa, za);
-      multiply<In, T, W, kTiles, kB, 1, kPost>(t, x_rows, m0, s0 + kB, wb, sb, zb, acc);
+      multiply<In, T, W, kTiles, kB, 1>(t, x_rows, m0, s0 + kB, wb, sb, zb, acc);
     }
     // c0: (row r, token 2q), c1: (r, 2q + 1), c2: (r + 8, 2q), c3: (r + 8, 2q + 1).
 #pragma unroll
@@ -447,11 +382,9 @@ __device__ __forceinline__ void wide_tile(const Params& p, const WeightTile<T>& 
   }
 }
 
-// kColumns: output columns per block, 16 (split K) or 64 (a warp per 16). kPost: kPreScaled, or
-// scales applied to each step's fp32 sums (multiply; INT4 with groups of 128 or more), without
-// or with zero terms.
-template <class In, class T, class W, int kTiles, int kColumns, int kPost>
-__device__ __forceinline__ void decode_w4a16_body(const Params& p) {
+// kColumns: output columns per block, 16 (split K) or 64 (a warp per 16).
+template <class In, class T, class W, int kTiles, int kColumns>
+__global__ void __launch_bounds__(kWarps * 32) decode_w4a16_kernel(Params p) {
   static_assert(kColumns == kRows || kColumns == kRows * kWarps, "4-bit decode: 16 or 64 columns per block");
   constexpr bool kSplitK = kColumns == kRows;
   __shared__ float partial[kSplitK ? kWarps : 1][kSplitK ? kTiles * 8 : 1][kRows + 1];
@@ -464,25 +397,11 @@ __device__ __forceinline__ void decode_w4a16_body(const Params& p) {
     const WeightTile<T> t(p, p.active_groups[1 + y], first_row);
     if constexpr (kSplitK) {
       if (t.has_rows())  // the same for the whole block (it syncs)
-        split_k_tile<In, T, W, kTiles, kPost>(p, t, partial);
+        split_k_tile<In, T, W, kTiles>(p, t, partial);
     } else if (t.has_rows()) {  // per warp
-      wide_tile<In, T, W, kTiles, kPost>(p, t);
+      wide_tile<In, T, W, kTiles>(p, t);
     }
   }
-}
-
-template <class In, class T, class W, int kTiles, int kColumns>
-__global__ void __launch_bounds__(kWarps * 32) decode_w4a16_kernel(Params p) {
-  decode_w4a16_body<In, T, W, kTiles, kColumns, kPreScaled>(p);
-}
-
-// The post-scaled kernels held to four blocks per SM (the pre-scaled ones' occupancy, 113-128
-// registers; unbounded these take 150-170) for the 8-token split-K block, three for the others,
-// where four would spill.
-template <class In, class T, class W, int kTiles, int kColumns, int kPost>
-__global__ void __launch_bounds__(kWarps * 32, kColumns == kRows && kTiles == 1 ? 4 : 3)
-    decode_w4a16_post_kernel(Params p) {
-  decode_w4a16_body<In, T, W, kTiles, kColumns, kPost>(p);
 }
 
 // What the 4-bit decode and tiled GEMMs share on the host: the argument check (scale groups of
@@ -543,17 +462,6 @@ struct DecodeW4A16 {
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
     using namespace decode_w4;
-    // Pre-scaled weights everywhere: the post-scaled form (INT4, groups of 128 or more) measured
-    // slower (docs/kernels/decode.md); MOE_KERNELS_W4_POSTSCALED=1 takes it, for A/B runs.
-    static const bool post_scaled = [] {
-      const char* v = getenv("MOE_KERNELS_W4_POSTSCALED");
-      return v && v[0] == '1';
-    }();
-    if constexpr (std::is_same_v<W, Int4>)
-      if (a.weight_group % kStepK == 0 && post_scaled)
-        return launch_groups(a.zero_base ? decode_w4a16_post_kernel<In, T, W, kTiles, kColumns, kPostZero>
-                                         : decode_w4a16_post_kernel<In, T, W, kTiles, kColumns, kPostScaled>,
-                             a, kColumns, kWarps * 32, "4-bit decode GEMM", err, errlen);
     return launch_groups(decode_w4a16_kernel<In, T, W, kTiles, kColumns>, a, kColumns, kWarps * 32,
                          "4-bit decode GEMM", err, errlen);
   }
