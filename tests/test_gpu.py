@@ -1033,6 +1033,29 @@ def test_four_bit_contiguous_split_tiles_at_the_n_edge(quant, rows, error_log):
     assert worst_row_error(out, ref) < 2 * TOLERANCE[quant]
 
 
+# Rows per expert around the tail limits (W4A16: 16 rows past a full tile ride along, W4A8: 8):
+# 129-136 attached in both, 137-144 attached in W4A16 only, 145 and 261 a tile of their own.
+W4_TAIL_COUNTS = [129, 136, 137, 144, 145, 261, 128, 0, 140, 1]
+
+
+@pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("quant", W4)
+def test_four_bit_contiguous_tail_rows(quant, act_dtype, error_log):
+    """An expert's few rows past a full tile multiplied in that tile (swap-AB wgmmas on the
+    converted weight block, stored from registers), at the limits and past them, with GEMM2's
+    N = 640 (the tail's columns past N in the last N tile are not stored)."""
+    tactic = _contiguous(quant, act_dtype)
+    ids = counts_ids(W4_TAIL_COUNTS)
+    p = make_problem(T=len(ids), E=len(W4_TAIL_COUNTS), k=1, H=640, I=384, dtype=quant, ids=ids,
+                     act_dtype=act_dtype, bias=True, group=32 if quant.endswith("mxfp4") else 128)
+    out = run(p, tactic=tactic)
+    ref = reference_out(p)
+    err = rel_error(out, ref)
+    error_log.add(f"{quant}/contig/tails/{act_dtype}", err)
+    assert err < TOLERANCE[quant], f"relative error {err:.3e}"
+    assert worst_row_error(out, ref) < 2 * TOLERANCE[quant]
+
+
 @pytest.mark.parametrize("group,symmetric", [(32, True), (64, True), (128, False), (32, False)])
 def test_w4a16_int4_contiguous_groups_and_zero_points(group, symmetric, error_log):
     """The contiguous W4A16 kernel with INT4 groups of 32 and 64 (two and one per K block of 64)
