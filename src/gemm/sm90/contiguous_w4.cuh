@@ -142,7 +142,7 @@ struct Config {
 };
 
 struct Params {
-  contig::Params base;  // tma_a, tma_d, d, offsets, tile_counter, num_experts, n, k
+  contig::Params base;  // tma_a, tma_tail, tma_d, d, offsets, tile_counter, num_experts, n, k, max_tail
   CUtensorMap tma_w;      // weights [E * N, K / 2] bytes, box (packed row bytes) x 128 rows
   CUtensorMap tma_scale;  // weight scales [E, K / g, N] 16-bit, box 256 x (the K block's groups) x 1
   CUtensorMap tma_zero;   // W4A16 INT4's zero terms, the same (has_zero)
@@ -285,6 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     }
     cutlass::arch::fence_barrier_init();
     cute::prefetch_tma_descriptor(&p.base.tma_a);
+    if (p.base.max_tail > 0) cute::prefetch_tma_descriptor(&p.base.tma_tail);
     cute::prefetch_tma_descriptor(&p.tma_w);
     cute::prefetch_tma_descriptor(&p.tma_scale);
     if (p.has_zero) cute::prefetch_tma_descriptor(&p.tma_zero);
