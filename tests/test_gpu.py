@@ -1,5 +1,6 @@
 """Kernel correctness on the GPU against moe_kernels.reference (skips without a GPU)."""
 import itertools
+import os
 
 import pytest
 import torch
@@ -1030,6 +1031,32 @@ def test_four_bit_contiguous_split_tiles_at_the_n_edge(quant, rows, error_log):
     err = rel_error(out, ref)
     error_log.add(f"{quant}/contig/split-edge/rows{rows}", err)
     assert err < TOLERANCE[quant]
+    assert worst_row_error(out, ref) < 2 * TOLERANCE[quant]
+
+
+# Rows per expert around the tail limits (W4A16: 16 rows past a full tile ride along, W4A8: 8):
+# 129-136 and 261 (on its second tile) attached in both, 137-144 in W4A16 only (a tile of their
+# own in W4A8), 145 never; the last expert's tail box reaches past the rows in both.
+W4_TAIL_COUNTS = [129, 136, 137, 144, 145, 261, 128, 0, 140, 1, 133]
+
+
+@pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("quant", W4)
+def test_four_bit_contiguous_tail_rows(quant, act_dtype, error_log):
+    """An expert's few rows past a full tile multiplied in that tile (swap-AB wgmmas on the
+    converted weight block, stored from registers), at the limits and past them, with GEMM2's
+    N = 640 (the tail's columns past N in the last N tile are not stored)."""
+    if os.environ.get("MOE_KERNELS_CONTIG_TAIL"):
+        pytest.skip("MOE_KERNELS_CONTIG_TAIL is set: the tails may be off")
+    tactic = _contiguous(quant, act_dtype)
+    ids = counts_ids(W4_TAIL_COUNTS)
+    p = make_problem(T=len(ids), E=len(W4_TAIL_COUNTS), k=1, H=640, I=384, dtype=quant, ids=ids,
+                     act_dtype=act_dtype, bias=True, group=32 if quant.endswith("mxfp4") else 128)
+    out = run(p, tactic=tactic)
+    ref = reference_out(p)
+    err = rel_error(out, ref)
+    error_log.add(f"{quant}/contig/tails/{act_dtype}", err)
+    assert err < TOLERANCE[quant], f"relative error {err:.3e}"
     assert worst_row_error(out, ref) < 2 * TOLERANCE[quant]
 
 

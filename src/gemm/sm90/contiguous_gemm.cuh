@@ -776,6 +776,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
+// The most tail rows a full tile takes along: kTail, or fewer by MOE_KERNELS_CONTIG_TAIL (0:
+// none; for A/B runs).
+inline int max_tail() {
+  static const int v = [] {
+    const char* s = getenv("MOE_KERNELS_CONTIG_TAIL");
+    return std::max(0, std::min(s ? atoi(s) : kTail, kTail));
+  }();
+  return v;
+}
+
 // cuTensorMapEncodeTiled from the driver, found once through the runtime.
 inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -934,11 +944,7 @@ struct ContiguousBlockwise {
     p.inter = static_cast<int>(a.n / 2);
     p.act_alpha = a.act_alpha;
     p.act_limit = a.act_limit;
-    static const int max_tail = [] {
-      const char* v = getenv("MOE_KERNELS_CONTIG_TAIL");
-      return v ? atoi(v) : kTail;
-    }();
-    p.max_tail = std::max(0, std::min(max_tail, kTail));
+    p.max_tail = max_tail();
     p.num_experts = a.num_groups;
     p.n = static_cast<int>(a.n);
     p.k = static_cast<int>(a.k);

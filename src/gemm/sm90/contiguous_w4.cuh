@@ -26,8 +26,11 @@
 //   among the three warps, and written. They arrive on `converted[stage]` after a proxy fence.
 // - The weight scales (and zero terms) come by TMA with the stage ([K/g, N] per expert: 256
 //   columns by the K block's groups).
-// - No tail rows (an expert's last rows past a full tile get a tile of their own); a partial last
-//   N tile and K block are allowed (gpt-oss's 2880).
+// - Tail rows as the fp8_block kernel has them (contig::tail_rows): an expert whose rows end at
+//   most kTail past a multiple of 128 multiplies them in its last full tile, as the N of a
+//   swap-AB wgmma on the converted weight block, instead of a tile of its own that would
+//   stream and convert the weight tile again. A partial last N tile and K block are allowed
+//   (gpt-oss's 2880).
 // Compiled for sm_90a; docs/kernels/contiguous-w4.md says what has run.
 #pragma once
 
@@ -72,20 +75,25 @@ constexpr uint32_t kProducerRegs = (kThreads * contig::kRegsPerThread - 256 * kC
 // The MMA's operand type and atom for the tokens' type In.
 template <class In>
 struct Operand;
+// TailMma: the swap-AB product of a converted weight block (the A operand, 64 rows an atom)
+// and an expert's tail rows (the N), as the fp8_block kernel multiplies its tails.
 template <>
 struct Operand<__nv_fp8_e4m3> {
   using Element = cutlass::float_e4m3_t;
   using Mma = SM90_64x128x32_F32E4M3E4M3_SS_TN<>;
+  using TailMma = SM90_64x8x32_F32E4M3E4M3_SS_TN<>;  // 8 rows: the consumers' registers hold no more
 };
 template <>
 struct Operand<__nv_bfloat16> {
   using Element = cutlass::bfloat16_t;
   using Mma = SM90_64x128x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>;
+  using TailMma = SM90_64x16x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>;
 };
 template <>
 struct Operand<__half> {
   using Element = cutlass::half_t;
   using Mma = SM90_64x128x16_F32F16F16_SS<GMMA::Major::K, GMMA::Major::K>;
+  using TailMma = SM90_64x16x16_F32F16F16_SS<GMMA::Major::K, GMMA::Major::K>;
 };
 
 template <class In, class W>
@@ -94,6 +102,8 @@ struct Config {
   static constexpr bool kMx = kW4A8 && std::is_same_v<W, E2M1>;  // the W4A8 scale fold
   using Element = typename Operand<In>::Element;
   using TiledMma = decltype(make_tiled_mma(typename Operand<In>::Mma{}));
+  using TailMma = decltype(make_tiled_mma(typename Operand<In>::TailMma{}));
+  static constexpr int kTail = kW4A8 ? 8 : contig::kTail;  // tail rows at most (TailMma's N)
   static constexpr int kTileK = kRowBytes / sizeof(In);  // K values per block: 128 or 64
   static constexpr int kPackedRowBytes = kTileK / 2;      // 64 or 32
   static constexpr int kPackedBytes = kBlockN * kPackedRowBytes;  // at the top of the block
@@ -109,9 +119,12 @@ struct Config {
                                              Shape<Int<kHalfM>, Int<kTileK>, Int<2 * kStages>>{}));
   using SmemLayoutB = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
                                              Shape<Int<kBlockN>, Int<kTileK>, Int<kBlocksN * kStages>>{}));
+  using SmemLayoutTail = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                                Shape<Int<kTail>, Int<kTileK>, Int<kStages>>{}));
   struct alignas(1024) SharedStorage {
     alignas(1024) uint8_t a[kStages * kStageBytesA];
     alignas(1024) uint8_t b[kStages * kStageBytesB];  // each block: packed at its top, then converted
+    alignas(1024) uint8_t a_tail[kStages * kTail * kRowBytes];  // the tail rows, if the tile has them
     alignas(1024) uint8_t out[kOutBytes];
     alignas(128) uint16_t scale[kStages][kScaleRows][kTileN];  // the tile's columns' weight scales
     // W4A16 INT4's zero terms, in the scales' layout (W4A8 takes none: a token of room)
@@ -129,7 +142,7 @@ struct Config {
 };
 
 struct Params {
-  contig::Params base;  // tma_a, tma_d, d, offsets, tile_counter, num_experts, n, k
+  contig::Params base;  // tma_a, tma_tail, tma_d, d, offsets, tile_counter, num_experts, n, k, max_tail
   CUtensorMap tma_w;      // weights [E * N, K / 2] bytes, box (packed row bytes) x 128 rows
   CUtensorMap tma_scale;  // weight scales [E, K / g, N] 16-bit, box 256 x (the K block's groups) x 1
   CUtensorMap tma_zero;   // W4A16 INT4's zero terms, the same (has_zero)
@@ -272,6 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     }
     cutlass::arch::fence_barrier_init();
     cute::prefetch_tma_descriptor(&p.base.tma_a);
+    if (p.base.max_tail > 0) cute::prefetch_tma_descriptor(&p.base.tma_tail);
     cute::prefetch_tma_descriptor(&p.tma_w);
     cute::prefetch_tma_descriptor(&p.tma_scale);
     if (p.has_zero) cute::prefetch_tma_descriptor(&p.tma_zero);
@@ -280,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   pdl_begin();  // the offsets and A (and its row scales) come from the previous kernels
 
   const int E = p.base.num_experts;
-  contig::load_tile_starts(p.base.offsets, E, 0, offsets, tile_start);  // no tail rows
+  contig::load_tile_starts(p.base.offsets, E, p.base.max_tail, offsets, tile_start);
   // The last N tile and K block may be partial (gpt-oss: N = 5760 and 2880, K = 2880): the loads
   // past K read zeros, the weight rows past N are the next expert's (computed, never stored),
   // their scales zeros.
@@ -298,17 +312,21 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         if (t >= num_tiles) break;
         const contig::Tile tile = contig::tile_at(t, tile_start, offsets, E, n_tiles);
         const int halves = tile.rows > kHalfM ? 2 : 1;
+        const bool tail = contig::tail_rows(tile, p.base.max_tail) > 0;
         for (int kb = 0; kb < k_blocks; ++kb) {
           cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase ^ 1);
           if (lane == 0) {
             cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
-                &smem.full[stage], halves * (C::kStageBytesA / 2) + kBlocksN * C::kPackedBytes +
-                                       (p.has_zero ? 2 : 1) * scale_bytes);
+                &smem.full[stage], halves * (C::kStageBytesA / 2) + (tail ? C::kTail * kRowBytes : 0) +
+                                       kBlocksN * C::kPackedBytes + (p.has_zero ? 2 : 1) * scale_bytes);
             const auto hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
             for (int h = 0; h < halves; ++h)
               SM90_TMA_LOAD_2D::copy(&p.base.tma_a, &smem.full[stage], hint,
                                      smem.a + stage * C::kStageBytesA + h * (C::kStageBytesA / 2), kb * kRowBytes,
                                      tile.row0 + h * kHalfM);
+            if (tail)
+              SM90_TMA_LOAD_2D::copy(&p.base.tma_tail, &smem.full[stage], hint,
+                                     smem.a_tail + stage * C::kTail * kRowBytes, kb * kRowBytes, tile.row0 + kTileM);
 #pragma unroll
             for (int b = 0; b < kBlocksN; ++b)
               SM90_TMA_LOAD_2D::copy(&p.tma_w, &smem.full[stage], hint,
@@ -370,6 +388,15 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   // ((i >> 1) & 1) (wgmma's layout): the thread's columns come in 16 pairs.
   const int q = lane & 3;
   static_assert(decltype(size(part))::value == 64, "64x128 fp32 accumulator: 64 values per thread");
+  // The tail rows: weight block `half` (two 64-row A operands) x kTail rows of A (the N).
+  typename C::TailMma tmma;
+  auto tthr = tmma.get_thread_slice(threadIdx.x % 128);
+  Tensor tTrA = tthr.make_fragment_A(tthr.partition_A(sB));  // (MMA, 2, k steps, kBlocksN * kStages)
+  Tensor tTrB = tthr.make_fragment_B(tthr.partition_B(
+      make_tensor(make_smem_ptr(reinterpret_cast<typename C::Element*>(smem.a_tail)), typename C::SmemLayoutTail{})));
+  Tensor acc_t = partition_fragment_C(tmma, Shape<Int<kBlockN>, Int<C::kTail>>{});
+  // (weight row within the block, tail row) of each of its values
+  Tensor coord_t = tthr.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<C::kTail>>{}));
 
   int kseq = 0;
   contig::TileSlots slots;
@@ -380,7 +407,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     const int tile_rows = min(tile.rows, kTileM);
     const bool split = tile_rows <= kHalfM;
     const int a_half = split ? 0 : half, b_first = split ? half : 0, blocks = split ? 1 : kBlocksN;
+    const int tail = contig::tail_rows(tile, p.base.max_tail);  // never with a split tile
     clear(acc);
+    clear(acc_t);
     if constexpr (C::kW4A8) {
       for (int kb = 0; kb < k_blocks; ++kb, ++kseq) {
         const int stage = kseq % kStages, phase = (kseq / kStages) & 1;
@@ -411,6 +440,28 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
             for (int e = 0; e < 4; ++e) acc(4 * j + e, 0, b) += part(4 * j + e) * ((e & 1) ? s.y : s.x);
           }
         }
+        if (tail) {  // weight block `half` x the tail rows, promoted with the block's column scales
+          Tensor part_t = partition_fragment_C(tmma, Shape<Int<kBlockN>, Int<C::kTail>>{});
+          warpgroup_fence_operand(part_t);
+          warpgroup_arrive();
+          tmma.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+          for (int k = 0; k < size<2>(tTrA); ++k) {
+            cute::gemm(tmma, tTrA(_, _, k, kBlocksN * stage + half), tTrB(_, _, k, stage), part_t);
+            tmma.accumulate_ = GMMA::ScaleOut::One;
+          }
+          warpgroup_commit_batch();
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(part_t);
+#pragma unroll
+          for (int i = 0; i < size(part_t); ++i) {
+            const int col = half * kBlockN + get<0>(coord_t(i));
+            float s;
+            if constexpr (C::kMx) s = smem.column_scale[stage][col];
+            else s = scale_value<Out>(smem.scale[stage][0][col]);
+            acc_t(i) += part_t(i) * s;
+          }
+        }
         __syncwarp();  // the stage's operands and scales are read
         if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
       }
@@ -421,16 +472,22 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       for (int b = 0; b < kBlocksN; ++b)
 #pragma unroll
         for (int i = 0; i < size(part); ++i) acc(i, 0, b) *= (i & 2) ? r1 : r0;
+      if (tail)
+#pragma unroll
+        for (int i = 0; i < size(acc_t); ++i)
+          acc_t(i) *= p.row_scale[min(int64_t(tile.row0) + kTileM + get<1>(coord_t(i)), p.rows - 1)];
     } else {
       // Straight into acc (block b's 64 values at 64b), `nb` blocks a K block, the same wgmmas
       // on every path between arrive and commit; a stage is released once the next one's
       // wgmmas are issued and its own have completed.
-      auto k_loop = [&](auto nb) {
+      // With tail rows (full tiles only) the tail's wgmmas join each K block's batch, into acc_t.
+      auto k_loop = [&](auto nb, auto with_tail) {
         for (int kb = 0; kb < k_blocks; ++kb, ++kseq) {
           const int stage = kseq % kStages, phase = (kseq / kStages) & 1;
           cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], phase);
           cutlass::arch::ClusterBarrier::wait(&smem.converted[stage], phase);
           warpgroup_fence_operand(acc);
+          if constexpr (decltype(with_tail)::value) warpgroup_fence_operand(acc_t);
           warpgroup_arrive();
 #pragma unroll
           for (int b = 0; b < decltype(nb)::value; ++b) {
@@ -439,9 +496,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
             for (int k = 0; k < size<2>(tCrA); ++k)
               cute::gemm(mma, tCrA(_, _, k, 2 * stage + a_half), tCrB(_, _, k, kBlocksN * stage + b_first + b), acc_b);
           }
+          if constexpr (decltype(with_tail)::value)
+#pragma unroll
+            for (int k = 0; k < size<2>(tTrA); ++k)
+              cute::gemm(tmma, tTrA(_, _, k, kBlocksN * stage + half), tTrB(_, _, k, stage), acc_t);
           warpgroup_commit_batch();
           warpgroup_wait<1>();  // the previous K block's wgmmas are done: release its stage
           warpgroup_fence_operand(acc);
+          if constexpr (decltype(with_tail)::value) warpgroup_fence_operand(acc_t);
           if (kb > 0) {
             __syncwarp();
             if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[(kseq + kStages - 1) % kStages]);
@@ -449,12 +511,23 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         }
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc);
+        if constexpr (decltype(with_tail)::value) warpgroup_fence_operand(acc_t);
         __syncwarp();
         if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[(kseq + kStages - 1) % kStages]);
       };
       mma.accumulate_ = GMMA::ScaleOut::One;
-      if (split) k_loop(Int<1>{});
-      else k_loop(Int<kBlocksN>{});
+      tmma.accumulate_ = GMMA::ScaleOut::One;
+      if (split) k_loop(Int<1>{}, false_type{});
+      else if (tail) k_loop(Int<kBlocksN>{}, true_type{});
+      else k_loop(Int<kBlocksN>{}, false_type{});
+    }
+    if (tail) {  // a few scattered rows: straight from the registers (columns past N not stored)
+      const int col0 = tile.n * kTileN + half * kBlockN;
+      Out* d = static_cast<Out*>(p.base.d) + (int64_t(tile.row0) + kTileM) * p.base.n + col0;
+#pragma unroll
+      for (int i = 0; i < size(acc_t); ++i)
+        if (get<1>(coord_t(i)) < tail && col0 + get<0>(coord_t(i)) < p.base.n)
+          d[get<1>(coord_t(i)) * int64_t(p.base.n) + get<0>(coord_t(i))] = Vec8<Out>::from_float(acc_t(i));
     }
     const int rows = split ? tile_rows : tile_rows - half * kHalfM;
     const int64_t row0 = tile.row0 + (split ? 0 : half * kHalfM);
@@ -554,6 +627,7 @@ struct ContiguousW4 {
     p.has_zero = a.zero_base != nullptr;
     const int64_t scale_rows_total = a.k / p.group;
     if (!contig::encode(&p.base.tma_a, a.a_base, a.rows, a.k * int64_t(sizeof(In)), kHalfM) ||
+        !contig::encode(&p.base.tma_tail, a.a_base, a.rows, a.k * int64_t(sizeof(In)), Cfg::kTail) ||
         !contig::encode(&p.base.tma_d, a.d_base, a.rows, 2 * a.n, kHalfM) ||
         !encode_bytes(&p.tma_w, a.b_base, int64_t(a.num_groups) * a.n, a.k / 2, Cfg::kPackedRowBytes, kBlockN) ||
         !encode_scales3d(&p.tma_scale, a.sfb_base, a.num_groups, scale_rows_total, a.n, p.scale_rows) ||
@@ -569,6 +643,7 @@ struct ContiguousW4 {
     p.base.k = static_cast<int>(a.k);
     p.row_scale = a.sfa_base;
     p.rows = a.rows;
+    p.base.max_tail = std::min(contig::max_tail(), Cfg::kTail);
     return contig::launch_persistent(kWhat, gemm_kernel<In, Out, W>, p, smem_bytes(a.num_groups),
                                      (a.n + kTileN - 1) / kTileN, a, err, errlen);
   }
