@@ -23,10 +23,10 @@ args_for() {
     bf16)            echo "--preset mixtral-8x7b --preset qwen3-30b-a3b --preset deepseek-v3 $WIDE" ;;
     fp8)             echo "--preset qwen3-30b-a3b --preset deepseek-v3 --quant fp8 $WIDE" ;;
     fp8_block)       echo "--preset deepseek-v3 --preset deepseek-v4-pro --quant fp8_block $WIDE" ;;
-    w4a16_int4)      echo "--preset qwen3-30b-a3b --preset deepseek-v3 --preset deepseek-v4-pro --quant w4a16_int4 $WIDE" ;;
+    w4a16_int4)      echo "--preset qwen3-30b-a3b --preset deepseek-v3 --quant w4a16_int4 $WIDE" ;;
     w4a16_mxfp4)     echo "--preset gpt-oss-120b --preset gpt-oss-20b --quant w4a16_mxfp4 --activation swiglu_oai $WIDE" ;;
     w4a16_mxfp4_deepseek) echo "--preset deepseek-v3 --preset deepseek-v4-pro --quant w4a16_mxfp4 $WIDE" ;;
-    w4a8_int4)       echo "--preset qwen3-30b-a3b --preset deepseek-v3 --preset deepseek-v4-pro --quant w4a8_int4 $WIDE" ;;
+    w4a8_int4)       echo "--preset qwen3-30b-a3b --preset deepseek-v3 --quant w4a8_int4 $WIDE" ;;
     w4a8_mxfp4)      echo "--preset gpt-oss-120b --quant w4a8_mxfp4 --activation swiglu_oai $WIDE" ;;
     w4a8_mxfp4_deepseek) echo "--preset deepseek-v3 --preset deepseek-v4-pro --quant w4a8_mxfp4 $WIDE" ;;
     # The decode table of the tuned-Triton comparison: 1-1024 tokens, bf16, against the read-only ceiling
