@@ -8,8 +8,8 @@
 #   OUT_DIR=/tmp/results BENCH_ARGS="--replays 10" benchmarks/run.sh fp8
 #   benchmarks/run.sh --list             # each run's name and bench arguments
 #
-# Each run is a few minutes at most on an H200, so that runs can be spread over machine
-# sessions with a time limit per command.
+# Each run is a few minutes at most on an H100 or H200, so that each fits a job with a time
+# limit per command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

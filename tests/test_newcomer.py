@@ -92,10 +92,15 @@ def test_a_cpu_device_is_refused_by_name():
 
 
 def test_unknown_mode_lists_what_this_build_runs_first():
+    x, w13, w2 = torch.zeros(2, 64), torch.zeros(4, 64, 64), torch.zeros(4, 64, 32)
+    topk_w, topk_ids = torch.ones(2, 1), torch.zeros(2, 1, dtype=torch.int32)
     for call in (lambda: moe_kernels.workspace_size(1, 1, 1, 64, 64, quant="int3"),
                  lambda: moe_kernels.list_kernels(quant="int3"),
                  lambda: moe_kernels.list_tactics("int3"),
-                 lambda: FusedMoE(8, 64, 32, quant="int3")):
+                 lambda: FusedMoE(8, 64, 32, quant="int3"),
+                 lambda: moe_kernels.fused_moe(x, w13, w2, topk_w, topk_ids, quant="int3"),
+                 lambda: moe_kernels.prepare.prepare_weights(w13, w2, quant="int3"),
+                 lambda: moe_kernels.prepare.quantize_weights(w13, w2, quant="int3")):
         with pytest.raises(ValueError, match=r"quant='int3' is not a quantization mode; this build runs") as e:
             call()
         runs = re.search(r"this build runs (\[[^\]]*\])", str(e.value)).group(1)

@@ -12,7 +12,7 @@ import torch
 
 from . import fp8, quant4, reference
 from .modes import Activation, QuantMode
-from .problem import DTYPES, check_alignment, weight_dtype, weight_scale
+from .problem import DTYPES, check_alignment, parse_quant, weight_dtype, weight_scale
 
 def _check(name, t, dtype, shape):
     if not isinstance(t, torch.Tensor):
@@ -72,7 +72,7 @@ def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None
     w13_scale, w2_scale, a13_scale, a2_scale for scaled formats, w13_zero, w2_zero for int4)
     ready for `moe_kernels.fused_moe`.
     """
-    mode = QuantMode.parse(quant)
+    mode = parse_quant(quant)
     spec = mode.spec
     if mode.value not in reference.MODES:
         raise NotImplementedError(f"prepare_weights: quant={mode.value!r} is not supported yet; "
@@ -147,7 +147,7 @@ def quantize_weights(w13, w2, *, quant="fp8", granularity=None, activation="swig
     int4 modes: groups of `group_size` along K, symmetric (GPTQ) or not (AWQ, with zero
     terms), scales in `scale_dtype` (the hidden states' dtype). mxfp4 modes: OCP MX blocks of 32,
     their scales made for `scale_dtype` hidden states."""
-    mode = QuantMode.parse(quant)
+    mode = parse_quant(quant)
     weight = mode.spec.weight
     if weight not in ("e4m3", "e4m3_block128", "int4", "mxfp4") or mode.value not in reference.MODES:
         raise ValueError(f"quant={mode.value!r}: quantize_weights makes fp8, fp8_block, int4 or mxfp4 weights")

@@ -314,7 +314,7 @@ class Problem:
                  swiglu_limit=7.0, w13_scale=None, w2_scale=None, a13_scale=None, a2_scale=None,
                  w13_zero=None, w2_zero=None, expert_map=None, apply_router_weight_on_input=False,
                  routed_scaling_factor=None):
-        self.quant = infer_mode(hidden_states, w13, w13_scale) if quant is None else QuantMode.parse(quant)
+        self.quant = infer_mode(hidden_states, w13, w13_scale) if quant is None else parse_quant(quant)
         spec = self.mode = self.quant.spec
         require_built(self.quant, getattr(hidden_states, "device", None))
         self.activation = Activation.parse(activation)
