@@ -18,8 +18,8 @@ from .modes import Activation, QuantMode
 
 # Token buckets: powers of two. A forward of T tokens uses the smallest bucket >= T (the
 # largest for more tokens), tuned at the bucket's T, so a pick runs only forwards of more than
-# half its T (x4 steps above 256 left a 16384-token pick on 4097 tokens, up to 11% slower per GEMM). A
-# bucket without a record (a table made before 512/2048/8192 existed) takes the default rule.
+# half its T (coarser steps left picks far from their T: docs/design.md, "Tactics"). A bucket
+# without a record (a table made before 512/2048/8192 existed) takes the default rule.
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 CACHE_FORMAT = 2  # records name their tactic as str(Tactic)
 

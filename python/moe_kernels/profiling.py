@@ -88,9 +88,8 @@ def time_graph(fn, replays, per_graph, warmup_s=0.025):
     with torch.cuda.graph(g):
         for _ in range(per_graph):
             fn()
-    # Warm up for at least 25 ms of replays (as triton's do_bench), so that clocks settle: with
-    # 3 replays, the first point of a run (DeepSeek-V3, one token) read ~8% slower than the
-    # same tactic timed again later in the run.
+    # Warm up for at least 25 ms of replays (as triton's do_bench), so that clocks settle: a few
+    # replays left a run's first point slower than its re-timing (docs/performance.md, "Timing").
     t0, n = time.perf_counter(), 0
     while n < 3 or time.perf_counter() - t0 < warmup_s:
         g.replay()

@@ -206,12 +206,10 @@ def confirm(timings: dict, time_again, finalists: int = FINALISTS, rounds: int =
     """The search's fastest `finalists` candidates, and the `default` rule's pair where it was
     timed, timed again round-robin for `rounds` rounds, each scored by the median of those
     re-timings; {candidate: us}, fastest first.
-    On H200 one pair measured 109-131 us across runs of the same build: single timings of
-    near-tied pairs pick by noise, and interleaving keeps slow drift off any one candidate. The
-    search's own timings only choose the finalists: taken one after another as the GPU warms,
-    they favour what was timed first (on H200 the default pair's first timing read up to 10%
-    below its re-timings at 8192-16384 tokens, _worker's settle or not). The default is always
-    a finalist, so a pick has beaten it in the same rounds."""
+    Single timings of near-tied pairs pick by noise, and interleaving keeps slow drift off any
+    one candidate. The search's own timings only choose the finalists: taken one after another
+    as the GPU warms, they favour what was timed first (docs/design.md, "Tactics"). The default
+    is always a finalist, so a pick has beaten it in the same rounds."""
     top = sorted(timings, key=timings.get)[:finalists]
     if default in timings and default not in top:
         top.append(default)
@@ -312,10 +310,9 @@ def _worker(args) -> int:
                 run(tactic, *sets[j], outs[j])
             return profiling.time_graph(call, args.replays, len(sets), warmup_s=warmup_s)[0] * 1e6
 
-        # Settle the clocks first. After the reference and the probe the GPU runs above its
-        # sustained clock for a while: on H200 a bucket's first timing (the default pair's) read
-        # up to 8% faster than the same pair re-timed among the finalists. This removed that in
-        # bf16, not in fp8 at 8192+ tokens; confirm() does not score the search's timings.
+        # Settle the clocks first: after the reference and the probe the GPU runs above its
+        # sustained clock for a while, which flattered the first timing (docs/design.md,
+        # "Tactics"); confirm() does not score the search's timings anyway.
         if good:
             _emit(event="try", bucket=T, tactic=f"{good[0]}+{good[0]}", suspect=good[0], index=0, count=1)
             time_tactic(Tactic(good[0], good[0]), warmup_s=SETTLE_S)

@@ -254,16 +254,14 @@ def measure_ceilings(quant, sampler=None):
     """Copy bandwidth (bytes read + written per second), and the dense GEMM rate (FLOP/s) in the
     mode's arithmetic (fp8: torch._scaled_mm, E4M3 x E4M3 -> bf16) sustained and in a burst.
 
-    The copy is an elementwise kernel over 2 GiB: a memcpy node inside a CUDA graph can go to
-    the copy engines, slower than the SMs (seen on an H200: 2.75 against 4.2 TB/s).
-    The GEMM rate is the best of three rounds of graphs of four 8192^3 GEMMs, taken after a
-    second of such GEMMs, so the card is at the same power cap as during the forwards (each
-    timed for 30 graph replays: 0.1-3 s of work). The burst rate is the same best of three,
-    taken first: on the H200 its rounds last ~30 ms, and in them the SM clock can still be at
-    its 1980 MHz boost, before the 700 W cap pulls it to ~1380
-    (`benchmarks/probes/dense_ceiling_modes.py`), so it read anywhere from 1269 to 1493 TFLOP/s
-    (FP8) from one process to the next. Percentages are of the sustained rate. The last value: the
-    SM clock and power during the sustained rounds, from `sampler` (a GpuSampler), or {}."""
+    The copy is an elementwise kernel over 2 GiB (a memcpy node inside a CUDA graph can go to
+    the copy engines, slower than the SMs). The GEMM rate is the best of three rounds of graphs
+    of four 8192^3 GEMMs, taken after a second of such GEMMs, so the card is at the same power
+    cap as during the forwards. The burst rate is the same best of three, taken first, while the
+    SM clock may still be at its boost: it varies from one process to the next, so percentages
+    are of the sustained rate (docs/performance.md, "How the benchmark measures"). The last
+    value: the SM clock and power during the sustained rounds, from `sampler` (a GpuSampler),
+    or {}."""
     import torch
     src = torch.randn(1 << 29, device="cuda")
     dst = torch.empty_like(src)
