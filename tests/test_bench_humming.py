@@ -14,16 +14,16 @@ def humming(quant):
     return next(p for p in bench.peers("swiglu", quant) if p[0] == "humming-kernels")
 
 
-@pytest.mark.parametrize("quant", ["w4a16_int4", "w4a16_mxfp4"])
-def test_registered_for_the_16_bit_activation_4_bit_modes(quant, monkeypatch):
+@pytest.mark.parametrize("quant", ["w4a16_int4", "w4a16_mxfp4", "w4a8_int4", "w4a8_mxfp4"])
+def test_registered_for_the_4_bit_modes(quant, monkeypatch):
     name, fn, why = humming(quant)
     if importlib.util.find_spec("humming") is None:
         assert fn is None and why == "not installed"
     else:
         assert isinstance(fn, bench.HummingMoE) and fn.weight_format == quant.split("_")[1]
+        assert fn.fp8_inputs == quant.startswith("w4a8")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     assert humming(quant)[1:] == (None, "not installed")
-    assert humming("w4a8_int4")[1:] == (None, "not for w4a8_int4")
     assert all(p[0] != "humming-kernels" for p in bench.peers("swiglu", "fp8_block"))
 
 

@@ -477,16 +477,18 @@ def _humming_tensors(w, scale, weight_format):
 
 
 class HummingMoE:
-    """humming-kernels (the vLLM project's JIT-compiled quantized GEMM library) for the 16-bit
-    activation 4-bit modes: both GEMMs are its indexed MoE GEMM (vLLM fused_moe's layout:
-    expert-sorted, block-padded (token, slot) ids), each with humming's own heuristic tile
-    config for the routed row count; the alignment, activation and weighted sum are PyTorch.
-    Its layers are built from the prepared weights once per weight tensor. Same weights and
+    """humming-kernels (the vLLM project's JIT-compiled quantized GEMM library) for the 4-bit
+    modes: both GEMMs are its indexed MoE GEMM (vLLM fused_moe's layout: expert-sorted,
+    block-padded (token, slot) ids), each with humming's own heuristic tile config for the
+    routed row count; the alignment, activation and weighted sum are PyTorch. For W4A8
+    (`fp8_inputs`) its GEMMs quantize their 16-bit inputs to E4M3 per token themselves (its
+    `dynamic_token` input mode; MXFP4's group scales folded into the FP8 operand before the
+    MMA). Its layers are built from the prepared weights once per weight tensor. Same weights and
     arithmetic as the mode, so it is checked against the mode's reference."""
     INDEXED = json.dumps({"gemm_type": "indexed"})
 
-    def __init__(self, weight_format: str):
-        self.weight_format = weight_format
+    def __init__(self, weight_format: str, fp8_inputs: bool = False):
+        self.weight_format, self.fp8_inputs = weight_format, fp8_inputs
         self._key, self._layers, self._tiles = None, None, {}
 
     def _layer(self, w, scale):
@@ -495,8 +497,10 @@ class HummingMoE:
         config, tensors = _humming_tensors(w, scale, self.weight_format)
         with torch.device(w.device):
             # its SM90 tiles are at least 128 wide along N: pad N (gpt-oss's 2880) to a multiple
+            inputs = {"dtype": "float8e4m3", "quant_mode": "dynamic_token"} if self.fp8_inputs else None
             layer = HummingLayer(shape_n=w.shape[1], shape_k=2 * w.shape[2], weight_config=config,
-                                 num_experts=w.shape[0], pad_n_to_multiple=128, torch_dtype=scale.dtype)
+                                 input_config=inputs, num_experts=w.shape[0], pad_n_to_multiple=128,
+                                 torch_dtype=scale.dtype)
         layer.load_from_tensors(tensors)
         layer.transform()  # humming's repacking for this GPU
         return layer
@@ -540,11 +544,11 @@ def _humming_peer(quant):
     """(name, HummingMoE or None, why not) for a 4-bit mode."""
     import importlib.util
     name = "humming-kernels"
-    if MODES[quant].act != "a16":
+    if MODES[quant].act not in ("a16", "fp8_row"):
         return name, None, f"not for {quant}"
     if importlib.util.find_spec("humming") is None:
         return name, None, "not installed"
-    return name, HummingMoE(MODES[quant].weight), None
+    return name, HummingMoE(MODES[quant].weight, fp8_inputs=MODES[quant].act == "fp8_row"), None
 
 
 class OwnW4A16:
