@@ -1,5 +1,6 @@
-"""The README's modes table and activation list are the mode table's and the full catalog's
-(CPU only). `python tests/test_readme.py` prints them as the README holds them."""
+"""The README's modes table and activation list are the mode table's and the full catalog's,
+and its Python examples define what they use (CPU only). `python tests/test_readme.py` prints
+the table as the README holds it."""
 import importlib.util
 import pathlib
 import sys
@@ -51,3 +52,36 @@ if __name__ == "__main__":
     print(modes_table())
     print(END)
     print(f"\nActivations: {activations_line()}.")
+
+
+def _names(tree):
+    """(names a block binds, names it reads) for a parsed README example."""
+    import ast
+    bound, read = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (bound if isinstance(node.ctx, (ast.Store, ast.Del)) else read).add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.Lambda)):
+            bound.update(a.arg for a in node.args.args + node.args.kwonlyargs)
+            if isinstance(node, ast.FunctionDef):
+                bound.add(node.name)
+        elif isinstance(node, ast.comprehension):
+            bound.update(n.id for n in ast.walk(node.target) if isinstance(n, ast.Name))
+    return bound, read
+
+
+def test_readme_examples_define_what_they_use():
+    """Every Python example parses, and reads only names it defines or imports, builtins, or
+    (where it says it continues the quick start) the quick start's."""
+    import ast
+    import builtins
+    import re
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert blocks
+    quick_start, _ = _names(ast.parse(blocks[0]))
+    for block in blocks:
+        bound, read = _names(ast.parse(block))
+        known = bound | set(dir(builtins)) | (quick_start if "as in the quick start" in block else set())
+        assert read <= known, f"README example reads undefined names {sorted(read - known)}:\n{block}"
