@@ -1,6 +1,6 @@
 """The README's modes table and activation list are the mode table's and the full catalog's,
 and its Python examples define what they use (CPU only). `python tests/test_readme.py` prints
-the table as the README holds it."""
+the table and the activation list as the README holds them."""
 import importlib.util
 import pathlib
 import sys
