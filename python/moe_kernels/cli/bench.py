@@ -495,9 +495,9 @@ class HummingMoE:
         import torch
         from humming.layer import HummingLayer
         config, tensors = _humming_tensors(w, scale, self.weight_format)
+        inputs = {"dtype": "float8e4m3", "quant_mode": "dynamic_token"} if self.fp8_inputs else None
         with torch.device(w.device):
             # its SM90 tiles are at least 128 wide along N: pad N (gpt-oss's 2880) to a multiple
-            inputs = {"dtype": "float8e4m3", "quant_mode": "dynamic_token"} if self.fp8_inputs else None
             layer = HummingLayer(shape_n=w.shape[1], shape_k=2 * w.shape[2], weight_config=config,
                                  input_config=inputs, num_experts=w.shape[0], pad_n_to_multiple=128,
                                  torch_dtype=scale.dtype)
