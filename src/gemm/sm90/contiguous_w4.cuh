@@ -194,10 +194,33 @@ __device__ __forceinline__ float scale_value(uint16_t v) {
   else return __uint_as_float(uint32_t(v) << 16);
 }
 
+// W4A8 MXFP4, once a stage before its blocks are converted: each column's largest group scale
+// in the K block, 2^e_max, goes to column_scale, and each of its group scales is replaced in
+// place by the group's exponent offset d = e_max - e (15: a zero scale, whose values are zeros),
+// so a unit's conversion needs one table index instead of the row's shuffles.
+template <class Out, class Smem>
+__device__ __forceinline__ void fold_scales(Smem& smem, int stage, int t) {
+  constexpr int kGroups = kRowBytes / 32;  // E4M3 K values per block over MXFP4's group
+  for (int col = t; col < kTileN; col += kConvertThreads) {
+    float s[kGroups];
+    float s_max = 0.f;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      s[g] = scale_value<Out>(smem.scale[stage][g][col]);
+      s_max = fmaxf(s_max, s[g]);
+    }
+    // Powers of two (positive): exponents from the bits (2^-127, a float subnormal, has field 0).
+    const int e_max = int(__float_as_uint(s_max) >> 23);
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g)
+      smem.scale[stage][g][col] = s[g] > 0.f ? uint16_t(min(e_max - int(__float_as_uint(s[g]) >> 23), 15)) : 15;
+    smem.column_scale[stage][col] = s_max;
+  }
+}
+
 // Unit u of a weight block: row u / kUnitsPerRow, packed bytes 16c .. 16c + 15 of it (K values
 // 32c .. 32c + 31 of the block, c = u % kUnitsPerRow, inside one scale group), `v`, converted
-// and stored at its place in the block's swizzled rows. A row's units are consecutive
-// converter threads (W4A8 MXFP4 shares the row's largest scale among them by shuffles).
+// and stored at its place in the block's swizzled rows.
 template <class In, class Out, class W, class Smem>
 __device__ __forceinline__ void convert_unit(uint8_t* block, Smem& smem, const Params& p, int stage, int b, int u,
                                              uint4 v) {
@@ -205,15 +228,9 @@ __device__ __forceinline__ void convert_unit(uint8_t* block, Smem& smem, const P
   const int r = u / C::kUnitsPerRow, c = u % C::kUnitsPerRow, col = b * kBlockN + r;
   if constexpr (C::kW4A8) {  // 32 E4M3 bytes: 16-byte pieces 2c and 2c + 1 of the row
     uint2 pos = kInt4Pos, neg = kInt4Neg;
-    if constexpr (C::kMx) {  // the tables for group c's offset from the row's largest scale
-      const float s = scale_value<Out>(smem.scale[stage][c][col]);
-      float s_max = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, 1));
-      s_max = fmaxf(s_max, __shfl_xor_sync(0xffffffffu, s_max, 2));
-      // Powers of two: the exponent difference (a zero scale's values are zeros in any row).
-      const int d = s > 0.f ? min(ilogbf(s_max) - ilogbf(s), 15) : 15;
-      pos = smem.e4m3_of[d];
+    if constexpr (C::kMx) {  // the tables for group c's offset from the column's largest scale
+      pos = smem.e4m3_of[smem.scale[stage][c][col]];  // fold_scales left the offset there
       neg = make_uint2(pos.x | 0x80808080u, pos.y | 0x80808080u);
-      if (c == 0) smem.column_scale[stage][col] = s_max;
     }
     const uint2 w0 = lookup8(v.x, pos, neg), w1 = lookup8(v.y, pos, neg);
     const uint2 w2 = lookup8(v.z, pos, neg), w3 = lookup8(v.w, pos, neg);
@@ -234,32 +251,43 @@ __device__ __forceinline__ void convert_unit(uint8_t* block, Smem& smem, const P
   }
 }
 
-// One 128-row weight block of a stage (block b of the tile's columns), packed at its top,
-// expanded in place (see the top of the file).
-template <class In, class Out, class W, class Smem>
-__device__ __forceinline__ void convert_block(uint8_t* block, Smem& smem, const Params& p, int stage, int b, int t) {
-  using C = Config<In, W>;
-  constexpr int kHigh = C::kUnits - C::kLowUnits;
-  constexpr int kPerThread = (kHigh + kConvertThreads - 1) / kConvertThreads;
-  // Whole warps in every round (shuffles, and no divergence): the counts are multiples of 32.
-  static_assert(C::kLowUnits % 32 == 0 && kHigh % 32 == 0, "converter rounds of whole warps");
-  const uint8_t* packed = block + kBlockBytes - C::kPackedBytes;
-  // The rows below the packed bytes.
-  for (int u = t; u < C::kLowUnits; u += kConvertThreads)
-    convert_unit<In, Out, W>(block, smem, p, stage, b, u, *reinterpret_cast<const uint4*>(packed + 16 * u));
-  // The rest overwrite the packed bytes: all of them read (by every converter) first.
+// Units first .. last - 1 of a block, kConvertThreads apart from the thread's first: all of a
+// thread's packed bytes read before any is converted (their loads in flight together, and the
+// units' conversions independent chains), then converted. `sync`: a barrier among the converters
+// between the reads and the writes (the writes overwrite packed bytes other threads read).
+template <class In, class Out, class W, int kFirst, int kLast, bool kSync, class Smem>
+__device__ __forceinline__ void convert_units(uint8_t* block, const uint8_t* packed, Smem& smem, const Params& p,
+                                              int stage, int b, int t) {
+  constexpr int kPerThread = (kLast - kFirst + kConvertThreads - 1) / kConvertThreads;
+  // Whole warps in every round (no divergence): the counts are multiples of 32.
+  static_assert(kFirst % 32 == 0 && kLast % 32 == 0, "converter rounds of whole warps");
   uint4 v[kPerThread];
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
-    const int u = C::kLowUnits + t + i * kConvertThreads;
-    if (u < C::kUnits) v[i] = *reinterpret_cast<const uint4*>(packed + 16 * u);
+    const int u = kFirst + t + i * kConvertThreads;
+    if (u < kLast) v[i] = *reinterpret_cast<const uint4*>(packed + 16 * u);
   }
-  asm volatile("bar.sync %0, %1;" ::"n"(kConvertBarrier), "n"(kConvertThreads) : "memory");
+  if constexpr (kSync) asm volatile("bar.sync %0, %1;" ::"n"(kConvertBarrier), "n"(kConvertThreads) : "memory");
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
-    const int u = C::kLowUnits + t + i * kConvertThreads;
-    if (u < C::kUnits) convert_unit<In, Out, W>(block, smem, p, stage, b, u, v[i]);
+    const int u = kFirst + t + i * kConvertThreads;
+    if (u < kLast) convert_unit<In, Out, W>(block, smem, p, stage, b, u, v[i]);
   }
+}
+
+// One 128-row weight block of a stage (block b of the tile's columns), packed at its top,
+// expanded in place (see the top of the file): the rows below the packed bytes, then the rest.
+template <class In, class Out, class W, class Smem>
+__device__ __forceinline__ void convert_block(uint8_t* block, Smem& smem, const Params& p, int stage, int b, int t) {
+  using C = Config<In, W>;
+  const uint8_t* packed = block + kBlockBytes - C::kPackedBytes;
+  // W4A16's units (64 output bytes each) one at a time: its producer registers hold no more.
+  if constexpr (C::kW4A8)
+    convert_units<In, Out, W, 0, C::kLowUnits, false>(block, packed, smem, p, stage, b, t);
+  else
+    for (int u = t; u < C::kLowUnits; u += kConvertThreads)
+      convert_unit<In, Out, W>(block, smem, p, stage, b, u, *reinterpret_cast<const uint4*>(packed + 16 * u));
+  convert_units<In, Out, W, C::kLowUnits, C::kUnits, true>(block, packed, smem, p, stage, b, t);
 }
 
 template <class In, class Out, class W>
@@ -361,6 +389,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       for (int kb = 0; kb < k_blocks; ++kb, ++kseq) {
         const int stage = kseq % kStages;
         cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], (kseq / kStages) & 1);
+        if constexpr (C::kMx) {
+          fold_scales<Out>(smem, stage, t);
+          asm volatile("bar.sync %0, %1;" ::"n"(kConvertBarrier), "n"(kConvertThreads) : "memory");
+        }
 #pragma unroll
         for (int b = 0; b < kBlocksN; ++b)
           convert_block<In, Out, W>(smem.b + stage * C::kStageBytesB + b * kBlockBytes, smem, p, stage, b, t);
