@@ -243,15 +243,20 @@ def test_default_rule_four_bit():
     assert default_tactic(decode + wide + tiled, num_tokens=1, **gpt_oss) == Tactic("d8", "d8")  # K not given
     assert default_tactic(wide + tiled, num_tokens=1, **gpt_oss) == Tactic("w8", "w8")   # only 64 built
     assert default_tactic(decode + wide, num_tokens=4096, **gpt_oss) == Tactic("d16", "d16")  # no prefill kernel
-    # The contiguous wgmma kernel instead of the tiled one: MXFP4 past 64 rows per expert, W4A8
-    # INT4 past the decode kernel's 16; never where CUTLASS's kernels serve (W4A16 INT4 g128)
+    # The contiguous wgmma kernel instead of the tiled one: W4A16 MXFP4 past 32 rows per expert,
+    # W4A8 MXFP4 past 24, W4A8 INT4 past the decode kernel's 16; never where CUTLASS's kernels
+    # serve (W4A16 INT4 g128)
     contig = [k("g", 128, 256, "contig", "w4a16_mxfp4")]
     assert default_tactic(decode + tiled + contig, num_tokens=1024, **gpt_oss) == Tactic("t32", "t32")  # 32 rows
+    assert default_tactic(decode + tiled + contig, num_tokens=1056, **gpt_oss) == Tactic("g", "g")  # 33
     assert default_tactic(decode + tiled + contig, num_tokens=4096, **gpt_oss) == Tactic("g", "g")  # 128
     w4a8 = [dataclasses.replace(x, mode="w4a8_int4", act_format="fp8_row", weight_format="int4")
             for x in decode + tiled + contig]
     assert default_tactic(w4a8, num_tokens=512, **gpt_oss) == Tactic("d16", "d16")  # 16 rows
-    assert default_tactic(w4a8, num_tokens=1024, **gpt_oss) == Tactic("g", "g")  # 32
+    assert default_tactic(w4a8, num_tokens=544, **gpt_oss) == Tactic("g", "g")  # 17
+    w4a8_mx = [dataclasses.replace(x, mode="w4a8_mxfp4", act_format="fp8_row") for x in decode + tiled + contig]
+    assert default_tactic(w4a8_mx, num_tokens=768, **gpt_oss) == Tactic("t32", "t32")  # 24 rows
+    assert default_tactic(w4a8_mx, num_tokens=800, **gpt_oss) == Tactic("g", "g")  # 25
     int4_contig = int4 + [dataclasses.replace(contig[0], mode="w4a16_int4", weight_format="int4")]
     assert default_tactic(int4_contig, num_tokens=4096, **gpt_oss) == Tactic("c128", "c128")
     awq = [x for x in int4_contig if x.kind != "grouped"]  # CUTLASS's kernels filtered out: not yet measured

@@ -101,10 +101,11 @@ FOUR_BIT_FORMATS = ("int4", "mxfp4")
 FOUR_BIT_DECODE_ROWS = 16
 FOUR_BIT_DECODE_WIDE_MAX_K = 1024
 # Past these rows per expert, by (activation, weight) format, the contiguous kernel instead of
-# the tiled one (docs/performance.md, default rule): W4A8 INT4 ahead from 32 rows on; MXFP4
-# (W4A16, W4A8) behind at 32 rows, ahead at 128; W4A16 INT4 without CUTLASS (AWQ, groups of
-# 32) not yet measured against the tiled kernel.
-FOUR_BIT_CONTIG_ROWS = {("fp8_row", "int4"): FOUR_BIT_DECODE_ROWS, ("fp8_row", "mxfp4"): 64, ("a16", "mxfp4"): 64}
+# the tiled one (docs/performance.md, default rule): W4A8 INT4 ahead from 32 rows on; W4A8
+# MXFP4 behind at 20 rows, ahead from 32; W4A16 MXFP4 behind at 32, ahead at 64 (where the
+# tiled kernel's 64-row tile is slower than its 32-row one); W4A16 INT4 without CUTLASS (AWQ,
+# groups of 32) not yet measured against the tiled kernel.
+FOUR_BIT_CONTIG_ROWS = {("fp8_row", "int4"): FOUR_BIT_DECODE_ROWS, ("fp8_row", "mxfp4"): 24, ("a16", "mxfp4"): 32}
 
 
 def _pick_four_bit(kernels: list, rows_per_expert: float, k_size: int) -> KernelInfo:
