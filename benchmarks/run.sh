@@ -15,7 +15,8 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT_DIR=${OUT_DIR:-benchmarks/results}
 ALL="bf16 fp8 fp8_block w4a16_int4 w4a16_mxfp4 w4a16_mxfp4_deepseek w4a8_int4 w4a8_mxfp4"
-ALL="$ALL w4a8_mxfp4_deepseek decode decode_fp8_block w4_decode_widths host"
+ALL="$ALL w4a8_mxfp4_deepseek w4a16_int4_v4_pro w4a8_int4_v4_pro decode decode_fp16 decode_fp8 decode_fp8_block"
+ALL="$ALL w4_decode_widths host"
 WIDE="--tokens 1,16,128,1024,4096,16384"
 
 args_for() {
@@ -29,9 +30,13 @@ args_for() {
     w4a8_int4)       echo "--preset qwen3-30b-a3b --preset deepseek-v3 --quant w4a8_int4 $WIDE" ;;
     w4a8_mxfp4)      echo "--preset gpt-oss-120b --quant w4a8_mxfp4 --activation swiglu_oai $WIDE" ;;
     w4a8_mxfp4_deepseek) echo "--preset deepseek-v3 --preset deepseek-v4-pro --quant w4a8_mxfp4 $WIDE" ;;
+    w4a16_int4_v4_pro) echo "--preset deepseek-v4-pro --quant w4a16_int4 $WIDE" ;;
+    w4a8_int4_v4_pro)  echo "--preset deepseek-v4-pro --quant w4a8_int4 $WIDE" ;;
     # The decode table of the tuned-Triton comparison: 1-1024 tokens, bf16, against the read-only ceiling
     decode)          echo "--preset mixtral-8x7b --preset qwen3-30b-a3b --preset deepseek-v3 --preset gpt-oss-120b \
                            --tokens 1,2,4,8,16,32,64,128,1024" ;;
+    decode_fp16)     echo "--preset mixtral-8x7b --preset qwen3-30b-a3b --quant fp16 --tokens 1,2,4,8,16,32,64,128,1024" ;;
+    decode_fp8)      echo "--preset mixtral-8x7b --preset qwen3-30b-a3b --quant fp8 --tokens 1,2,4,8,16,32,64,128,1024" ;;
     decode_fp8_block) echo "--preset deepseek-v3 --quant fp8_block --tokens 1,2,4,8,16,32,64,128,1024" ;;
     # The 4-bit decode kernel's two block widths and token tiles in each GEMM slot, round-robin
     # (docs/kernels/decode.md: the width rule is the 16-bit one until this is measured)
