@@ -251,9 +251,9 @@ __device__ __forceinline__ void convert_unit(uint8_t* block, Smem& smem, const P
   }
 }
 
-// Units first .. last - 1 of a block, kConvertThreads apart from the thread's first: all of a
-// thread's packed bytes read before any is converted (their loads in flight together, and the
-// units' conversions independent chains), then converted. `sync`: a barrier among the converters
+// Units kFirst .. kLast - 1 of a block, kConvertThreads apart from the thread's first: all of
+// a thread's packed bytes read before any is converted (their loads in flight together, and the
+// units' conversions independent chains), then converted. kSync: a barrier among the converters
 // between the reads and the writes (the writes overwrite packed bytes other threads read).
 template <class In, class Out, class W, int kFirst, int kLast, bool kSync, class Smem>
 __device__ __forceinline__ void convert_units(uint8_t* block, const uint8_t* packed, Smem& smem, const Params& p,
