@@ -23,6 +23,11 @@
 #include "one_token.cuh"
 
 using namespace moe_kernels;
+// The floor's rate in bytes/s, an input rather than a result: pass -DPBW= with the copy rate
+// `bench` prints for the GPU at hand (docs/performance.md holds the measured ones).
+#ifndef PBW
+#define PBW 4.23e12
+#endif
 #ifndef PE
 #define PE 128
 #define PH 2048
@@ -108,7 +113,7 @@ int main() {
   const size_t smem = one_token::smem_bytes(H, I, p.units2, pl, false);
   printf("E %d H %d I %d: grid %d, units1 %d, units2 %d, %s, ring %d, smem %zu\n", E, H, I, sms, p.units1, p.units2,
          pl.stream ? "streamed" : "share", p.ring, smem);
-  const double floor_us = double(K) * 3 * I * H / 4.23e12 * 1e6;  // at an H200's measured copy rate (4.23 TB/s)
+  const double floor_us = double(K) * 3 * I * H / PBW * 1e6;
   cudaStream_t st; CK(cudaStreamCreate(&st));
 
   auto launch = [&](auto kern, int set, bool pdl, bool coop) {
