@@ -222,9 +222,12 @@ def test_default_rule_four_bit():
     decode = [k(f"d{m}", m, 16, "decode", "w4a16_mxfp4", 128) for m in (8, 16)]
     tiled = [k(f"t{m}", m, 128, "tiled", "w4a16_mxfp4") for m in (32, 64)]
     gpt_oss = dict(top_k=4, num_experts=128, hidden_size=2880, gemm1_n=5760, sm_count=132)
-    # MXFP4 (no CUTLASS kernel takes groups of 32): decode up to 16 rows per expert, then the
-    # narrowest tiled tile that holds the rows
-    assert default_tactic(decode + tiled, num_tokens=512, **gpt_oss) == Tactic("d16", "d16")   # 16 rows
+    # W4A16 MXFP4 (no CUTLASS kernel takes groups of 32): decode up to 12 rows per expert, its
+    # narrowest token tile that holds 1.5x the rows, then the narrowest tiled tile that holds them
+    assert default_tactic(decode + tiled, num_tokens=160, **gpt_oss) == Tactic("d8", "d8")     # 5 rows
+    assert default_tactic(decode + tiled, num_tokens=192, **gpt_oss) == Tactic("d16", "d16")   # 6
+    assert default_tactic(decode + tiled, num_tokens=384, **gpt_oss) == Tactic("d16", "d16")   # 12
+    assert default_tactic(decode + tiled, num_tokens=416, **gpt_oss) == Tactic("t32", "t32")   # 13
     assert default_tactic(decode + tiled, num_tokens=1024, **gpt_oss) == Tactic("t32", "t32")  # 32
     assert default_tactic(decode + tiled, num_tokens=4096, **gpt_oss) == Tactic("t64", "t64")  # 128
     assert default_tactic(decode, num_tokens=4096, **gpt_oss) == Tactic("d16", "d16")
@@ -233,18 +236,20 @@ def test_default_rule_four_bit():
     int4 = [dataclasses.replace(x, mode="w4a16_int4", weight_format="int4") for x in decode + tiled] + grouped
     assert default_tactic(int4, num_tokens=4096, **gpt_oss) == Tactic("c128", "c128")
     assert default_tactic(int4, num_tokens=1024, **gpt_oss) == Tactic("c64", "c64")
+    assert default_tactic(int4, num_tokens=512, **gpt_oss) == Tactic("d16", "d16")  # 16 rows
+    assert default_tactic(int4, num_tokens=544, **gpt_oss) == Tactic("c64", "c64")  # 17
     # 64-column decode blocks in a GEMM whose K is at most 1024, else 16 columns with split K
     wide = [k(f"w{m}", m, 64, "decode", "w4a16_mxfp4", 128) for m in (8, 16)]
     qwen3 = dict(top_k=8, num_experts=128, hidden_size=2048, gemm1_n=1536, sm_count=132, inter_size=768)
     assert default_tactic(decode + wide + tiled, num_tokens=1, **qwen3) == Tactic("d8", "w8")
-    assert default_tactic(decode + wide + tiled, num_tokens=256, **qwen3) == Tactic("d16", "w16")  # 16 rows
+    assert default_tactic(decode + wide + tiled, num_tokens=96, **qwen3) == Tactic("d16", "w16")  # 6 rows
     ds = dict(top_k=8, num_experts=256, hidden_size=7168, gemm1_n=4096, sm_count=132, inter_size=2048)
     assert default_tactic(decode + wide + tiled, num_tokens=2, **ds) == Tactic("d8", "d8")
     assert default_tactic(decode + wide + tiled, num_tokens=1, **gpt_oss) == Tactic("d8", "d8")  # K not given
     assert default_tactic(wide + tiled, num_tokens=1, **gpt_oss) == Tactic("w8", "w8")   # only 64 built
     assert default_tactic(decode + wide, num_tokens=4096, **gpt_oss) == Tactic("d16", "d16")  # no prefill kernel
     # The contiguous wgmma kernel instead of the tiled one: W4A16 MXFP4 past 32 rows per expert,
-    # W4A8 MXFP4 past 24, W4A8 INT4 past the decode kernel's 16; never where CUTLASS's kernels
+    # W4A8 MXFP4 past 24, W4A8 INT4 past the decode kernel's 8; never where CUTLASS's kernels
     # serve (W4A16 INT4 g128)
     contig = [k("g", 128, 256, "contig", "w4a16_mxfp4")]
     assert default_tactic(decode + tiled + contig, num_tokens=1024, **gpt_oss) == Tactic("t32", "t32")  # 32 rows
@@ -252,10 +257,12 @@ def test_default_rule_four_bit():
     assert default_tactic(decode + tiled + contig, num_tokens=4096, **gpt_oss) == Tactic("g", "g")  # 128
     w4a8 = [dataclasses.replace(x, mode="w4a8_int4", act_format="fp8_row", weight_format="int4")
             for x in decode + tiled + contig]
-    assert default_tactic(w4a8, num_tokens=512, **gpt_oss) == Tactic("d16", "d16")  # 16 rows
-    assert default_tactic(w4a8, num_tokens=544, **gpt_oss) == Tactic("g", "g")  # 17
+    assert default_tactic(w4a8, num_tokens=256, **gpt_oss) == Tactic("d16", "d16")  # 8 rows
+    assert default_tactic(w4a8, num_tokens=288, **gpt_oss) == Tactic("g", "g")  # 9
     w4a8_mx = [dataclasses.replace(x, mode="w4a8_mxfp4", act_format="fp8_row") for x in decode + tiled + contig]
-    assert default_tactic(w4a8_mx, num_tokens=768, **gpt_oss) == Tactic("t32", "t32")  # 24 rows
+    assert default_tactic(w4a8_mx, num_tokens=256, **gpt_oss) == Tactic("d16", "d16")  # 8 rows
+    assert default_tactic(w4a8_mx, num_tokens=288, **gpt_oss) == Tactic("t32", "t32")  # 9
+    assert default_tactic(w4a8_mx, num_tokens=768, **gpt_oss) == Tactic("t32", "t32")  # 24
     assert default_tactic(w4a8_mx, num_tokens=800, **gpt_oss) == Tactic("g", "g")  # 25
     int4_contig = int4 + [dataclasses.replace(contig[0], mode="w4a16_int4", weight_format="int4")]
     assert default_tactic(int4_contig, num_tokens=4096, **gpt_oss) == Tactic("c128", "c128")

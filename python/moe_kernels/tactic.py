@@ -88,38 +88,43 @@ SWAP_AB_DECODE_TILE = 16
 CONTIG_TILE_N = 256
 
 
-# 4-bit weights (W4A16, W4A8): our decode kernel (src/gemm/decode_w4a16.cuh) up to this many
-# rows per expert, then CUTLASS's mixed-input GEMM with the narrowest token tile that holds
-# them, else (W4A8; groups of 32: MXFP4, INT4 g32) our contiguous wgmma kernel
-# (src/gemm/sm90/contiguous_w4.cuh) past FOUR_BIT_CONTIG_ROWS rows per expert of the weight
-# format, else our tiled kernel (src/gemm/tiled_w4a16.cuh) likewise. The decode kernel's block
+# 4-bit weights (W4A16, W4A8): our decode kernel (src/gemm/decode_w4a16.cuh) up to
+# FOUR_BIT_DECODE_ROWS rows per expert of the (activation, weight) format, with the narrowest
+# token tile that holds DECODE_HEADROOM times the rows; then CUTLASS's mixed-input GEMM with the
+# narrowest token tile that holds them, else (W4A8; groups of 32: MXFP4, INT4 g32) our
+# contiguous wgmma kernel (src/gemm/sm90/contiguous_w4.cuh) past FOUR_BIT_CONTIG_ROWS rows per
+# expert, else our tiled kernel (src/gemm/tiled_w4a16.cuh) likewise. The decode kernel's block
 # width per GEMM: 64 columns (a warp per 16, pipelined over all of K) where K is at most
 # FOUR_BIT_DECODE_WIDE_MAX_K, else 16 (K split over the block's 4 warps, which a short K
-# leaves unevenly loaded). Measured on an H200 over 1-64
-# tokens, Qwen3-30B-A3B and DeepSeek-V3 (docs/performance.md, default rule).
+# leaves unevenly loaded). Measured over 1-64 tokens (H200) and 8-32 rows per expert (H100),
+# Qwen3-30B-A3B, DeepSeek-V3 and DeepSeek-V4-Pro (docs/performance.md, default rule).
 FOUR_BIT_FORMATS = ("int4", "mxfp4")
-FOUR_BIT_DECODE_ROWS = 16
+# W4A8 leaves the decode kernel past 8 rows (MXFP4's 32-row tiled tile 1.11-1.42x faster at
+# 12-16 rows, INT4's contiguous kernel 1.31-1.67x), W4A16 MXFP4 past 12 (level at 12, the tiled
+# tile 1.25x faster at 16); W4A16 INT4 against CUTLASS's tiles is not measured there.
+FOUR_BIT_DECODE_ROWS = {("fp8_row", "int4"): 8, ("fp8_row", "mxfp4"): 8, ("a16", "mxfp4"): 12, ("a16", "int4"): 16}
 FOUR_BIT_DECODE_WIDE_MAX_K = 1024
 # Past these rows per expert, by (activation, weight) format, the contiguous kernel instead of
-# the tiled one (docs/performance.md, default rule): W4A8 INT4 ahead from 32 rows on; W4A8
+# the tiled one (docs/performance.md, default rule): W4A8 INT4 ahead from 12 rows on; W4A8
 # MXFP4 behind at 20 rows, ahead from 32; W4A16 MXFP4 behind at 32, ahead at 64 (where the
 # tiled kernel's 64-row tile is slower than its 32-row one); W4A16 INT4 without CUTLASS (AWQ,
 # groups of 32) not yet measured against the tiled kernel.
-FOUR_BIT_CONTIG_ROWS = {("fp8_row", "int4"): FOUR_BIT_DECODE_ROWS, ("fp8_row", "mxfp4"): 24, ("a16", "mxfp4"): 32}
+FOUR_BIT_CONTIG_ROWS = {("fp8_row", "int4"): 8, ("fp8_row", "mxfp4"): 24, ("a16", "mxfp4"): 32}
 
 
 def _pick_four_bit(kernels: list, rows_per_expert: float, k_size: int) -> KernelInfo:
     decode, grouped, tiled, contig = (sorted((k for k in kernels if k.kind == kind), key=lambda k: k.tile[0])
                                       for kind in ("decode", "grouped", "tiled", "contiguous"))
-    contig_rows = FOUR_BIT_CONTIG_ROWS.get((contig[0].act_format, contig[0].weight_format)) if contig else None
+    fmt = (kernels[0].act_format, kernels[0].weight_format)
+    contig_rows = FOUR_BIT_CONTIG_ROWS.get(fmt) if contig else None
     if not grouped and contig_rows is not None and rows_per_expert > contig_rows:
         return contig[0]
-    if decode and rows_per_expert <= FOUR_BIT_DECODE_ROWS:
+    if decode and rows_per_expert <= FOUR_BIT_DECODE_ROWS.get(fmt, 16):
         narrow, wide = min(k.tile[1] for k in decode), max(k.tile[1] for k in decode)
         use_wide = 0 < k_size <= FOUR_BIT_DECODE_WIDE_MAX_K
         pool = [k for k in decode if k.tile[1] == (wide if use_wide else narrow)]
-    else:
-        pool = grouped or tiled or [k for k in decode if k.tile[1] == min(k.tile[1] for k in decode)]
+        return next((k for k in pool if k.tile[0] >= DECODE_HEADROOM * rows_per_expert), pool[-1])
+    pool = grouped or tiled or [k for k in decode if k.tile[1] == min(k.tile[1] for k in decode)]
     return next((k for k in pool if k.tile[0] >= rows_per_expert), pool[-1])
 
 
