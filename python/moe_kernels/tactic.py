@@ -105,7 +105,7 @@ FOUR_BIT_FORMATS = ("int4", "mxfp4")
 FOUR_BIT_DECODE_ROWS = {("fp8_row", "int4"): 8, ("fp8_row", "mxfp4"): 8, ("a16", "mxfp4"): 12, ("a16", "int4"): 16}
 FOUR_BIT_DECODE_WIDE_MAX_K = 1024
 # Past these rows per expert, by (activation, weight) format, the contiguous kernel instead of
-# the tiled one (docs/performance.md, default rule): W4A8 INT4 ahead from 12 rows on; W4A8
+# the tiled one (docs/performance.md, default rule): W4A8 INT4 ahead from 8 rows on; W4A8
 # MXFP4 behind at 20 rows, ahead from 32; W4A16 MXFP4 behind at 32, ahead at 64 (where the
 # tiled kernel's 64-row tile is slower than its 32-row one); W4A16 INT4 without CUTLASS (AWQ,
 # groups of 32) not yet measured against the tiled kernel.
