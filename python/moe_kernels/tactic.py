@@ -119,7 +119,7 @@ def _pick_four_bit(kernels: list, rows_per_expert: float, k_size: int) -> Kernel
     contig_rows = FOUR_BIT_CONTIG_ROWS.get(fmt) if contig else None
     if not grouped and contig_rows is not None and rows_per_expert > contig_rows:
         return contig[0]
-    if decode and rows_per_expert <= FOUR_BIT_DECODE_ROWS.get(fmt, 16):
+    if decode and rows_per_expert <= FOUR_BIT_DECODE_ROWS[fmt]:
         narrow, wide = min(k.tile[1] for k in decode), max(k.tile[1] for k in decode)
         use_wide = 0 < k_size <= FOUR_BIT_DECODE_WIDE_MAX_K
         pool = [k for k in decode if k.tile[1] == (wide if use_wide else narrow)]
