@@ -159,10 +159,30 @@ def test_compressed_tensors_importer_round_trip():
     w, s, z = from_compressed_tensors(packed, scale)
     assert z is None
     torch.testing.assert_close(quant4.dequantize_int4(w, s, z), dense, rtol=2e-3, atol=2e-3)
-    with pytest.raises(NotImplementedError, match="weight_zero_point: asymmetric"):
-        from_compressed_tensors(packed, scale, torch.zeros(E, N, 2, dtype=torch.int32))
     with pytest.raises(ValueError, match=r"weight_scale: got shape \(2, 16, 2\)"):
         from_compressed_tensors(packed, scale[:, :16])
+
+
+def test_compressed_tensors_importer_zero_points():
+    u, zp, scale, dense = _int4_problem(seed=8)  # dense = (u - zp) * scale
+    E, N, K = u.shape
+    packed = _pack_int32(u.reshape(E, N, K // 8, 8))
+    # as compressed-tensors stores them: z + 8 (= zp), 8 rows of N per int32
+    zp_packed = _pack_int32(zp.reshape(E, N // 8, 8, -1).transpose(2, 3))  # [E, N/8, K/g]
+    for zero_points in (zp_packed, (zp - 8).to(torch.int8)):
+        w, s, z = from_compressed_tensors(packed, scale, zero_points)
+        assert z is not None and z.shape == s.shape == (E, K // 128, N)
+        torch.testing.assert_close(quant4.dequantize_int4(w, s, z), dense, rtol=2e-3, atol=1e-2)
+    # zero points of 8 (z = 0) are the symmetric checkpoint: no zero term left
+    eights = _pack_int32(torch.full((E, N // 8, K // 128, 8), 8))
+    assert from_compressed_tensors(packed, scale, eights)[2].abs().sum() == 0
+    with pytest.raises(ValueError, match=r"weight_zero_point: got shape \(2, 32, 2\) \(torch.int32\), expected "
+                                         r"\[2, 4, 2\]"):
+        from_compressed_tensors(packed, scale, torch.zeros(E, N, 2, dtype=torch.int32))
+    with pytest.raises(TypeError, match="weight_zero_point: got torch.float32, expected int32"):
+        from_compressed_tensors(packed, scale, torch.zeros(E, N, 2))
+    with pytest.raises(ValueError, match=r"outside \[-8, 7\]"):
+        from_compressed_tensors(packed, scale, torch.full((E, N, 2), 9, dtype=torch.int8))
 
 
 def test_gpt_oss_importer_deinterleaves_gate_and_up():

@@ -276,12 +276,11 @@ def from_gptq(qweight, scales, qzeros=None, g_idx=None, *, zeros_offset=1) -> tu
 
 
 def from_compressed_tensors(weight_packed, weight_scale, weight_zero_point=None) -> tuple:
-    """compressed-tensors pack-quantized (symmetric INT4): weight_packed int32 [E, N, K/8]
-    (8 values along K per int32, in order, stored as q + 8), weight_scale [E, N, K/g]."""
+    """compressed-tensors pack-quantized INT4: weight_packed int32 [E, N, K/8] (8 values along K
+    per int32, in order, stored as q + 8), weight_scale [E, N, K/g], and for asymmetric
+    checkpoints weight_zero_point: int32 [E, N/8, K/g] packed along N (8 rows per int32, stored
+    as z + 8, as compressed-tensors writes it) or int8 [E, N, K/g] unpacked; w = (q - z) * scale."""
     _importer_tensor("weight_packed", weight_packed, torch.int32, 3)
-    if weight_zero_point is not None:
-        raise NotImplementedError("weight_zero_point: asymmetric compressed-tensors checkpoints are not "
-                                  "supported yet; expected None (symmetric)")
     _importer_scales("weight_scale", weight_scale, "[E, N, K/g]")
     E, N, k8 = weight_packed.shape
     K = 8 * k8
@@ -289,7 +288,26 @@ def from_compressed_tensors(weight_packed, weight_scale, weight_zero_point=None)
         raise ValueError(f"weight_scale: got shape {tuple(weight_scale.shape)}, expected [E, N, K/g] = ({E}, {N}, K/g)")
     _check_groups("weight_scale", weight_scale.shape[-1], K)
     u = _int32_nibbles(weight_packed).flatten(-2)
-    return _int4_canonical(u, None, weight_scale.transpose(1, 2))
+    zp = None
+    if weight_zero_point is not None:
+        groups = weight_scale.shape[-1]
+        zp_t = weight_zero_point
+        if not isinstance(zp_t, torch.Tensor) or zp_t.dtype not in (torch.int32, torch.int8):
+            raise TypeError(f"weight_zero_point: got {getattr(zp_t, 'dtype', type(zp_t).__name__)}, expected "
+                            f"int32 [E, N/8, K/g] (packed) or int8 [E, N, K/g]")
+        packed = zp_t.dtype == torch.int32
+        want = (E, N // 8, groups) if packed else (E, N, groups)
+        if tuple(zp_t.shape) != want or (packed and N % 8):
+            raise ValueError(f"weight_zero_point: got shape {tuple(zp_t.shape)} ({zp_t.dtype}), expected "
+                             f"{list(want)} for weight_packed {tuple(weight_packed.shape)}")
+        if packed:  # [E, N/8, G] -> nibbles [E, N/8, G, 8] -> [E, N, G]
+            zp = _int32_nibbles(zp_t).permute(0, 1, 3, 2).reshape(E, N, groups)
+        else:
+            if bool(((zp_t < -8) | (zp_t > 7)).any()):
+                raise ValueError("weight_zero_point: int8 zero points outside [-8, 7], expected signed INT4 values")
+            zp = zp_t.long() + 8
+        zp = zp.transpose(1, 2)  # [E, K/g, N]
+    return _int4_canonical(u, zp, weight_scale.transpose(1, 2))
 
 
 def from_gpt_oss(gate_up_blocks, gate_up_scales, down_blocks, down_scales, gate_up_bias=None,
