@@ -7,6 +7,9 @@
   gemm1_clamp_limit, no_combine, inplace).
 - moe_kernels.integrations.flashinfer.cutlass_fused_moe: FlashInfer's cutlass_fused_moe
   (w31 weights, quant_scales lists).
+- moe_kernels.integrations.transformers: a Hugging Face transformers experts backend,
+  experts_implementation="moe_kernels" (imported on its own: it imports transformers, which
+  this package otherwise never does; it keeps each experts module's layout on the module).
 
 Layouts that differ from the core's (interleaved or swapped gate/up rows, INT4 nibbles and
 scales) are converted once per source tensor and cached; clear_cache(), set_cache_size()

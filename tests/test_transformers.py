@@ -1,0 +1,517 @@
+"""moe_kernels.integrations.transformers: the "moe_kernels" experts backend for Hugging Face
+transformers.
+
+CPU tests: registration; for each MoE family, a tiny model's experts module run eagerly
+against moe_kernels.reference on the mapped layout (the layout and the activation); whole
+models with the core forward replaced by moe_kernels.reference (dispatch, routing, the cache
+on the module and its invalidation); FP8 block-scaled experts against transformers' own
+dequantization; the fallback and its one warning. GPU tests (marked gpu): tiny models with
+the kernels against "eager", for prefill and greedy generation.
+"""
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+hf = pytest.importorskip("transformers")
+hf_moe = pytest.importorskip("transformers.integrations.moe")
+if not hasattr(hf_moe, "ExpertsInterface"):
+    pytest.skip("this transformers has no experts interface (transformers 5 has)", allow_module_level=True)
+
+from helpers import rel_error  # noqa: E402
+
+from moe_kernels import fp8, reference  # noqa: E402
+from moe_kernels.integrations import _common  # noqa: E402
+from moe_kernels.integrations import transformers as backend  # noqa: E402
+from moe_kernels.modes import QuantMode  # noqa: E402
+
+BF16 = torch.bfloat16
+TOL = {m: QuantMode.parse(m).spec.tolerance for m in ("bf16", "fp8_block")}
+LOGGER = backend.__name__
+
+
+# ---- tiny models of each family ----------------------------------------------------------
+
+def _config(family, H, I, E, k, vocab, layers, positions):
+    heads = 4
+    common = dict(vocab_size=vocab, hidden_size=H, num_hidden_layers=layers, num_attention_heads=heads,
+                  num_key_value_heads=2, max_position_embeddings=positions, bos_token_id=None,
+                  eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+    if family == "qwen3_moe":
+        return hf.Qwen3MoeConfig(**common, moe_intermediate_size=I, intermediate_size=2 * H, num_experts=E,
+                                 num_experts_per_tok=k, head_dim=H // heads, decoder_sparse_step=1,
+                                 mlp_only_layers=[], norm_topk_prob=True)
+    if family == "qwen2_moe":
+        return hf.Qwen2MoeConfig(**common, moe_intermediate_size=I, intermediate_size=2 * H, num_experts=E,
+                                 num_experts_per_tok=k, shared_expert_intermediate_size=2 * H)
+    if family == "mixtral":
+        return hf.MixtralConfig(**common, intermediate_size=I, num_local_experts=E, num_experts_per_tok=k)
+    if family == "deepseek_v3":  # MLA: one key/value head per attention head
+        common["num_key_value_heads"] = heads
+        return hf.DeepseekV3Config(**common, intermediate_size=2 * H, moe_intermediate_size=I, n_routed_experts=E,
+                                   num_experts_per_tok=k, n_group=2, topk_group=1, first_k_dense_replace=1,
+                                   n_shared_experts=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
+                                   qk_nope_head_dim=8, v_head_dim=16,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    if family == "gpt_oss":
+        return hf.GptOssConfig(**common, intermediate_size=I, num_local_experts=E, num_experts_per_tok=k,
+                               head_dim=H // heads,
+                               layer_types=["sliding_attention", "full_attention"] * (layers // 2) +
+                               ["sliding_attention"] * (layers % 2))
+    if family == "llama4_text":
+        return hf.Llama4TextConfig(**common, intermediate_size=I, intermediate_size_mlp=2 * H, num_local_experts=E,
+                                   num_experts_per_tok=1, head_dim=H // heads, interleave_moe_layer_step=1)
+    if family == "olmoe":
+        return hf.OlmoeConfig(**common, intermediate_size=I, num_experts=E, num_experts_per_tok=k)
+    raise ValueError(f"family={family!r}")
+
+
+FAMILY_CONFIGS = {"qwen3_moe": "Qwen3MoeConfig", "qwen2_moe": "Qwen2MoeConfig", "mixtral": "MixtralConfig",
+                  "deepseek_v3": "DeepseekV3Config", "gpt_oss": "GptOssConfig",
+                  "llama4_text": "Llama4TextConfig", "olmoe": "OlmoeConfig"}
+FAMILIES = list(FAMILY_CONFIGS)
+
+
+def build(family, *, H=64, I=32, E=8, k=2, vocab=128, layers=2, positions=512, dtype=BF16, device="cpu",
+          implementation="eager", seed=0, **config):
+    """A random-init model of `family` (skipped where this transformers lacks it)."""
+    if not hasattr(hf, FAMILY_CONFIGS[family]):
+        pytest.skip(f"this transformers has no {FAMILY_CONFIGS[family]}")
+    cfg = _config(family, H, I, E, k, vocab, layers, positions)
+    for name, value in config.items():
+        setattr(cfg, name, value)
+    torch.manual_seed(seed)
+    model = hf.AutoModelForCausalLM.from_config(cfg, dtype=dtype, experts_implementation=implementation,
+                                                attn_implementation="eager")
+    return model.to(device).eval()
+
+
+def dispatched(model) -> bool:
+    """Whether this transformers routes the model's experts through the experts interface."""
+    return type(model)._can_set_experts_implementation()
+
+
+def experts_modules(model):
+    return [(n, m) for n, m in model.named_modules() if n.endswith(".experts")]
+
+
+def route(model, experts_name, h):
+    """Top-k ids and weights from the model's own router for hidden states h [T, H]."""
+    block = model.get_submodule(experts_name.rsplit(".", 1)[0])
+    if type(block.experts).__name__ == "Llama4TextExperts":
+        scores, logits = block.router(h)  # sigmoid of the top-k logits, 0 elsewhere
+        ids = logits.topk(block.top_k, dim=-1).indices
+        return ids, scores.gather(1, ids)
+    router = block.router if hasattr(block, "router") else block.gate
+    _, weights, ids = router(h)
+    return ids, weights
+
+
+def eager_experts(module, h, ids, weights):
+    """The module's own forward (Llama 4: as Llama4TextMoe runs it, every expert on every token,
+    the input scaled by the router score)."""
+    if type(module).__name__ == "Llama4TextExperts":
+        E, T = module.num_experts, h.shape[0]
+        scores = torch.zeros(T, E, dtype=h.dtype).scatter_(1, ids, weights.to(h.dtype))
+        routed_in = h.repeat(E, 1) * scores.transpose(0, 1).reshape(-1, 1)
+        return module(routed_in).view(E, T, -1).sum(dim=0)
+    return module(h, ids, weights)
+
+
+def reference_from_layout(layout, h, ids, weights):
+    kw = {"activation": layout["activation"], "w13_bias": layout["w13_bias"], "w2_bias": layout["w2_bias"],
+          "apply_router_weight_on_input": layout["apply_router_weight_on_input"]}
+    if layout["quant"] == "fp8_block":
+        kw.update(quant="fp8_block", w13_scale=layout["w13_scale"], w2_scale=layout["w2_scale"])
+    if layout["activation"] == "swiglu_oai":
+        kw.update(swiglu_alpha=layout["swiglu_alpha"], swiglu_limit=layout["swiglu_limit"])
+    if not layout["apply_router_weight_on_input"]:
+        return reference.fused_moe(h, layout["w13"], layout["w2"], weights.float(), ids, **kw)
+    return sum(reference.fused_moe(h, layout["w13"], layout["w2"], weights[:, s:s + 1].float(), ids[:, s:s + 1],
+                                   **kw) for s in range(ids.shape[1]))
+
+
+# ---- a core on the CPU: moe_kernels.reference in place of the kernels --------------------
+
+class ReferenceCore:
+    """Stands in for moe_kernels.fused_moe: records each call and computes it with
+    moe_kernels.reference, rounded to the hidden dtype as the kernels' output is."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, x, w13, w2, topk_weights, topk_ids, **kw):
+        assert topk_weights.dtype == torch.float32 and x.is_contiguous()
+        self.calls.append(dict(kw, w13=w13, w2=w2))
+        return reference.fused_moe(x, w13, w2, topk_weights, topk_ids, **kw).to(x.dtype)
+
+
+@pytest.fixture
+def core(monkeypatch):
+    """The reference core, with every device taken as one the kernels run on."""
+    rec = ReferenceCore()
+    monkeypatch.setattr(_common, "core_fused_moe", rec)
+    monkeypatch.setattr(backend, "_device_problem", lambda device, quant: None)
+    return rec
+
+
+def fallback_warnings(caplog):
+    return [r for r in caplog.records if r.name == LOGGER and "default experts backend" in r.getMessage()]
+
+
+# ---- registration ----------------------------------------------------------------------------
+
+def test_importing_moe_kernels_does_not_import_transformers():
+    code = "import sys, moe_kernels, moe_kernels.integrations; assert 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
+
+
+def test_registered_in_both_experts_interfaces():
+    assert hf_moe.ALL_EXPERTS_FUNCTIONS[backend.NAME] is backend.moe_kernels_experts_forward
+    backend.register()  # again: the same entry
+    assert hf_moe.ALL_EXPERTS_FUNCTIONS[backend.NAME] is backend.moe_kernels_experts_forward
+    fp8_experts = pytest.importorskip("transformers.integrations.finegrained_fp8")
+    assert fp8_experts.ALL_FP8_EXPERTS_FUNCTIONS[backend.NAME] is backend.moe_kernels_experts_forward
+
+
+def test_from_config_and_set_experts_implementation_dispatch_to_the_backend(core):
+    model = build("qwen3_moe", implementation="moe_kernels")
+    assert model.config._experts_implementation == "moe_kernels"
+    ids = torch.randint(0, 128, (1, 5))
+    with torch.no_grad():
+        model(ids)
+    assert len(core.calls) == len(experts_modules(model)) == 2
+    model.set_experts_implementation("eager")
+    with torch.no_grad():
+        model(ids)
+    assert len(core.calls) == 2
+    model.set_experts_implementation("moe_kernels")
+    with torch.no_grad():
+        model(ids)
+    assert len(core.calls) == 4
+
+
+# ---- the layout mapping, per family: the module's eager forward against the reference ------
+
+EXPECTED_ACTIVATION = {"gpt_oss": "swiglu_oai"}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_layout_matches_the_modules_own_forward(family):
+    model = build(family)
+    name, module = experts_modules(model)[0]
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(37, 64, generator=g).to(BF16)
+    with torch.no_grad():
+        ids, weights = route(model, name, h)
+        out = eager_experts(module, h, ids, weights)
+        layout = backend.to_moe_kernels_layout(module)
+    assert layout["quant"] == "bf16"
+    assert layout["activation"] == EXPECTED_ACTIVATION.get(family, "swiglu")
+    assert layout["apply_router_weight_on_input"] == (family == "llama4_text")
+    assert tuple(layout["w13"].shape) == (module.num_experts, 64, 64) and tuple(layout["w2"].shape) == (
+        module.num_experts, 64, 32)
+    if family == "gpt_oss":
+        assert layout["swiglu_alpha"] == module.alpha and layout["swiglu_limit"] == module.limit
+        assert layout["w13_bias"] is not None and layout["w2_bias"] is not None
+    ref = reference_from_layout(layout, h, ids, weights)
+    err = rel_error(out, ref)
+    assert err < TOL["bf16"], f"{family}: relative error {err:.3e}"
+
+
+def test_concatenated_16bit_experts_are_used_without_a_copy():
+    model = build("mixtral")
+    _, module = experts_modules(model)[0]
+    layout = backend.to_moe_kernels_layout(module)
+    assert layout["w13"].data_ptr() == module.gate_up_proj.data_ptr()
+    assert layout["w2"].data_ptr() == module.down_proj.data_ptr()
+
+
+def test_non_gated_experts_map_up_proj_and_relu2():
+    nh = pytest.importorskip("transformers.models.nemotron_h.modeling_nemotron_h")
+    cfg = hf.NemotronHConfig(hidden_size=64, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                             mlp_hidden_act="relu2")
+    torch.manual_seed(0)
+    module = nh.NemotronHExperts(cfg).to(BF16)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, 0.1)
+    cfg._experts_implementation = "eager"
+    h = torch.randn(9, 64).to(BF16)
+    ids = torch.rand(9, 4).argsort(dim=1)[:, :2]
+    weights = torch.rand(9, 2)
+    layout = backend.to_moe_kernels_layout(module)
+    assert layout["activation"] == "relu2" and tuple(layout["w13"].shape) == (4, 32, 64)
+    with torch.no_grad():
+        out = module(h, ids, weights)
+    assert rel_error(out, reference_from_layout(layout, h, ids, weights)) < TOL["bf16"]
+
+
+# ---- whole models through the backend, the core replaced by the reference ----------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_model_logits_through_the_backend(family, core, caplog):
+    model = build(family)
+    if not dispatched(model):
+        pytest.skip(f"this transformers does not dispatch {type(model).__name__}'s experts through the "
+                    "experts interface: the backend is not reached")
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        eager = model(ids).logits
+        model.set_experts_implementation("moe_kernels")
+        ours = model(ids).logits
+    assert len(core.calls) == len(experts_modules(model)) > 0
+    assert not fallback_warnings(caplog)
+    assert rel_error(ours, eager) < TOL["bf16"]
+
+
+def test_llama4_experts_are_not_dispatched_by_this_transformers():
+    model = build("llama4_text")
+    if dispatched(model):
+        pytest.skip("this transformers dispatches Llama 4's experts; test_model_logits_through_the_backend runs it")
+    model.set_experts_implementation("moe_kernels")
+    assert model.config._experts_implementation == "eager"
+
+
+# ---- the cache on the module ----------------------------------------------------------------
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])  # the layout as is / transposed copies
+def test_layout_made_once_and_again_after_load_state_dict(family, core, monkeypatch):
+    made = []
+    real = backend.to_moe_kernels_layout
+    monkeypatch.setattr(backend, "to_moe_kernels_layout", lambda m: made.append(m) or real(m))
+    model = build(family, implementation="moe_kernels")
+    n = len(experts_modules(model))
+    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        first = model(ids).logits
+        again = model(ids).logits
+    assert len(made) == n
+    assert torch.equal(first, again)
+
+    other = build(family, seed=7).state_dict()
+    model.load_state_dict(other)  # copies in place: the same parameters, new versions
+    with torch.no_grad():
+        ours = model(ids).logits
+        model.set_experts_implementation("eager")
+        eager = model(ids).logits
+    assert len(made) == 2 * n
+    assert not torch.equal(ours, first)
+    assert rel_error(ours, eager) < TOL["bf16"]
+
+
+def test_layout_made_again_after_an_in_place_update(core):
+    model = build("gpt_oss", implementation="moe_kernels")
+    name, module = experts_modules(model)[0]
+    h = torch.randn(5, 64).to(BF16)
+    with torch.no_grad():
+        ids, weights = route(model, name, h)
+        module(h, ids, weights)
+        key = module.__dict__[backend.CACHE_ATTR][0]
+        module.down_proj.mul_(2)
+        out = module(h, ids, weights)
+        assert module.__dict__[backend.CACHE_ATTR][0] != key
+        model.set_experts_implementation("eager")
+        assert rel_error(out, module(h, ids, weights)) < TOL["bf16"]
+
+
+# ---- FP8 128x128 blocks (transformers' finegrained-fp8 FP8Experts) --------------------------
+
+def fp8_experts_module(E=4, H=256, I=128, seed=0, **kw):
+    ff = pytest.importorskip("transformers.integrations.finegrained_fp8")
+
+    class FP8ExpertsUnderTest(ff.FP8Experts):
+        """Decorated apart, so FP8Experts itself is left as transformers made it."""
+
+    cls = hf_moe.use_experts_implementation(FP8ExpertsUnderTest, experts_interface=ff.ALL_FP8_EXPERTS_FUNCTIONS)
+    cfg = hf.DeepseekV3Config(hidden_size=H, moe_intermediate_size=I, n_routed_experts=E, num_experts_per_tok=2)
+    cfg._experts_implementation = "moe_kernels"
+    module = cls(cfg, block_size=kw.pop("block_size", (128, 128)), **kw)
+    g = torch.Generator().manual_seed(seed)
+    w13 = torch.randn(E, 2 * I, H, generator=g) * H ** -0.5
+    w2 = torch.randn(E, H, I, generator=g) * I ** -0.5
+    with torch.no_grad():
+        for name, w in (("gate_up_proj", w13), ("down_proj", w2)):
+            q, s = fp8.quantize_weight(w, "block")
+            getattr(module, name).copy_(q)
+            getattr(module, name + "_scale_inv").copy_(s.to(getattr(module, name + "_scale_inv").dtype))
+    return module, ff
+
+
+def test_fp8_block_experts_map_to_fp8_block(core):
+    module, ff = fp8_experts_module()
+    layout = backend.to_moe_kernels_layout(module)
+    assert layout["quant"] == "fp8_block" and layout["activation"] == "swiglu"
+    assert layout["w13"].data_ptr() == module.gate_up_proj.data_ptr()
+    assert layout["w13_scale"].data_ptr() == module.gate_up_proj_scale_inv.data_ptr()
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(21, 256, generator=g).to(BF16)
+    ids = torch.rand(21, 4, generator=g).argsort(dim=1)[:, :2]
+    weights = torch.rand(21, 2, generator=g).to(BF16)
+    with torch.no_grad():
+        out = module(h, ids, weights)
+    assert core.calls[-1]["quant"] == "fp8_block"
+    # transformers' own dequantization of the same checkpoint tensors, run in 16 bits
+    deq = ff.Fp8Dequantize(None)
+    w13 = deq._dequantize_one(module.gate_up_proj, module.gate_up_proj_scale_inv, torch.float32)
+    w2 = deq._dequantize_one(module.down_proj, module.down_proj_scale_inv, torch.float32)
+    ref = reference.fused_moe(h, w13, w2, weights.float(), ids, activation="swiglu")
+    assert rel_error(out, ref) < TOL["fp8_block"]
+
+
+def test_fp8_ue8m0_scales_are_taken_as_float32():
+    e8m0 = getattr(torch, "float8_e8m0fnu", None)
+    if e8m0 is None:
+        pytest.skip("this torch has no float8_e8m0fnu")
+    module, _ = fp8_experts_module(scale_fmt="ue8m0")
+    layout = backend.to_moe_kernels_layout(module)
+    assert layout["w13_scale"].dtype == torch.float32
+    assert torch.equal(layout["w13_scale"], module.gate_up_proj_scale_inv.float())
+
+
+@pytest.mark.parametrize("kw,why", [(dict(activation_scheme="static"), "activation_scheme='static'"),
+                                    (dict(block_size=None), "weight_block_size None")])
+def test_fp8_experts_that_do_not_map_are_refused(kw, why):
+    ff = pytest.importorskip("transformers.integrations.finegrained_fp8")
+
+    class Experts(ff.FP8Experts):
+        pass
+
+    cls = hf_moe.use_experts_implementation(Experts, experts_interface=ff.ALL_FP8_EXPERTS_FUNCTIONS)
+    cfg = hf.DeepseekV3Config(hidden_size=256, moe_intermediate_size=128, n_routed_experts=4)
+    module = cls(cfg, **dict(dict(block_size=(128, 128)), **kw))
+    with pytest.raises(backend.UnsupportedExperts, match=why):
+        backend.to_moe_kernels_layout(module)
+
+
+def test_mxfp4_experts_are_not_an_experts_interface_module():
+    mx = pytest.importorskip("transformers.integrations.mxfp4")
+    module = mx.Mxfp4GptOssExperts(_config("gpt_oss", 64, 32, 4, 2, 128, 2, 512))
+    with pytest.raises(backend.UnsupportedExperts, match="not an experts module transformers dispatches"):
+        backend.to_moe_kernels_layout(module)
+
+
+# ---- the fallback -----------------------------------------------------------------------------
+
+def test_fallback_off_cuda_warns_once_per_module(caplog):
+    model = build("qwen3_moe", implementation="moe_kernels")
+    ids = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(5))
+    with caplog.at_level(logging.WARNING, logger=LOGGER), torch.no_grad():
+        ours = model(ids).logits
+        model(ids)
+        model.set_experts_implementation("grouped_mm")
+        default = model(ids).logits
+    warned = fallback_warnings(caplog)
+    assert len(warned) == len(experts_modules(model)) == 2
+    assert all("Qwen3MoeExperts" in r.getMessage() and "cpu" in r.getMessage() for r in warned)
+    assert torch.equal(ours, default)
+
+
+@pytest.mark.parametrize("case,why", [("activation", "QuickGELUActivation"), ("float32", "torch.float32")])
+def test_fallback_names_why(case, why, core, caplog):
+    if case == "activation":
+        model = build("qwen3_moe", implementation="moe_kernels", hidden_act="quick_gelu")
+    else:
+        model = build("qwen3_moe", implementation="moe_kernels", dtype=torch.float32)
+    ids = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(6))
+    with caplog.at_level(logging.WARNING, logger=LOGGER), torch.no_grad():
+        ours = model(ids).logits
+        model(ids)
+        model.set_experts_implementation("eager")
+        eager = model(ids).logits
+    assert not core.calls
+    warned = fallback_warnings(caplog)
+    assert len(warned) == 2 and all(why in r.getMessage() for r in warned)
+    assert rel_error(ours, eager) < 1e-2
+
+
+# ---- GPU: tiny models with the kernels against "eager" --------------------------------------
+
+GPU_SIZES = dict(H=256, I=128, E=8, vocab=512, layers=2, positions=1024, dtype=BF16, device="cuda")
+
+
+@pytest.fixture
+def counting_core(monkeypatch):
+    """The real core, counted, so a test sees that the kernels ran (no silent fallback)."""
+    calls = []
+    real = _common.core_fused_moe
+
+    def counted(*args, **kw):
+        calls.append(kw.get("quant", "16-bit"))
+        return real(*args, **kw)
+    monkeypatch.setattr(_common, "core_fused_moe", counted)
+    return calls
+
+
+def gpu_model(family):
+    model = build(family, **GPU_SIZES)
+    if not dispatched(model):
+        pytest.skip(f"this transformers does not dispatch {type(model).__name__}'s experts through the "
+                    "experts interface")
+    return model
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 7, 300])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gpu_prefill_logits_match_eager(family, tokens, counting_core, caplog):
+    model = gpu_model(family)
+    ids = torch.randint(0, GPU_SIZES["vocab"], (1, tokens), generator=torch.Generator().manual_seed(tokens))
+    ids = ids.cuda()
+    with caplog.at_level(logging.WARNING, logger=LOGGER), torch.no_grad():
+        model.set_experts_implementation("eager")
+        eager = model(ids).logits
+        model.set_experts_implementation("moe_kernels")
+        ours = model(ids).logits
+    assert not fallback_warnings(caplog), [r.getMessage() for r in fallback_warnings(caplog)]
+    assert len(counting_core) == len(experts_modules(model))
+    err = rel_error(ours, eager)
+    assert err < TOL["bf16"], f"{family}, {tokens} tokens: relative error {err:.3e}"
+
+
+def generate(model, ids, implementation, steps):
+    model.set_experts_implementation(implementation)
+    out = model.generate(ids, max_new_tokens=steps, do_sample=False, output_logits=True,
+                         return_dict_in_generate=True, pad_token_id=0)
+    return out.sequences[0, ids.shape[1]:], [step[0].float() for step in out.logits]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gpu_greedy_generation_matches_eager(family, counting_core, caplog):
+    steps = 20
+    model = gpu_model(family)
+    model.generation_config.eos_token_id = None  # exactly `steps` tokens
+    ids = torch.randint(0, GPU_SIZES["vocab"], (1, 12), generator=torch.Generator().manual_seed(11)).cuda()
+    with caplog.at_level(logging.WARNING, logger=LOGGER), torch.no_grad():
+        want, want_logits = generate(model, ids, "eager", steps)
+        got, got_logits = generate(model, ids, "moe_kernels", steps)
+    assert not fallback_warnings(caplog)
+    assert counting_core, "the kernels did not run"
+    assert len(got) == len(want) == steps
+    for step in range(steps):
+        err = rel_error(got_logits[step], want_logits[step])
+        assert err < TOL["bf16"], f"{family}, step {step}: logits' relative error {err:.3e}"
+        if got[step] != want[step]:
+            break  # a bf16 near-tie parted the tokens; the prefixes, and so the logits, differ from here on
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 7, 300])
+def test_gpu_fp8_block_experts_match_the_reference(tokens, counting_core, caplog):
+    module, _ = fp8_experts_module(E=8)
+    module = module.cuda()
+    g = torch.Generator().manual_seed(tokens)
+    h = torch.randn(tokens, 256, generator=g).to(BF16).cuda()
+    ids = torch.rand(tokens, 8, generator=g).argsort(dim=1)[:, :2].cuda()
+    weights = torch.softmax(torch.randn(tokens, 2, generator=g), dim=-1).to(BF16).cuda()
+    with caplog.at_level(logging.WARNING, logger=LOGGER), torch.no_grad():
+        out = module(h, ids, weights)
+    assert not fallback_warnings(caplog)
+    assert counting_core == ["fp8_block"]
+    ref = reference.fused_moe(h, module.gate_up_proj, module.down_proj, weights.float(), ids, quant="fp8_block",
+                              w13_scale=module.gate_up_proj_scale_inv, w2_scale=module.down_proj_scale_inv)
+    assert rel_error(out, ref) < TOL["fp8_block"]
