@@ -8,6 +8,7 @@ on the module and its invalidation); FP8 block-scaled experts against transforme
 dequantization; the fallback and its one warning. GPU tests (marked gpu): tiny models with
 the kernels against "eager", for prefill and greedy generation.
 """
+import copy
 import logging
 import os
 import subprocess
@@ -458,18 +459,25 @@ def gpu_model(family):
 @pytest.mark.parametrize("tokens", [1, 7, 300])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gpu_prefill_logits_match_eager(family, tokens, counting_core, caplog):
+    """The bf16 model's logits with the kernels against the same model in float32: within the
+    bf16 tolerance, or (where the bf16 model as a whole drifts further, gpt-oss at 300 tokens)
+    no further from it than transformers' own bf16 eager experts."""
     model = gpu_model(family)
+    truth_model = copy.deepcopy(model).float()
+    truth_model.set_experts_implementation("eager")
     ids = torch.randint(0, GPU_SIZES["vocab"], (1, tokens), generator=torch.Generator().manual_seed(tokens))
     ids = ids.cuda()
     with caplog.at_level(logging.WARNING, logger=LOGGER), torch.no_grad():
+        truth = truth_model(ids).logits
         model.set_experts_implementation("eager")
         eager = model(ids).logits
         model.set_experts_implementation("moe_kernels")
         ours = model(ids).logits
     assert not fallback_warnings(caplog), [r.getMessage() for r in fallback_warnings(caplog)]
     assert len(counting_core) == len(experts_modules(model))
-    err = rel_error(ours, eager)
-    assert err < TOL["bf16"], f"{family}, {tokens} tokens: relative error {err:.3e}"
+    err, eager_err = rel_error(ours, truth), rel_error(eager, truth)
+    assert err < max(TOL["bf16"], 1.25 * eager_err), \
+        f"{family}, {tokens} tokens: relative error {err:.3e} from the float32 model (bf16 eager: {eager_err:.3e})"
 
 
 def generate(model, ids, implementation, steps):
