@@ -397,14 +397,20 @@ def test_mxfp4_experts_are_not_an_experts_interface_module():
 
 # ---- the fallback -----------------------------------------------------------------------------
 
-def test_fallback_off_cuda_warns_once_per_module(caplog):
-    model = build("qwen3_moe", implementation="moe_kernels")
-    ids = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(5))
+def twice_then(model, other, seed, caplog):
+    """Logits of two forwards with "moe_kernels" (so a second warning would show), then of one
+    with `other`."""
+    ids = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(seed))
     with caplog.at_level(logging.WARNING, logger=LOGGER), torch.no_grad():
         ours = model(ids).logits
         model(ids)
-        model.set_experts_implementation("grouped_mm")
-        default = model(ids).logits
+        model.set_experts_implementation(other)
+        return ours, model(ids).logits
+
+
+def test_fallback_off_cuda_warns_once_per_module(caplog):
+    model = build("qwen3_moe", implementation="moe_kernels")
+    ours, default = twice_then(model, "grouped_mm", 5, caplog)
     warned = fallback_warnings(caplog)
     assert len(warned) == len(experts_modules(model)) == 2
     assert all("Qwen3MoeExperts" in r.getMessage() and "cpu" in r.getMessage() for r in warned)
@@ -417,12 +423,7 @@ def test_fallback_names_why(case, why, core, caplog):
         model = build("qwen3_moe", implementation="moe_kernels", hidden_act="quick_gelu")
     else:
         model = build("qwen3_moe", implementation="moe_kernels", dtype=torch.float32)
-    ids = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(6))
-    with caplog.at_level(logging.WARNING, logger=LOGGER), torch.no_grad():
-        ours = model(ids).logits
-        model(ids)
-        model.set_experts_implementation("eager")
-        eager = model(ids).logits
+    ours, eager = twice_then(model, "eager", 6, caplog)
     assert not core.calls
     warned = fallback_warnings(caplog)
     assert len(warned) == 2 and all(why in r.getMessage() for r in warned)
