@@ -181,7 +181,7 @@ def test_compressed_tensors_importer_zero_points():
         from_compressed_tensors(packed, scale, torch.zeros(E, N, 2, dtype=torch.int32))
     with pytest.raises(TypeError, match="weight_zero_point: got torch.float32, expected int32"):
         from_compressed_tensors(packed, scale, torch.zeros(E, N, 2))
-    with pytest.raises(ValueError, match=r"outside \[-8, 7\]"):
+    with pytest.raises(ValueError, match=r"from 9 to 9, expected signed INT4 values in \[-8, 7\]"):
         from_compressed_tensors(packed, scale, torch.full((E, N, 2), 9, dtype=torch.int8))
 
 

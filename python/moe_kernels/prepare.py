@@ -304,7 +304,8 @@ def from_compressed_tensors(weight_packed, weight_scale, weight_zero_point=None)
             zp = _int32_nibbles(zp_t).permute(0, 1, 3, 2).reshape(E, N, groups)
         else:
             if bool(((zp_t < -8) | (zp_t > 7)).any()):
-                raise ValueError("weight_zero_point: int8 zero points outside [-8, 7], expected signed INT4 values")
+                raise ValueError(f"weight_zero_point: int8 zero points from {int(zp_t.min())} to {int(zp_t.max())}, "
+                                 "expected signed INT4 values in [-8, 7]")
             zp = zp_t.long() + 8
         zp = zp.transpose(1, 2)  # [E, K/g, N]
     return _int4_canonical(u, zp, weight_scale.transpose(1, 2))
