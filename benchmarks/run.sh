@@ -8,6 +8,9 @@
 #   OUT_DIR=/tmp/results BENCH_ARGS="--replays 10" benchmarks/run.sh fp8
 #   benchmarks/run.sh --list             # each run's name and bench arguments
 #
+# "transformers" runs `python -m moe_kernels bench-transformers` (whole transformers models with
+# each experts backend; needs transformers 5) instead of `bench`, without BENCH_ARGS.
+#
 # Each run is a few minutes at most on an H100 or H200, so that each fits a job with a time
 # limit per command.
 set -euo pipefail
@@ -16,7 +19,7 @@ PY=${PYTHON:-python3}
 OUT_DIR=${OUT_DIR:-benchmarks/results}
 ALL="bf16 fp8 fp8_block w4a16_int4 w4a16_mxfp4 w4a16_mxfp4_deepseek w4a8_int4 w4a8_mxfp4"
 ALL="$ALL w4a8_mxfp4_deepseek w4a16_int4_v4_pro w4a8_int4_v4_pro decode decode_fp16 decode_fp8 decode_fp8_block"
-ALL="$ALL w4_decode_widths host"
+ALL="$ALL w4_decode_widths host transformers"
 WIDE="--tokens 1,16,128,1024,4096,16384"
 
 args_for() {
@@ -44,6 +47,8 @@ args_for() {
                            --sweep-only _decode --sweep-rounds 3 --no-peers" ;;
     # Host time per eager call through the registered op (a signature seen before), beside the graph time
     host)            echo "--preset qwen3-30b-a3b --tokens 1,64,1024 --host --no-peers" ;;
+    # Qwen3-30B-A3B and gpt-oss-20b shaped models, 2 layers, with grouped_mm, batched_mm and ours
+    transformers)    echo "--models qwen3-30b-a3b,gpt-oss-20b --layers 2 --decode-context 512 --prefill-tokens 2048" ;;
     *) echo "unknown run '$1'; expected one of: $ALL" >&2; return 1 ;;
   esac
 }
@@ -59,7 +64,9 @@ mkdir -p "$OUT_DIR"
 for name in ${@:-$ALL}; do
   a=$(args_for "$name")
   out="$OUT_DIR/$GPU-$name"
-  echo "== $name: bench $a"
+  cmd="bench $a ${BENCH_ARGS:-}"
+  [ "$name" = transformers ] && cmd="bench-transformers $a"
+  echo "== $name: $cmd"
   # shellcheck disable=SC2086
-  $PY -m moe_kernels bench $a ${BENCH_ARGS:-} --json "$out.json" --markdown "$out.md"
+  $PY -m moe_kernels $cmd --json "$out.json" --markdown "$out.md"
 done

@@ -1,4 +1,5 @@
-"""The benchmark's arithmetic, arguments and routing generators (CPU), and a tiny GPU run."""
+"""The benchmark's arithmetic, arguments and routing generators (CPU), and a tiny GPU run; the
+transformers benchmark's command line (CPU) and a tiny GPU run of it."""
 import argparse
 import json
 import math
@@ -11,7 +12,7 @@ import torch
 
 import moe_kernels
 from moe_kernels import profiling
-from moe_kernels.cli import bench
+from moe_kernels.cli import bench, bench_transformers, build_parser
 
 
 def parse(*argv):
@@ -474,11 +475,115 @@ def test_read_rates_are_checked_and_plausible():
 
 
 def test_benchmark_runs_parse(tmp_path):
-    """Every named run of benchmarks/run.sh is a valid `bench` command line."""
+    """Every named run of benchmarks/run.sh is a valid `bench` command line ("transformers": a
+    valid `bench-transformers` one)."""
     root = __import__("pathlib").Path(__file__).resolve().parent.parent
     out = subprocess.run(["bash", str(root / "benchmarks" / "run.sh"), "--list"], capture_output=True, text=True,
                          check=True).stdout.splitlines()
-    assert len(out) >= 12 and {"w4a8_int4", "decode", "host"} <= {line.split(":")[0] for line in out}
+    assert len(out) >= 12 and {"w4a8_int4", "decode", "host", "transformers"} <= {line.split(":")[0] for line in out}
     for line in out:
-        args = parse(*line.split(":", 1)[1].split(), "--json", str(tmp_path / "x.json"))
+        name, argv = line.split(":", 1)
+        if name == "transformers":
+            args = parse_transformers(*argv.split(), "--json", str(tmp_path / "x.json"), "--markdown", "x.md")
+            assert args.models == list(bench_transformers.MODELS) and args.prefill_tokens == 2048, line
+            continue
+        args = parse(*argv.split(), "--json", str(tmp_path / "x.json"))
         assert args.preset and all(p in bench.PRESETS for p in args.preset), line
+
+
+# ---- bench-transformers: the command line ---------------------------------------------------
+
+def parse_transformers(*argv):
+    p = argparse.ArgumentParser()
+    bench_transformers.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_bench_transformers_arguments():
+    args = build_parser().parse_args(["bench-transformers"])
+    assert args.command == "bench-transformers"
+    assert args.models == ["qwen3-30b-a3b", "gpt-oss-20b"] and set(args.models) <= set(bench.PRESETS)
+    assert (args.layers, args.decode_context, args.prefill_tokens, args.repeats) == (2, 512, 2048, 20)
+    assert args.graphs and args.json is None and args.markdown is None
+    args = parse_transformers("--models", "gpt-oss-20b", "--layers", "4", "--decode-context", "256",
+                              "--prefill-tokens", "128", "--repeats", "5", "--no-graphs", "--json", "t.json")
+    assert args.models == ["gpt-oss-20b"] and not args.graphs and args.json == "t.json"
+    assert (args.layers, args.decode_context, args.prefill_tokens, args.repeats) == (4, 256, 128, 5)
+    assert parse_transformers("--models", "gpt-oss-20b,qwen3-30b-a3b").models == ["gpt-oss-20b", "qwen3-30b-a3b"]
+    for bad in (["--models", "gpt-5"], ["--models", ","], ["--layers", "0"], ["--repeats", "x"],
+                ["--decode-context", "-1"]):
+        with pytest.raises(SystemExit):
+            parse_transformers(*bad)
+
+
+def test_bench_transformers_help():
+    r = subprocess.run([sys.executable, "-m", "moe_kernels", "bench-transformers", "--help"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    assert all(o in r.stdout for o in ("--models", "--layers", "--decode-context", "--prefill-tokens", "--repeats",
+                                       "--no-graphs", "--json", "--markdown"))
+    r = subprocess.run([sys.executable, "-m", "moe_kernels", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "bench-transformers" in r.stdout
+
+
+def test_bench_transformers_without_gpu_says_so(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    r = subprocess.run([sys.executable, "-m", "moe_kernels", "bench-transformers", "--json", "t.json"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2  # as bench, profile and tune
+    assert "No CUDA GPU is visible" in r.stderr and "nothing to time" in r.stderr
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_bench_transformers_needs_a_cache_longer_than_its_steps():
+    pytest.importorskip("transformers")
+    args = parse_transformers("--decode-context", "40", "--repeats", "20")
+    with pytest.raises(SystemExit, match="--decode-context 40: must be more than the 48 decode steps"):
+        bench_transformers.main(args)
+
+
+def test_bench_transformers_table_and_speedups():
+    rows = [{"model": "m", "attention": "sdpa", "implementation": impl, "decode_ms": d, "decode_graph_ms": g,
+             "prefill_ms": p, "notes": notes}
+            for impl, d, g, p, notes in [("grouped_mm", 4.0, 1.0, 30.0, []),
+                                         ("batched_mm", 2.0, 0.5, None, ["prefill not timed"]),
+                                         ("moe_kernels", 2.0, 0.25, 10.0, [])]]
+    bench_transformers.speedups(rows)
+    assert rows[0]["moe_kernels_speedup"] == {"decode_ms": 2.0, "decode_graph_ms": 4.0, "prefill_ms": 3.0}
+    assert rows[1]["moe_kernels_speedup"] == {"decode_ms": 1.0, "decode_graph_ms": 2.0}
+    assert "moe_kernels_speedup" not in rows[2]
+    result = {"gpu": "NVIDIA H100", "driver": "1", "torch": "2", "cuda": "13", "transformers": "5.17.0",
+              "version": "0.1.0", "commit": "c" * 40, "catalog": "full", "layers": 2, "decode_context": 512,
+              "prefill_tokens": 2048, "repeats": 20, "graphs": True, "rows": rows}
+    lines = bench_transformers.markdown(result).splitlines()
+    assert lines[4] == "| m | sdpa | grouped_mm | 4.00 | 1.00 | 30.00 | 2.00x, 4.00x, 3.00x |  |"
+    assert lines[5] == "| m | sdpa | batched_mm | 2.00 | 0.500 | - | 1.00x, 2.00x, - | prefill not timed |"
+    assert lines[6] == "| m | sdpa | moe_kernels | 2.00 | 0.250 | 10.00 |  |  |"
+
+
+@pytest.mark.gpu
+def test_tiny_bench_transformers_run(tmp_path):
+    """A short run of both models, two layers: every implementation timed (64 tokens' gathered
+    weights fit batched_mm's prefill), ours with its kernels rather than a fallback, and its
+    decode step captured in a CUDA graph wherever grouped_mm's is (gpt-oss's sliding-window cache
+    layers past their window make a tensor on the device in each step, which a capture may
+    refuse: the row then says so)."""
+    pytest.importorskip("transformers.integrations.moe")
+    out = tmp_path / "t.json"
+    r = subprocess.run([sys.executable, "-m", "moe_kernels", "bench-transformers", "--layers", "2",
+                        "--decode-context", "256", "--prefill-tokens", "64", "--repeats", "3", "--json", str(out),
+                        "--markdown", str(tmp_path / "t.md")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads(out.read_text())
+    rows = {(row["model"], row["implementation"]): row for row in data["rows"]}
+    assert list(rows) == [(m, i) for m in bench_transformers.MODELS for i in bench_transformers.IMPLEMENTATIONS]
+    for (model, impl), row in rows.items():
+        assert row["decode_ms"] > 0 and row["prefill_ms"] > 0, row
+        graphed = row["decode_graph_ms"] is not None
+        assert graphed or any(n.startswith("no CUDA graph") for n in row["notes"]), row
+        assert graphed or model != "qwen3-30b-a3b", row
+        if impl == "moe_kernels":
+            assert not any("fell back" in n for n in row["notes"]), row
+            assert graphed == (rows[model, "grouped_mm"]["decode_graph_ms"] is not None), row
+    assert (tmp_path / "t.md").read_text().count("| moe_kernels |") == 2

@@ -5,9 +5,13 @@ CPU tests: registration; for each MoE family, a tiny model's experts module run 
 against moe_kernels.reference on the mapped layout (the layout and the activation); whole
 models with the core forward replaced by moe_kernels.reference (dispatch, routing, the cache
 on the module and its invalidation); FP8 block-scaled experts against transformers' own
-dequantization; the fallback and its one warning. GPU tests (marked gpu): tiny models with
-the kernels against "eager", for prefill and greedy generation.
+dequantization; the fallback and its one warning; a whole model under torch.compile reaching
+the registered op (a reference kernel for it on the CPU); the transformers benchmark's
+measurements on tiny models. GPU tests (marked gpu): tiny models with the kernels against
+"eager", for prefill and greedy generation, under torch.compile, and in generate() with a
+static cache and its compiled (CUDA-graph) decode steps.
 """
+import argparse
 import copy
 import logging
 import os
@@ -24,7 +28,8 @@ if not hasattr(hf_moe, "ExpertsInterface"):
 
 from helpers import rel_error  # noqa: E402
 
-from moe_kernels import fp8, reference  # noqa: E402
+from moe_kernels import fp8, problem, reference  # noqa: E402
+from moe_kernels.cli import bench_transformers  # noqa: E402
 from moe_kernels.integrations import _common  # noqa: E402
 from moe_kernels.integrations import transformers as backend  # noqa: E402
 from moe_kernels.modes import QuantMode  # noqa: E402
@@ -430,6 +435,116 @@ def test_fallback_names_why(case, why, core, caplog):
     assert rel_error(ours, eager) < 1e-2
 
 
+# ---- torch.compile: the backend traced into the registered op (CPU) -------------------------
+
+@pytest.fixture
+def cpu_op_kernel(monkeypatch):
+    """A CPU kernel for torch.ops.moe_kernels.fused_moe that writes moe_kernels.reference into
+    out (as tests/test_ops.py registers one), every device taken as one the kernels run on, and
+    the modes taken as built (the fake implementation checks them). An eager call still goes to
+    the library, which refuses CPU tensors: only a call traced by torch.compile reaches this."""
+    lib = torch.library.Library("moe_kernels", "IMPL")
+    calls = []
+
+    def kernel(x, w13, w2, wts, ids, b13, b2, s13, s2, a13, a2, z13, z2, emap, out, workspace, quant, activation,
+               experts, alpha, limit, on_input, scaling, tactic, last_step):
+        calls.append(x.shape[0])
+        out.copy_(reference.fused_moe(x, w13, w2, wts, ids, activation=activation, w13_bias=b13, w2_bias=b2,
+                                      swiglu_alpha=alpha, swiglu_limit=limit).to(out.dtype))
+
+    lib.impl("fused_moe", kernel, "CPU")
+    monkeypatch.setattr(backend, "_device_problem", lambda device, quant: None)
+    monkeypatch.setattr(problem, "built_modes", lambda: {"bf16", "fp16"})
+    yield calls
+    lib._destroy()
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_torch_compile_traces_the_backend_into_the_op(family, cpu_op_kernel, counting_core, caplog):
+    torch._dynamo.reset()  # no compiled code or recompile counts left from other tests
+    model = build(family)
+    n = len(experts_modules(model))
+    ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(8))
+    with caplog.at_level(logging.WARNING, logger=LOGGER), torch.no_grad():
+        eager = model(ids).logits
+        model.set_experts_implementation("moe_kernels")
+        compiled = torch.compile(model, backend="aot_eager")
+        ours = [compiled(ids).logits for _ in range(2)]
+    assert not fallback_warnings(caplog)
+    # every compiled forward ran the op through the dispatcher, and the counting core saw each call
+    assert cpu_op_kernel == [7] * (2 * n) and len(counting_core) == 2 * n
+    for logits in ours:
+        assert rel_error(logits, eager) < TOL["bf16"]
+
+
+# ---- the transformers benchmark's measurements, on tiny models (CPU) -------------------------
+
+def bench_args(*argv):
+    p = argparse.ArgumentParser()
+    bench_transformers.add_arguments(p)
+    return p.parse_args(["--decode-context", "160", "--prefill-tokens", "16", "--repeats", "2", *argv])
+
+
+@pytest.fixture
+def untimed(monkeypatch):
+    """The benchmark's timers replaced by ones that call as the real ones do and report the calls."""
+    def median_ms(fn, repeats, warmup=bench_transformers.WARMUP):
+        for _ in range(warmup + repeats):
+            fn()
+        return float(warmup + repeats)
+
+    def graph_ms(step, repeats):  # eager warm-ups, then replays; the capture itself runs nothing
+        for _ in range(bench_transformers.GRAPH_WARMUP):
+            step()
+        return median_ms(step, repeats) + bench_transformers.GRAPH_WARMUP
+    monkeypatch.setattr(bench_transformers, "median_ms", median_ms)
+    monkeypatch.setattr(bench_transformers, "graph_ms", graph_ms)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_bench_measures_each_implementation_within_its_static_cache(family, untimed, core, caplog):
+    """Every timed decode step fits the static cache (an index past it raises), the kernels run on
+    every timed forward, and batched_mm's prefill is skipped where its gathered weights do not fit."""
+    model = build(family)
+    args = bench_args()
+    n, calls = len(experts_modules(model)), (bench_transformers.WARMUP + args.repeats)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        rows = {impl: bench_transformers.measure(model, impl, args, free_bytes=1 << 30)
+                for impl in bench_transformers.IMPLEMENTATIONS}
+    assert not fallback_warnings(caplog)
+    for impl, row in rows.items():
+        assert (row["decode_ms"], row["decode_graph_ms"], row["prefill_ms"]) == (calls, calls + 2, calls), impl
+        assert not row["notes"]
+    # the cache is filled with grouped_mm; then decode eager, decode graph and prefill with the kernels
+    assert len(core.calls) == n * (3 * calls + bench_transformers.GRAPH_WARMUP)
+    gathered = bench_transformers.batched_mm_bytes(model.config, args.prefill_tokens)
+    tight = bench_transformers.measure(model, "batched_mm", args, free_bytes=gathered)
+    assert tight["prefill_ms"] is None and "batched_mm would gather" in tight["notes"][0]
+
+
+def test_bench_reports_a_fallback_instead_of_a_time(untimed, caplog):
+    model = build("qwen3_moe")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        row = bench_transformers.measure(model, "moe_kernels", bench_args("--no-graphs"), free_bytes=1 << 30)
+    assert (row["decode_ms"], row["decode_graph_ms"], row["prefill_ms"]) == (None, None, None)
+    assert "fell back to transformers' default experts backend: hidden states on cpu" in row["notes"][0]
+
+
+def test_bench_model_configs_have_the_presets_experts():
+    from moe_kernels.cli.bench import PRESETS
+    for name in bench_transformers.MODELS:
+        cfg = bench_transformers.model_config(name, 3)
+        keys = bench_transformers.EXPERT_KEYS[type(cfg).__name__]
+        assert tuple(getattr(cfg, k) for k in keys) == PRESETS[name]
+        assert cfg.num_hidden_layers == 3
+    oss = bench_transformers.model_config("gpt-oss-20b", 3)
+    assert oss.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
+    qwen = bench_transformers.model_config("qwen3-30b-a3b", 2)
+    assert (qwen.num_attention_heads, qwen.num_key_value_heads, qwen.head_dim, qwen.vocab_size) == (32, 4, 128, 151936)
+    # 2048 tokens would gather far more expert weights than any GPU holds
+    assert bench_transformers.batched_mm_bytes(qwen, 2048) == 2048 * 8 * 3 * 2048 * 768 * 2
+
+
 # ---- GPU: tiny models with the kernels against "eager" --------------------------------------
 
 GPU_SIZES = dict(H=256, I=128, E=8, vocab=512, layers=2, positions=1024, dtype=BF16, device="cuda")
@@ -437,12 +552,18 @@ GPU_SIZES = dict(H=256, I=128, E=8, vocab=512, layers=2, positions=1024, dtype=B
 
 @pytest.fixture
 def counting_core(monkeypatch):
-    """The real core, counted, so a test sees that the kernels ran (no silent fallback)."""
+    """The real core, counted, so a test sees that the kernels ran (no silent fallback). The
+    count runs outside torch.compile's graphs, on every call: a list appended to inside a
+    compiled frame would be guarded on its length, and so compiled again on each call."""
     calls = []
     real = _common.core_fused_moe
 
+    @torch.compiler.disable
+    def record(kind):
+        calls.append(kind)
+
     def counted(*args, **kw):
-        calls.append(kw.get("quant", "16-bit"))
+        record(kw.get("quant", "16-bit"))
         return real(*args, **kw)
     monkeypatch.setattr(_common, "core_fused_moe", counted)
     return calls
@@ -481,11 +602,21 @@ def test_gpu_prefill_logits_match_eager(family, tokens, counting_core, caplog):
         f"{family}, {tokens} tokens: relative error {err:.3e} from the float32 model (bf16 eager: {eager_err:.3e})"
 
 
-def generate(model, ids, implementation, steps):
+def generate(model, ids, implementation, steps, **kw):
     model.set_experts_implementation(implementation)
     out = model.generate(ids, max_new_tokens=steps, do_sample=False, output_logits=True,
-                         return_dict_in_generate=True, pad_token_id=0)
+                         return_dict_in_generate=True, pad_token_id=0, **kw)
     return out.sequences[0, ids.shape[1]:], [step[0].float() for step in out.logits]
+
+
+def same_greedy_steps(family, got, got_logits, want, want_logits, steps):
+    """The same tokens and, up to the first token that differs, logits within the bf16 tolerance."""
+    assert len(got) == len(want) == steps
+    for step in range(steps):
+        err = rel_error(got_logits[step], want_logits[step])
+        assert err < TOL["bf16"], f"{family}, step {step}: logits' relative error {err:.3e}"
+        if got[step] != want[step]:
+            break  # a bf16 near-tie parted the tokens; the prefixes, and so the logits, differ from here on
 
 
 @pytest.mark.gpu
@@ -500,12 +631,72 @@ def test_gpu_greedy_generation_matches_eager(family, counting_core, caplog):
         got, got_logits = generate(model, ids, "moe_kernels", steps)
     assert not fallback_warnings(caplog)
     assert counting_core, "the kernels did not run"
-    assert len(got) == len(want) == steps
-    for step in range(steps):
-        err = rel_error(got_logits[step], want_logits[step])
-        assert err < TOL["bf16"], f"{family}, step {step}: logits' relative error {err:.3e}"
-        if got[step] != want[step]:
-            break  # a bf16 near-tie parted the tokens; the prefixes, and so the logits, differ from here on
+    same_greedy_steps(family, got, got_logits, want, want_logits, steps)
+
+
+COMPILED_FAMILIES = ["qwen3_moe", "gpt_oss"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", COMPILED_FAMILIES)
+def test_gpu_torch_compile_prefill_matches_eager(family, counting_core, caplog):
+    """torch.compile(model) (inductor, default mode) with the kernels: a 7-token prefill's logits
+    against the float32 model as test_gpu_prefill_logits_match_eager holds them, twice (the second
+    call runs the compiled code alone), the kernels called per experts module on each."""
+    torch._dynamo.reset()  # no compiled code or recompile counts left from other tests
+    model = gpu_model(family)
+    truth_model = copy.deepcopy(model).float()
+    truth_model.set_experts_implementation("eager")
+    ids = torch.randint(0, GPU_SIZES["vocab"], (1, 7), generator=torch.Generator().manual_seed(7)).cuda()
+    with caplog.at_level(logging.WARNING, logger=LOGGER), torch.no_grad():
+        truth = truth_model(ids).logits
+        model.set_experts_implementation("eager")
+        eager = model(ids).logits
+        model.set_experts_implementation("moe_kernels")
+        compiled = torch.compile(model)
+        ours = [compiled(ids).logits for _ in range(2)]
+    assert not fallback_warnings(caplog), [r.getMessage() for r in fallback_warnings(caplog)]
+    assert len(counting_core) == 2 * len(experts_modules(model))
+    eager_err = rel_error(eager, truth)
+    for call, logits in enumerate(ours):
+        err = rel_error(logits, truth)
+        assert err < max(TOL["bf16"], 1.25 * eager_err), \
+            f"{family}, compiled call {call}: relative error {err:.3e} from the float32 model " \
+            f"(bf16 eager: {eager_err:.3e})"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", COMPILED_FAMILIES)
+def test_gpu_static_cache_compiled_generation_matches_eager(family, counting_core, caplog):
+    """generate() with cache_implementation="static", whose decode steps transformers runs through
+    torch.compile (CompileConfig's defaults: inductor, "reduce-overhead", i.e. CUDA graphs): greedy
+    tokens and logits against the eager experts with the same static cache run uncompiled
+    (same_greedy_steps); every forward reached the kernels."""
+    torch._dynamo.reset()
+    steps = 12
+    model = gpu_model(family)
+    model.generation_config.eos_token_id = None  # exactly `steps` tokens
+    compiled_steps = []
+    compiled_call = model.get_compiled_call
+
+    def get_compiled_call(compile_config):  # generate()'s compiled forward, its calls counted
+        forward = compiled_call(compile_config)
+
+        def counted(*args, **kw):
+            compiled_steps.append(kw["input_ids"].shape[1] if "input_ids" in kw else None)
+            return forward(*args, **kw)
+        return counted
+    model.get_compiled_call = get_compiled_call
+    ids = torch.randint(0, GPU_SIZES["vocab"], (1, 12), generator=torch.Generator().manual_seed(12)).cuda()
+    static = dict(cache_implementation="static", compile_config=hf.CompileConfig())
+    with caplog.at_level(logging.WARNING, logger=LOGGER), torch.no_grad():
+        want, want_logits = generate(model, ids, "eager", steps, disable_compile=True, **static)
+        assert not compiled_steps
+        got, got_logits = generate(model, ids, "moe_kernels", steps, **static)
+    assert not fallback_warnings(caplog)
+    assert compiled_steps == [1] * (steps - 1)  # the prefill runs uncompiled, each one-token step compiled
+    assert len(counting_core) == steps * len(experts_modules(model))
+    same_greedy_steps(family, got, got_logits, want, want_logits, steps)
 
 
 @pytest.mark.gpu
