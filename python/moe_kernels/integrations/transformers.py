@@ -259,6 +259,7 @@ def _cache_key(module) -> tuple:
                  for role, t in _sources(module).items())
 
 
+@torch.compiler.disable  # host bookkeeping (identities, version counters): not for dynamo to trace or guard on
 def _layout(module):
     """The module's layout (or the UnsupportedExperts for it), once per set of sources."""
     key = _cache_key(module)
