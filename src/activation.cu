@@ -79,8 +79,9 @@ activation_kernel(const T* g, const T* bias, void* out, int64_t inter, const IdT
   } else {
     const int64_t scales_per_row = kFormat == MOEK_ACT_FORMAT_FP8_ROW128 ? inter / 128 : 1;
     quantize_row<kFormat>(team, compute, inter, q.static_out,
-                         RowSink{static_cast<uint8_t*>(out) + r * inter,
-                                 q.row_out + r * scales_per_row});
+                         RowSink<T>{q.wide ? static_cast<void*>(static_cast<T*>(out) + r * inter)
+                                           : static_cast<void*>(static_cast<uint8_t*>(out) + r * inter),
+                                    q.row_out + r * scales_per_row, q.wide});
   }
 }
 
@@ -177,7 +178,10 @@ activation_cols_kernel(const T* g, const T* bias, uint8_t* out, int64_t inter, c
 #pragma unroll
     for (int b = 0; b < kColBatch; ++b) {
       if (b >= nb) break;
-      if (mine) *reinterpret_cast<uint2*>(out + (rb + b) * inter + j) = to_fp8x8(v[b], scale[b]);
+      if (mine)
+        store_fp8x8<T>(q.wide ? static_cast<void*>(reinterpret_cast<T*>(out) + (rb + b) * inter)
+                              : static_cast<void*>(out + (rb + b) * inter),
+                       q.wide, j, v[b], scale[b]);
       if (threadIdx.x == 0) q.row_out[rb + b] = scale[b];
     }
   }

@@ -65,6 +65,9 @@ struct Fp8Scales {
   int act_format = MOEK_ACT_FORMAT_A16;
   const float* static_out = nullptr;  // FP8_ROW: static per-tensor scale to quantize with, or NULL
   float* row_out = nullptr;         // scales written when quantizing
+  // The E4M3 values written as 16-bit values of the hidden dtype (exactly), for a GEMM that
+  // reads them so (GemmKernelOps::wide_fp8_tokens): rows of 2 bytes per column.
+  bool wide = false;
 };
 
 // The one-token forward (src/one_token.cuh): the whole forward as one cooperative kernel, the

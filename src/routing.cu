@@ -152,18 +152,27 @@ route_small_kernel(const IdT* ids, int64_t num_pairs, ExpertIndex experts, int n
   }
 }
 
-// Every destination row of one token: the same E4M3 bytes and scales go to each of its
-// local slots' rows (rows[s] < 0: the slot's expert is not on this rank).
+// Every destination row of one token: the same E4M3 bytes (or, wide, their values in T) and
+// scales go to each of its local slots' rows (rows[s] < 0: the slot's expert is not on this
+// rank).
+template <typename T>
 struct TokenRowsSink {
-  uint8_t* x;
+  void* x;  // column c0 of row 0
   float* scales;
   const int32_t* rows;
   int top_k;
   int64_t hidden, scales_per_row;
+  bool wide;
   __device__ __forceinline__ void store(int64_t j, const float* v, float scale) const {
     const uint2 q = to_fp8x8(v, scale);
-    for (int s = 0; s < top_k; ++s)
-      if (rows[s] >= 0) *reinterpret_cast<uint2*>(x + int64_t(rows[s]) * hidden + j) = q;
+    if (wide) {
+      const uint4 w = widen_fp8x8<T>(q);
+      for (int s = 0; s < top_k; ++s)
+        if (rows[s] >= 0) *reinterpret_cast<uint4*>(static_cast<T*>(x) + int64_t(rows[s]) * hidden + j) = w;
+    } else {
+      for (int s = 0; s < top_k; ++s)
+        if (rows[s] >= 0) *reinterpret_cast<uint2*>(static_cast<uint8_t*>(x) + int64_t(rows[s]) * hidden + j) = q;
+    }
   }
   __device__ __forceinline__ void scale(int64_t i, float sc) const {
     for (int s = 0; s < top_k; ++s)
@@ -199,8 +208,10 @@ __device__ __forceinline__ void expand_token(const T* src, void* x, const int32_
           for (int i = 0; i < 8; ++i) v[i] = in.v[i];
         },
         c1 - c0, q.static_out,
-        TokenRowsSink{static_cast<uint8_t*>(x) + c0, q.row_out + (kBlock ? c0 / 128 : 0), rows,
-                      top_k, hidden, kBlock ? hidden / 128 : 1});
+        TokenRowsSink<T>{q.wide ? static_cast<void*>(static_cast<T*>(x) + c0)
+                                : static_cast<void*>(static_cast<uint8_t*>(x) + c0),
+                         q.row_out + (kBlock ? c0 / 128 : 0), rows, top_k, hidden,
+                         kBlock ? hidden / 128 : 1, q.wide});
   }
 }
 

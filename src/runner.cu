@@ -82,6 +82,9 @@ const char* dtype_name(int dtype) { return dtype == MOEK_DTYPE_FP16 ? "fp16" : "
 const ActFormatInfo& act_format(const moek_shape& s) { return kActFormats[s.act_format]; }
 bool quantized(const moek_shape& s) { return act_format(s).quantized; }
 bool weight_scaled(const moek_shape& s) { return kWeightFormats[s.weight_format].bits < 16; }
+// FP8 activations with 4-bit weights (W4A8): the 4-bit decode GEMM reads its input widened to
+// 16 bits (GemmKernelOps::wide_fp8_tokens), so GEMM2's input takes 2 bytes a column.
+bool w4a8(const moek_shape& s) { return quantized(s) && kWeightFormats[s.weight_format].bits == 4; }
 // The mode of a problem: its (act_format, weight_format) pair with its hidden dtype, or NULL.
 const ModeInfo* mode_of(const moek_shape& s) {
   for (const ModeInfo& m : kModes)
@@ -286,7 +289,7 @@ Layout plan(const moek_shape& s, int sm_count) {
   L.gemm_ws = take(gemm_ws);
   L.x = take(rows * s.hidden_size * eb);
   L.g = take(rows * n1 * eb);
-  L.a = take(rows * s.inter_size * in_bytes);
+  L.a = take(rows * s.inter_size * (w4a8(s) ? 2 : in_bytes));
   L.x_scale = quantized(s) ? take(sizeof(float) * rows * scales_per_row(s, s.hidden_size)) : 0;
   L.a_scale = quantized(s) ? take(sizeof(float) * rows * scales_per_row(s, s.inter_size)) : 0;
   L.total = at;
@@ -544,8 +547,14 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   GroupSetup g2 = group_setup(ws, L.groups[1], s, ws + L.a, a->w2, ws + L.x, s.hidden_size,
                               s.inter_size, a_scale, static_cast<const float*>(a->w2_scale),
                               s.w2_scale_per_channel != 0, a->w2_zero, active);
+  // A GEMM that reads its FP8 input widened gets it so from the step before (routing's expand,
+  // the activation) in the same rows of 2 bytes a column (x's region is 16-bit, plan() sizes a's).
+  if (fp8 && k1->ops->wide_fp8_tokens) g1.a_bytes = 2;
+  if (fp8 && k2->ops->wide_fp8_tokens) g2.a_bytes = 2;
   Fp8Scales q_in, q_mid;
   q_in.act_format = q_mid.act_format = s.act_format;
+  q_in.wide = fp8 && k1->ops->wide_fp8_tokens;
+  q_mid.wide = fp8 && k2->ops->wide_fp8_tokens;
   q_in.static_out = a->a13_scale;
   q_in.row_out = x_scale;
   q_mid.static_out = a->a2_scale;

@@ -56,6 +56,37 @@ __device__ __forceinline__ uint2 to_fp8x8(const float* v, float scale) {
   return raw;
 }
 
+// Eight E4M3 codes (as to_fp8x8 packs them) as their values in T, exactly (E4M3's values are
+// all bf16 and fp16 values): the 16-bit form of a quantized row that the 4-bit decode GEMM
+// reads for W4A8 (Fp8Scales::wide), the row's scale still applied by the GEMM.
+template <typename T>
+__device__ __forceinline__ uint4 widen_fp8x8(uint2 codes) {
+  uint4 out;
+  uint32_t* w = reinterpret_cast<uint32_t*>(&out);
+  const uint16_t* c = reinterpret_cast<const uint16_t*>(&codes);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(c[i]), __NV_E4M3);
+    if constexpr (std::is_same_v<T, __half>) {
+      w[i] = uint32_t(h.x) | (uint32_t(h.y) << 16);
+    } else {
+      const float2 f = __half22float2(__half2(h));
+      const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+      w[i] = reinterpret_cast<const uint32_t&>(b);
+    }
+  }
+  return out;
+}
+
+// Eight quantized values at column j of a row starting at `row`: E4M3 bytes, or (wide) their
+// values in T.
+template <typename T>
+__device__ __forceinline__ void store_fp8x8(void* row, bool wide, int64_t j, const float* v, float scale) {
+  const uint2 q = to_fp8x8(v, scale);
+  if (wide) *reinterpret_cast<uint4*>(static_cast<T*>(row) + j) = widen_fp8x8<T>(q);
+  else *reinterpret_cast<uint2*>(static_cast<uint8_t*>(row) + j) = q;
+}
+
 // Largest |v| over the block (every thread gets it). blockDim.x must be a multiple of 32.
 __device__ __forceinline__ float block_amax(float v) {
   __shared__ float warp_max[32];
@@ -98,12 +129,15 @@ struct WarpTeam {
   }
 };
 
-// Where a quantized row goes: E4M3 bytes and scales for one destination row.
+// Where a quantized row goes: E4M3 bytes (or, wide, their values in T) and scales for one
+// destination row.
+template <typename T>
 struct RowSink {
-  uint8_t* dst;   // the row's first byte
+  void* dst;      // the row's first element
   float* scales;  // the row's first scale
+  bool wide;
   __device__ __forceinline__ void store(int64_t j, const float* v, float scale) const {
-    *reinterpret_cast<uint2*>(dst + j) = to_fp8x8(v, scale);
+    store_fp8x8<T>(dst, wide, j, v, scale);
   }
   __device__ __forceinline__ void scale(int64_t i, float s) const { scales[i] = s; }
 };

@@ -838,6 +838,30 @@ def test_w4a16_every_built_kernel(quant, group, act_dtype, error_log):
     assert ran
 
 
+@pytest.mark.parametrize("quant", ["w4a8_int4", "w4a8_mxfp4"])
+def test_w4a8_decode_reads_widened_inputs(quant, error_log):
+    """The 4-bit decode GEMM reads W4A8's E4M3 inputs as 16-bit values, which routing's expand
+    and the activation write so only for it: beside a kernel that reads E4M3 bytes in the other
+    GEMM (both ways round), with dynamic and static input scales, and on the activation's
+    many-rows path (a bias, 4096+ rows)."""
+    kernels = [x for x in moe_kernels.list_kernels(quant=quant, out_dtype="bf16") if x.gemm]
+    decode = next(x.name for x in kernels if x.kind == "decode")
+    other = next(x.name for x in kernels if x.kind != "decode" and (x.kind != "grouped" or 128 % x.tile[2] == 0))
+    cases = [(dict(T=40, E=8, k=2, H=256, I=128), False), (dict(T=40, E=8, k=2, H=256, I=128), True),
+             (dict(T=2048, E=4, k=2, H=256, I=128, bias=True), False)]
+    for shape, static in cases:
+        p = make_problem(dtype=quant, group=128, **shape)
+        kw = {}
+        if static:
+            kw = dict(a13_scale=(p["hidden_states"].float().abs().max() / 448).reshape(1),
+                      a2_scale=torch.tensor([0.05], device="cuda"))
+        ref = reference_out(p, **kw)
+        for tactic in (Tactic(decode, other), Tactic(other, decode), Tactic(decode, decode)):
+            err = rel_error(run(p, tactic=tactic, **kw), ref)
+            error_log.add(f"{quant}/widened/{shape['T']}/{'static' if static else 'dynamic'}/{tactic}", err)
+            assert err < TOLERANCE[quant], f"{tactic} T={shape['T']} static={static}: relative error {err:.3e}"
+
+
 @pytest.mark.parametrize("quant", W4)
 def test_w4a16_experts_without_tokens_and_expert_parallel(quant, error_log):
     E, T, k = 16, 96, 2

@@ -60,6 +60,15 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {
   return v;
 }
 
+// The same with an L2 prefetch of the 256 bytes around the address (`.L2::256B`): for the 4-bit
+// decode kernel, whose warps read a row's 256 bytes 64 at a time (docs/kernels/decode.md).
+__device__ __forceinline__ uint4 load_stream_l2_256(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }

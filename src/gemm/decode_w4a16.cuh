@@ -1,8 +1,8 @@
 // A grouped GEMM for 4-bit weights at a few rows per expert (the catalog's "decode" schedule
 // with INT4 or E2M1 weights): the time is the 4-bit weight bytes, read once, dequantized in
-// registers. Tokens come 16-bit (W4A16) or as E4M3 with a scale per row (W4A8: each value
-// widened exactly to the 16-bit type, the row's scale applied to the output), so the MMAs are
-// 16-bit either way and every product is exact.
+// registers. Tokens come 16-bit (W4A16) or as E4M3 with a scale per row (W4A8: the values
+// widened exactly to the 16-bit type by the step that quantized them, the row's scale applied
+// to the output), so the MMAs are 16-bit either way and every product is exact.
 //
 // Two block shapes (the catalog's tile_n): 16 output columns (weight rows) of one expert, its
 // 4 warps splitting K and adding their partial sums in shared memory (for few, long tiles);
@@ -168,26 +168,13 @@ __device__ __forceinline__ uint32_t e4m3x2_to(uint32_t v) {
 }
 
 // A lane's 32 token values from `src` (zeros where !ok) as 16-bit pairs: x[c] word j holds
-// values 8c + 2j, 8c + 2j + 1. In: T (64 bytes read) or E4M3 (32 bytes, widened).
-template <class In, class T>
+// values 8c + 2j, 8c + 2j + 1: 64 bytes of T (W4A8's E4M3 values come widened to T by the
+// step that quantized them, GemmKernelOps::wide_fp8_tokens).
+template <class T>
 __device__ __forceinline__ void load_tokens(const char* src, bool ok, uint4 (&x)[4]) {
   const uint4* v = reinterpret_cast<const uint4*>(src);
-  if constexpr (sizeof(In) == 2) {
 #pragma unroll
-    for (int c = 0; c < 4; ++c) x[c] = ok ? __ldg(v + c) : make_uint4(0, 0, 0, 0);
-  } else {
-    static_assert(std::is_same_v<In, __nv_fp8_e4m3>, "tokens: 16-bit or E4M3");
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const uint4 raw = ok ? __ldg(v + i) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {  // values 16i + 4w .. + 3
-        const uint32_t lo = e4m3x2_to<T>(word(raw, w)), hi = e4m3x2_to<T>(word(raw, w) >> 16);
-        uint4& dst = x[2 * i + w / 2];
-        if (w % 2 == 0) { dst.x = lo; dst.y = hi; } else { dst.z = lo; dst.w = hi; }
-      }
-    }
-  }
+  for (int c = 0; c < 4; ++c) x[c] = ok ? __ldg(v + c) : make_uint4(0, 0, 0, 0);
 }
 
 // The weights a warp reads: 16 rows (n0 ..) of group g.
@@ -232,7 +219,7 @@ struct WeightTile {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const bool ok = in_k && row_ok[j];
-        w[i][j] = ok ? load_stream(wrow[j] + kk / 2) : make_uint4(0, 0, 0, 0);
+        w[i][j] = ok ? decode::load_stream_l2_256(wrow[j] + kk / 2) : make_uint4(0, 0, 0, 0);
         const int64_t at = int64_t(kk / group) * n + n0 + r + 8 * j;
         const unsigned short bits = ok ? __ldg(scale + at) : 0;
         const unsigned short zbits = ok && zero ? __ldg(zero + at) : 0;
@@ -254,8 +241,9 @@ struct TokenRows {
   T* d;
   int64_t ldd;
   const float* sfa;
+  // Rows of T either way: W4A8's E4M3 values come widened (GemmKernelOps::wide_fp8_tokens).
   __device__ __forceinline__ TokenRows(const Params& p, int g)
-      : a(static_cast<const char*>(p.ptr_a[g])), lda(p.stride_a[g] * int64_t(sizeof(In))),
+      : a(static_cast<const char*>(p.ptr_a[g])), lda(p.stride_a[g] * int64_t(sizeof(T))),
         m_rows(p.problem_shapes[3 * g]), d(static_cast<T*>(p.ptr_d[g])), ldd(p.stride_d[g]),
         sfa(kScaledRows ? p.ptr_sfa[g] : nullptr) {}
   __device__ __forceinline__ void store(int m, int col, float v) const {
@@ -282,7 +270,7 @@ __device__ __forceinline__ void multiply(const WeightTile<T>& t, const TokenRows
     for (int u = 0; u < kTiles; ++u) {
       const int m = m0 + 8 * u + r;
       const bool ok = kk < t.k && m < x_rows.m_rows;
-      load_tokens<In, T>(x_rows.a + (ok ? m * x_rows.lda + int64_t(kk) * sizeof(In) : 0), ok, x[u]);
+      load_tokens<T>(x_rows.a + (ok ? m * x_rows.lda + int64_t(kk) * sizeof(T) : 0), ok, x[u]);
     }
     // Dequantize the lane's 32 values of rows r and r + 8: pair j of word c is values
     // 8c + 2j, 8c + 2j + 1.
@@ -462,14 +450,14 @@ struct DecodeW4A16 {
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
     using namespace decode_w4;
-    return launch_groups(decode_w4a16_kernel<In, T, W, kTiles, kColumns>, a, kColumns, kWarps * 32,
-                         "4-bit decode GEMM", err, errlen);
+    return launch_groups(decode_w4a16_kernel<In, T, W, kTiles, kColumns>,
+                         a, kColumns, kWarps * 32, "4-bit decode GEMM", err, errlen);
   }
 
   static constexpr GemmKernelOps kOps{
       &run, &check, &workspace_size,
       static_cast<int>(sizeof(float) * (kSplitK ? decode_w4::kWarps * kTiles * 8 : 1) * (decode_w4::kRows + 1)),
-      false};
+      false, sizeof(In) == 1};
 };
 
 }  // namespace moe_kernels

@@ -75,6 +75,9 @@ struct GemmKernelOps {
   size_t (*workspace_size)(int num_groups, int sm_count);
   int smem_bytes;
   bool fuses_activation;  // takes GroupedGemmArgs::act_out (the fp8_block gated activation)
+  // FP8 activations: reads its input's E4M3 values widened to the hidden dtype (Fp8Scales::wide),
+  // written so by the step before it, instead of the E4M3 bytes.
+  bool wide_fp8_tokens = false;
 };
 
 struct KernelEntry {
