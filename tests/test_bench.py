@@ -587,3 +587,25 @@ def test_tiny_bench_transformers_run(tmp_path):
             assert not any("fell back" in n for n in row["notes"]), row
             assert graphed == (rows[model, "grouped_mm"]["decode_graph_ms"] is not None), row
     assert (tmp_path / "t.md").read_text().count("| moe_kernels |") == 2
+
+
+def test_free_other_peers_keeps_the_peer_and_the_copy_it_reads():
+    """A peer whose weights do not fit beside the others' gets the others' copies dropped (bench
+    retries it once so): each other peer with a release() loses its copy, the peer itself and the
+    dequantized copy it reads through keep theirs."""
+    from moe_kernels.cli import bench as b
+
+    class Peer:
+        def __init__(self, dequantized=None):
+            self.released, self.dequantized = 0, dequantized
+
+        def release(self):
+            self.released += 1
+    shared = Peer()
+    keep, other = Peer(dequantized=shared), Peer()
+    plain = lambda *a: None  # noqa: E731  a peer function with no copy
+    b.free_other_peers([("a", shared, None), ("b", keep, None), ("c", other, None), ("d", plain, None),
+                        ("e", None, "not installed")], keep)
+    assert (shared.released, keep.released, other.released) == (0, 0, 1)
+    b.free_other_peers([("a", shared, None), ("c", other, None)], other)
+    assert (shared.released, other.released) == (1, 1)

@@ -347,6 +347,10 @@ class Bf16GroupedMM:
         import torch
         return w.to(torch.bfloat16)
 
+    def release(self) -> None:
+        """Drops the copy (free_other_peers); the next call makes it again."""
+        self._key, self._w = None, None
+
     def weights(self, w13, w2, w13_scale=None, w2_scale=None):
         key = (w13.data_ptr(), w2.data_ptr())
         if self._key != key:
@@ -505,6 +509,10 @@ class HummingMoE:
         layer.transform()  # humming's repacking for this GPU
         return layer
 
+    def release(self) -> None:
+        """Drops the layers (free_other_peers); the next call makes them again."""
+        self._key, self._layers, self._tiles = None, None, {}
+
     def weights(self, w13, w2, w13_scale, w2_scale):
         key = (w13.data_ptr(), w2.data_ptr())
         if self._key != key:
@@ -633,6 +641,15 @@ def peers(activation, quant="bf16"):
     return out
 
 
+def free_other_peers(peer_list, keep) -> None:
+    """Drops the converted weights every peer but `keep` (and the copy `keep` reads through its
+    `dequantized`) holds, so that `keep`'s fit: they are made again when next called."""
+    keep_ids = {id(keep), id(getattr(keep, "dequantized", None))}
+    for _, fn, _ in peer_list:
+        if fn is not None and id(fn) not in keep_ids and hasattr(fn, "release"):
+            fn.release()
+
+
 # ---- the run -------------------------------------------------------------------------------
 
 def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
@@ -716,12 +733,18 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
             if fn is None:
                 row["results"][name] = {"status": why}
                 continue
-            try:  # a failing peer is reported, never silently dropped
+            def run_peer(fn=fn):
                 check = {}
                 if hasattr(fn, "reference"):
                     check = {"ref": fn.reference(x0, w13, w2, w0, ids0, act, **scales), "tol": fn.tolerance}
-                row["results"][name] = timed(lambda x, ids, w, o, fn=fn: o.copy_(fn(x, w13, w2, w, ids, act, **scales)),
-                                             **check)
+                return timed(lambda x, ids, w, o: o.copy_(fn(x, w13, w2, w, ids, act, **scales)), **check)
+            try:  # a failing peer is reported, never silently dropped
+                try:
+                    row["results"][name] = run_peer()
+                except torch.OutOfMemoryError:  # its weights do not fit beside the other peers': free theirs
+                    free_other_peers(peer_list, fn)
+                    torch.cuda.empty_cache()
+                    row["results"][name] = run_peer()
             except Exception as e:
                 row["results"][name] = {"status": f"failed: {type(e).__name__}: {e}"[:200]}
         if row["results"]["moe_kernels"]["status"] == "ok":
