@@ -57,15 +57,19 @@ WEIGHT_TAGS = {"int4": "Int4", "e2m1": "E2M1"}
 def kernel_source(c: catalog.GemmConfig) -> str:
     ns = catalog.ARCHS[c.arch]["family"]
     if c.schedule in ("decode", "tiled") and c.weight_dtype != c.act_dtype:  # 4-bit weights
+        # SM90's 64-column decode block is the register-sourced wgmma kernel.
+        wgmma = c.schedule == "decode" and ns == "sm90" and c.tile_n == 64
         header, template = {"decode": ("decode_w4a16", "DecodeW4A16"),
                             "tiled": ("tiled_w4a16", "TiledW4A16")}[c.schedule]
+        if wgmma:
+            header, template = "sm90/decode_w4_wgmma", "DecodeW4Wgmma"
         weight = WEIGHT_TAGS[c.weight_dtype]
         return (HEADER +
                 f'#include "gemm/{header}.cuh"\n\n'
                 f"namespace moe_kernels::{ns} {{\n"
                 f"extern const GemmKernelOps kOps_{c.name} = {template}<{CUDA_TYPES[c.act_dtype]}, "
                 f"{CUDA_TYPES[c.out]}, decode_w4::{weight}, {c.tile_m}"
-                + (f", {c.tile_n}" if c.schedule == "decode" else "") + ">::kOps;\n"
+                + (f", {c.tile_n}" if c.schedule == "decode" and not wgmma else "") + ">::kOps;\n"
                 f"}}  // namespace moe_kernels::{ns}\n")
     if c.schedule == "decode":
         return (HEADER +

@@ -190,10 +190,14 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
                 continue
             text = (tmp_path / arch / f"{c.name}.cu").read_text()
             if c.schedule == "decode" and c.weight_dtype in ("int4", "e2m1"):
-                assert '#include "gemm/decode_w4a16.cuh"' in text
                 weight = generate.WEIGHT_TAGS[c.weight_dtype]
-                assert (f"DecodeW4A16<{generate.CUDA_TYPES[c.act_dtype]}, {generate.CUDA_TYPES[c.out]}, "
-                        f"decode_w4::{weight}, {c.tile_m}, {c.tile_n}>::kOps") in text
+                types = f"{generate.CUDA_TYPES[c.act_dtype]}, {generate.CUDA_TYPES[c.out]}, decode_w4::{weight}"
+                if family == "sm90" and c.tile_n == 64:  # the register-sourced wgmma block
+                    assert '#include "gemm/sm90/decode_w4_wgmma.cuh"' in text
+                    assert f"DecodeW4Wgmma<{types}, {c.tile_m}>::kOps" in text
+                else:
+                    assert '#include "gemm/decode_w4a16.cuh"' in text
+                    assert f"DecodeW4A16<{types}, {c.tile_m}, {c.tile_n}>::kOps" in text
                 continue
             if c.schedule == "tiled":
                 assert '#include "gemm/tiled_w4a16.cuh"' in text

@@ -1,0 +1,259 @@
+// One-off A/B of the 4-bit decode GEMMs on one GEMM of a preset: old (mma.sync, 16 and 64
+// columns) against the wgmma one; outputs checked against a host reference on sampled entries.
+// nvcc -O3 -std=c++17 -arch=sm_90a -I src -I include .work/rs/ab.cu -o .work/rs/ab
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gemm/decode_w4a16.cuh"
+#include "gemm/sm90/decode_w4_wgmma.cuh"
+
+using namespace moe_kernels;
+using bf16 = __nv_bfloat16;
+
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      printf("CUDA %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);           \
+      exit(1);                                                                             \
+    }                                                                                      \
+  } while (0)
+
+static float e2m1(int v) {
+  static const float t[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+  return (v & 8 ? -1.f : 1.f) * t[v & 7];
+}
+static float bf(uint16_t b) { uint32_t u = uint32_t(b) << 16; float f; memcpy(&f, &u, 4); return f; }
+static uint16_t tobf(float f) { bf16 h = __float2bfloat16(f); return reinterpret_cast<uint16_t&>(h); }
+
+struct Case {
+  std::string name;
+  int E, topk, T, N, K, group;
+  bool mx;
+};
+
+template <class Fn>
+static float time_it(Fn fn, int reps) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
+  fn();
+  CK(cudaEventRecord(a));
+  for (int i = 0; i < reps; ++i) fn();
+  CK(cudaEventRecord(b));
+  CK(cudaEventSynchronize(b));
+  float ms; CK(cudaEventElapsedTime(&ms, a, b));
+  return ms * 1000.f / reps;
+}
+
+__device__ __host__ inline uint32_t hash32(uint64_t i) {
+  uint64_t x = i * 0x9E3779B97F4A7C15ull;
+  x ^= x >> 29; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 32;
+  return uint32_t(x);
+}
+__global__ void fill_w(uint8_t* w, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    w[i] = hash32(i) & 0xFF;
+}
+__global__ void fill_s(uint16_t* s, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    bf16 h = __float2bfloat16(0.01f + 0.01f * (hash32(i + (1ull << 40)) >> 8) * (1.f / 16777216.f));
+    s[i] = reinterpret_cast<uint16_t&>(h);
+  }
+}
+
+// Checkpoint [E][N][K/2] -> [E][ceil(N/64)][ceil(K/128)][h 2][w 4][r 8][q 4][16 B], zero-padded: row
+// 16w + 8h + r of the block, bytes 64s + 16q .. + 15 of the row.
+__global__ void pack_w(const uint8_t* w, uint8_t* out, int E, int N, int K) {
+  const int nb_n = (N + 63) / 64, steps = (K + 127) / 128;
+  const size_t pieces = size_t(E) * nb_n * steps * 256;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < pieces; i += size_t(gridDim.x) * blockDim.x) {
+    size_t x = i;
+    const int q = x % 4; x /= 4;
+    const int r = x % 8; x /= 8;
+    const int wq = x % 4; x /= 4;
+    const int h = x % 2; x /= 2;
+    const int s = x % steps; x /= steps;
+    const int nb = x % nb_n; x /= nb_n;
+    const int e = int(x);
+    const int n = nb * 64 + 16 * wq + 8 * h + r, kbyte = 64 * s + 16 * q;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (n < N && kbyte < K / 2) v = *reinterpret_cast<const uint4*>(w + (size_t(e) * N + n) * (K / 2) + kbyte);
+    *reinterpret_cast<uint4*>(out + i * 16) = v;
+  }
+}
+
+int main(int argc, char** argv) {
+  const int rounds = argc > 1 ? atoi(argv[1]) : 5;
+  std::vector<Case> cases;
+  for (int T : {1, 16, 128}) {
+    cases.push_back({"gpt-oss-120b mxfp4 g1", 128, 4, T, 5760, 2880, 32, true});
+    cases.push_back({"gpt-oss-120b mxfp4 g2", 128, 4, T, 2880, 2880, 32, true});
+    cases.push_back({"deepseek-v3 int4 g1", 256, 8, T, 4096, 7168, 128, false});
+    cases.push_back({"deepseek-v3 int4 g2", 256, 8, T, 7168, 2048, 128, false});
+    cases.push_back({"qwen3-30b int4 g1", 128, 8, T, 1536, 2048, 128, false});
+    cases.push_back({"qwen3-30b int4 g2", 128, 8, T, 2048, 768, 128, false});
+  }
+  std::mt19937 rng(0);
+  printf("%-22s %4s %6s | %9s %9s | %9s %9s %9s | %9s %9s %9s %9s | %7s %7s %7s | %s\n", "gemm", "T", "active", "old16 us", "old64 us", "wg8 us",
+         "wg8x2 us", "wg16 us", "ring4 us", "ring6 us", "ring10 us", "ring6p us", "old/wg8*", "old/ring", "TB/s best", "err old wg8 wg8x2 wg16 r4 r6 r10 r6p");
+  const std::string only = argc > 2 ? argv[2] : "";
+  const int only_t = argc > 3 ? atoi(argv[3]) : 0;
+  const int reps_override = argc > 4 ? atoi(argv[4]) : 0;
+  for (const Case& cs : cases) {
+    if ((!only.empty() && cs.name.find(only) == std::string::npos) || (only_t && cs.T != only_t)) continue;
+    const int E = cs.E, N = cs.N, K = cs.K, G = cs.group;
+    // Routing: T tokens, top-k distinct experts each, uniform.
+    std::vector<int> count(E, 0);
+    for (int t = 0; t < cs.T; ++t) {
+      std::vector<int> ids(E);
+      for (int i = 0; i < E; ++i) ids[i] = i;
+      std::shuffle(ids.begin(), ids.end(), rng);
+      for (int j = 0; j < cs.topk; ++j) count[ids[j]]++;
+    }
+    std::vector<int> active, offset(E + 1, 0);
+    for (int e = 0; e < E; ++e) {
+      offset[e + 1] = offset[e] + count[e];
+      if (count[e]) active.push_back(e);
+    }
+    const int rows = offset[E];
+    // Host data.
+    const size_t nw = size_t(E) * N * K / 2, ns = size_t(E) * (K / G) * N;
+    std::vector<uint16_t> hx(size_t(rows) * K);
+    std::uniform_real_distribution<float> ux(-1.f, 1.f);
+    for (auto& x : hx) x = tobf(ux(rng));
+    // Device.
+    uint8_t* dw; uint16_t *ds, *dx, *dd;
+    CK(cudaMalloc(&dw, nw)); CK(cudaMalloc(&ds, ns * 2)); CK(cudaMalloc(&dx, hx.size() * 2 + 16));
+    CK(cudaMalloc(&dd, size_t(rows) * N * 2 + 16));
+    fill_w<<<1024, 256>>>(dw, nw);
+    fill_s<<<1024, 256>>>(ds, ns);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(dx, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+    std::vector<int32_t> shapes(3 * E), act(1 + E, 0);
+    std::vector<const void*> pa(E), pb(E);
+    std::vector<void*> pd(E);
+    std::vector<const float*> psfb(E), psfa(E, nullptr);
+    std::vector<int64_t> sa(E, K), sb(E, K), sd(E, N);
+    for (int e = 0; e < E; ++e) {
+      shapes[3 * e] = count[e]; shapes[3 * e + 1] = N; shapes[3 * e + 2] = K;
+      pa[e] = dx + size_t(offset[e]) * K;
+      pb[e] = dw + size_t(e) * N * K / 2;
+      pd[e] = dd + size_t(offset[e]) * N;
+      psfb[e] = reinterpret_cast<const float*>(ds + size_t(e) * (K / G) * N);
+    }
+    act[0] = active.size();
+    for (size_t i = 0; i < active.size(); ++i) act[1 + i] = active[i];
+    int32_t *dshapes, *dact; const void **dpa, **dpb; void** dpd; const float **dpsfb, **dpsfa; int64_t *dsa, *dsb, *dsd;
+    CK(cudaMalloc(&dshapes, shapes.size() * 4)); CK(cudaMalloc(&dact, act.size() * 4));
+    CK(cudaMalloc(&dpa, E * 8)); CK(cudaMalloc(&dpb, E * 8)); CK(cudaMalloc(&dpd, E * 8));
+    CK(cudaMalloc(&dpsfb, E * 8)); CK(cudaMalloc(&dpsfa, E * 8));
+    CK(cudaMalloc(&dsa, E * 8)); CK(cudaMalloc(&dsb, E * 8)); CK(cudaMalloc(&dsd, E * 8));
+    CK(cudaMemcpy(dshapes, shapes.data(), shapes.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dact, act.data(), act.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dpa, pa.data(), E * 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dpb, pb.data(), E * 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dpd, pd.data(), E * 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dpsfb, psfb.data(), E * 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dpsfa, psfa.data(), E * 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dsa, sa.data(), E * 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dsb, sb.data(), E * 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dsd, sd.data(), E * 8, cudaMemcpyHostToDevice));
+    GroupedGemmArgs a{};
+    a.num_groups = E; a.problem_shapes = dshapes; a.ptr_a = dpa; a.stride_a = dsa; a.ptr_b = dpb; a.stride_b = dsb;
+    a.ptr_d = dpd; a.stride_d = dsd; a.ptr_sfa = dpsfa; a.ptr_sfb = dpsfb; a.active_groups = dact;
+    a.max_active_groups = active.size(); a.n = N; a.k = K; a.weight_group = G; a.zero_base = nullptr;
+    a.stream = 0;
+    char err[256];
+    // The packed copy, for the packed ring variant.
+    const size_t per_e = size_t((N + 63) / 64) * ((K + 127) / 128) * 4096;
+    uint8_t* dwp;
+    CK(cudaMalloc(&dwp, per_e * E));
+    pack_w<<<1024, 256>>>(dw, dwp, E, N, K);
+    std::vector<const void*> pbp(E);
+    for (int e = 0; e < E; ++e) pbp[e] = dwp + per_e * e;
+    const void** dpbp;
+    CK(cudaMalloc(&dpbp, E * 8));
+    CK(cudaMemcpy(dpbp, pbp.data(), E * 8, cudaMemcpyHostToDevice));
+    GroupedGemmArgs ap = a;
+    ap.ptr_b = dpbp;
+    using D = decode_w4::E2M1;
+    using I = decode_w4::Int4;
+    auto old16 = [&] { return cs.mx ? DecodeW4A16<bf16, bf16, D, 8, 16>::run(a, err, sizeof err) : DecodeW4A16<bf16, bf16, I, 8, 16>::run(a, err, sizeof err); };
+    auto old64 = [&] { return cs.mx ? DecodeW4A16<bf16, bf16, D, 8, 64>::run(a, err, sizeof err) : DecodeW4A16<bf16, bf16, I, 8, 64>::run(a, err, sizeof err); };
+    auto wg8 = [&] { return cs.mx ? DecodeW4Wgmma<bf16, bf16, D, 8>::run(a, err, sizeof err) : DecodeW4Wgmma<bf16, bf16, I, 8>::run(a, err, sizeof err); };
+    auto wg8x2 = [&] { return cs.mx ? DecodeW4Wgmma<bf16, bf16, D, 8, 2>::run(a, err, sizeof err) : DecodeW4Wgmma<bf16, bf16, I, 8, 2>::run(a, err, sizeof err); };
+    auto ring8 = [&] { return cs.mx ? DecodeW4Wgmma<bf16, bf16, D, 8, 1, 6>::run(a, err, sizeof err) : DecodeW4Wgmma<bf16, bf16, I, 8, 1, 6>::run(a, err, sizeof err); };
+    auto ring8s4 = [&] { return cs.mx ? DecodeW4Wgmma<bf16, bf16, D, 8, 1, 4>::run(a, err, sizeof err) : DecodeW4Wgmma<bf16, bf16, I, 8, 1, 4>::run(a, err, sizeof err); };
+    auto ring8s10 = [&] { return cs.mx ? DecodeW4Wgmma<bf16, bf16, D, 8, 1, 10>::run(a, err, sizeof err) : DecodeW4Wgmma<bf16, bf16, I, 8, 1, 10>::run(a, err, sizeof err); };
+    auto ring8p = [&] { return cs.mx ? DecodeW4Wgmma<bf16, bf16, D, 8, 1, 6, true>::run(ap, err, sizeof err) : DecodeW4Wgmma<bf16, bf16, I, 8, 1, 6, true>::run(ap, err, sizeof err); };
+    auto wg16 = [&] { return cs.mx ? DecodeW4Wgmma<bf16, bf16, D, 16>::run(a, err, sizeof err) : DecodeW4Wgmma<bf16, bf16, I, 16>::run(a, err, sizeof err); };
+    // Host reference on sampled entries.
+    std::vector<std::pair<int, int>> samples;
+    for (int i = 0; i < 256; ++i) samples.push_back({int(rng() % rows), int(rng() % N)});
+    std::vector<uint16_t> hd(size_t(rows) * N);
+    auto check = [&](const char* what, auto fn) {
+      CK(cudaMemset(dd, 0xFF, size_t(rows) * N * 2));  // NaN poison
+      if (fn()) { printf("%s: %s\n", what, err); exit(1); }
+      CK(cudaDeviceSynchronize());
+      CK(cudaMemcpy(hd.data(), dd, hd.size() * 2, cudaMemcpyDeviceToHost));
+      double worst = 0;
+      for (auto [row, n] : samples) {
+        int e = 0;
+        while (offset[e + 1] <= row) ++e;
+        double ref = 0, mag = 0;
+        std::vector<uint8_t> wrow(K / 2);
+        std::vector<uint16_t> srow(K / G);
+        CK(cudaMemcpy(wrow.data(), dw + (size_t(e) * N + n) * (K / 2), K / 2, cudaMemcpyDeviceToHost));
+        for (int gi = 0; gi < K / G; ++gi)
+          CK(cudaMemcpy(&srow[gi], ds + (size_t(e) * (K / G) + gi) * N + n, 2, cudaMemcpyDeviceToHost));
+        for (int k = 0; k < K; ++k) {
+          const uint8_t byte = wrow[k / 2];
+          const int v = k & 1 ? byte >> 4 : byte & 15;
+          const float q = cs.mx ? e2m1(v) : float(v >= 8 ? v - 16 : v);
+          const float w = bf(tobf(q * bf(srow[k / G])));
+          ref += double(w) * bf(hx[size_t(row) * K + k]);
+          mag += std::fabs(double(w) * bf(hx[size_t(row) * K + k]));
+        }
+        const double got = bf(hd[size_t(row) * N + n]);
+        const double err_ = std::fabs(got - ref) / (mag / std::sqrt(double(K)) + 1e-6);
+        worst = std::isnan(got) ? 1e30 : std::max(worst, err_);
+      }
+      return worst;
+    };
+    const double e_old = check("old16", old16), e_wg = check("wg8", wg8), e_wg2 = check("wg8x2", wg8x2),
+                 e_wg16 = check("wg16", wg16), e_ring = check("ring8", ring8), e_r4 = check("ring8s4", ring8s4),
+                 e_r10 = check("ring8s10", ring8s10), e_rp = check("ring8p", ring8p);
+    std::vector<float> t16, t64, tw, tw2, tw16, tr, tr4, tr10, trp;
+    const int reps = reps_override ? reps_override : cs.T >= 128 ? 20 : 100;
+    for (int r = 0; r < rounds; ++r) {
+      t16.push_back(time_it(old16, reps));
+      t64.push_back(time_it(old64, reps));
+      tw.push_back(time_it(wg8, reps));
+      tw2.push_back(time_it(wg8x2, reps));
+      tw16.push_back(time_it(wg16, reps));
+      tr.push_back(time_it(ring8, reps));
+      tr4.push_back(time_it(ring8s4, reps));
+      tr10.push_back(time_it(ring8s10, reps));
+      trp.push_back(time_it(ring8p, reps));
+    }
+    auto med = [](std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+    const float m16 = med(t16), m64 = med(t64), mw = std::min(med(tw), med(tw2)), mw1 = med(tw), mw2 = med(tw2),
+                mw16 = med(tw16), mr = std::min(std::min(med(tr), med(trp)), std::min(med(tr4), med(tr10)));
+    const double bytes = double(active.size()) * N * (K / 2 + 2.0 * K / G);
+    printf("%-22s %4d %6zu | %9.1f %9.1f | %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f | %7.3f %7.3f %7.2f | %.3g %.3g %.3g %.3g %.3g %.3g %.3g %.3g\n", cs.name.c_str(), cs.T,
+           active.size(), m16, m64, mw1, mw2, mw16, med(tr4), med(tr), med(tr10), med(trp), std::min(m16, m64) / mw, std::min(m16, m64) / mr, bytes / std::min(mw, mr) * 1e-6,
+           e_old, e_wg, e_wg2, e_wg16, e_r4, e_ring, e_r10, e_rp);
+    fflush(stdout);
+    cudaFree(dwp); cudaFree(dpbp); cudaFree(dw); cudaFree(ds); cudaFree(dx); cudaFree(dd); cudaFree(dshapes); cudaFree(dact); cudaFree(dpa);
+    cudaFree(dpb); cudaFree(dpd); cudaFree(dpsfb); cudaFree(dpsfa); cudaFree(dsa); cudaFree(dsb); cudaFree(dsd);
+  }
+  return 0;
+}
