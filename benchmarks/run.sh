@@ -19,7 +19,7 @@ PY=${PYTHON:-python3}
 OUT_DIR=${OUT_DIR:-benchmarks/results}
 ALL="bf16 fp8 fp8_block w4a16_int4 w4a16_mxfp4 w4a16_mxfp4_deepseek w4a8_int4 w4a8_mxfp4"
 ALL="$ALL w4a8_mxfp4_deepseek w4a16_int4_v4_pro w4a8_int4_v4_pro decode decode_fp16 decode_fp8 decode_fp8_block"
-ALL="$ALL w4a8_int4_decode w4a8_mxfp4_decode w4_decode_widths host transformers"
+ALL="$ALL w4a16_int4_decode w4a16_mxfp4_decode w4a8_int4_decode w4a8_mxfp4_decode w4_decode_widths host transformers"
 WIDE="--tokens 1,16,128,1024,4096,16384"
 
 args_for() {
@@ -41,8 +41,10 @@ args_for() {
     decode_fp16)     echo "--preset mixtral-8x7b --preset qwen3-30b-a3b --quant fp16 --tokens 1,2,4,8,16,32,64,128,1024" ;;
     decode_fp8)      echo "--preset mixtral-8x7b --preset qwen3-30b-a3b --quant fp8 --tokens 1,2,4,8,16,32,64,128,1024" ;;
     decode_fp8_block) echo "--preset deepseek-v3 --quant fp8_block --tokens 1,2,4,8,16,32,64,128,1024" ;;
-    # W4A8 at decode sizes beside humming-kernels and W4A16 on the same weights (the rows of the
-    # two W4A8 runs above at 1-128 tokens, after W4A8's decode inputs came widened)
+    # The 4-bit modes at decode sizes beside humming-kernels (W4A8 also beside W4A16 on the same
+    # weights): the rows of the runs above at 1-128 tokens, with SM90's wgmma decode kernel
+    w4a16_int4_decode)  echo "--preset deepseek-v3 --preset qwen3-30b-a3b --quant w4a16_int4 --tokens 1,16,128" ;;
+    w4a16_mxfp4_decode) echo "--preset gpt-oss-120b --quant w4a16_mxfp4 --activation swiglu_oai --tokens 1,16,128" ;;
     w4a8_int4_decode)  echo "--preset deepseek-v3 --quant w4a8_int4 --tokens 1,16,128" ;;
     w4a8_mxfp4_decode) echo "--preset gpt-oss-120b --quant w4a8_mxfp4 --activation swiglu_oai --tokens 1,16,128" ;;
     # The 4-bit decode kernel's two block widths and token tiles in each GEMM slot, round-robin

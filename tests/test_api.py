@@ -238,11 +238,14 @@ def test_default_rule_four_bit():
     assert default_tactic(int4, num_tokens=1024, **gpt_oss) == Tactic("c64", "c64")
     assert default_tactic(int4, num_tokens=512, **gpt_oss) == Tactic("d16", "d16")  # 16 rows
     assert default_tactic(int4, num_tokens=544, **gpt_oss) == Tactic("c64", "c64")  # 17
-    # 64-column decode blocks in a GEMM whose K is at most 1024, else 16 columns with split K
+    # 64-column decode blocks in a GEMM whose K is at most 1024, else 16 columns with split K;
+    # on SM90 (the 64-column block is the wgmma kernel) 64 columns past one row per expert
     wide = [k(f"w{m}", m, 64, "decode", "w4a16_mxfp4", 128) for m in (8, 16)]
     qwen3 = dict(top_k=8, num_experts=128, hidden_size=2048, gemm1_n=1536, sm_count=132, inter_size=768)
     assert default_tactic(decode + wide + tiled, num_tokens=1, **qwen3) == Tactic("d8", "w8")
-    assert default_tactic(decode + wide + tiled, num_tokens=96, **qwen3) == Tactic("d16", "w16")  # 6 rows
+    assert default_tactic(decode + wide + tiled, num_tokens=96, **qwen3) == Tactic("w16", "w16")  # 6 rows
+    sm100 = [dataclasses.replace(x, arch="sm100a") for x in decode + wide + tiled]
+    assert default_tactic(sm100, num_tokens=96, **qwen3) == Tactic("d16", "w16")
     ds = dict(top_k=8, num_experts=256, hidden_size=7168, gemm1_n=4096, sm_count=132, inter_size=2048)
     assert default_tactic(decode + wide + tiled, num_tokens=2, **ds) == Tactic("d8", "d8")
     assert default_tactic(decode + wide + tiled, num_tokens=1, **gpt_oss) == Tactic("d8", "d8")  # K not given

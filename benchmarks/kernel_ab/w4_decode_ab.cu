@@ -1,6 +1,11 @@
-// One-off A/B of the 4-bit decode GEMMs on one GEMM of a preset: old (mma.sync, 16 and 64
-// columns) against the wgmma one; outputs checked against a host reference on sampled entries.
-// nvcc -O3 -std=c++17 -arch=sm_90a -I src -I include .work/rs/ab.cu -o .work/rs/ab
+// A/B of the 4-bit decode GEMMs alone, one GEMM of a preset at a time (uniform routing, bf16
+// tokens): the mma.sync kernel (decode_w4a16.cuh, 16- and 64-column blocks) against SM90's
+// wgmma kernel (sm90/decode_w4_wgmma.cuh, 8- and 16-token passes). Outputs (NaN-poisoned
+// first) checked against a host reference on 256 sampled entries: |error| over the typical
+// size of the dot product's terms. Medians of interleaved rounds of back-to-back launches.
+// Build and run (docs/kernels/decode.md):
+//   nvcc -O3 -std=c++17 -arch=sm_90a -I src -I include -I <build>/generated/include \
+//        benchmarks/kernel_ab/w4_decode_ab.cu -o w4_decode_ab && ./w4_decode_ab [rounds [gemm [T [reps]]]]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -69,27 +74,6 @@ __global__ void fill_s(uint16_t* s, size_t n) {
   }
 }
 
-// Checkpoint [E][N][K/2] -> [E][ceil(N/64)][ceil(K/128)][h 2][w 4][r 8][q 4][16 B], zero-padded: row
-// 16w + 8h + r of the block, bytes 64s + 16q .. + 15 of the row.
-__global__ void pack_w(const uint8_t* w, uint8_t* out, int E, int N, int K) {
-  const int nb_n = (N + 63) / 64, steps = (K + 127) / 128;
-  const size_t pieces = size_t(E) * nb_n * steps * 256;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < pieces; i += size_t(gridDim.x) * blockDim.x) {
-    size_t x = i;
-    const int q = x % 4; x /= 4;
-    const int r = x % 8; x /= 8;
-    const int wq = x % 4; x /= 4;
-    const int h = x % 2; x /= 2;
-    const int s = x % steps; x /= steps;
-    const int nb = x % nb_n; x /= nb_n;
-    const int e = int(x);
-    const int n = nb * 64 + 16 * wq + 8 * h + r, kbyte = 64 * s + 16 * q;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (n < N && kbyte < K / 2) v = *reinterpret_cast<const uint4*>(w + (size_t(e) * N + n) * (K / 2) + kbyte);
-    *reinterpret_cast<uint4*>(out + i * 16) = v;
-  }
-}
-
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? atoi(argv[1]) : 5;
   std::vector<Case> cases;
@@ -102,8 +86,8 @@ int main(int argc, char** argv) {
     cases.push_back({"qwen3-30b int4 g2", 128, 8, T, 2048, 768, 128, false});
   }
   std::mt19937 rng(0);
-  printf("%-22s %4s %6s | %9s %9s | %9s %9s %9s | %9s %9s %9s %9s | %7s %7s %7s | %s\n", "gemm", "T", "active", "old16 us", "old64 us", "wg8 us",
-         "wg8x2 us", "wg16 us", "ring4 us", "ring6 us", "ring10 us", "ring6p us", "old/wg8*", "old/ring", "TB/s best", "err old wg8 wg8x2 wg16 r4 r6 r10 r6p");
+  printf("%-22s %4s %6s | %9s %9s | %9s %9s | %7s %7s | %s\n", "gemm", "T", "active", "mma16 us", "mma64 us",
+         "wgmma8 us", "wgmma16 us", "speedup", "TB/s", "error: mma16 mma64 wgmma8 wgmma16");
   const std::string only = argc > 2 ? argv[2] : "";
   const int only_t = argc > 3 ? atoi(argv[3]) : 0;
   const int reps_override = argc > 4 ? atoi(argv[4]) : 0;
@@ -172,28 +156,11 @@ int main(int argc, char** argv) {
     a.max_active_groups = active.size(); a.n = N; a.k = K; a.weight_group = G; a.zero_base = nullptr;
     a.stream = 0;
     char err[256];
-    // The packed copy, for the packed ring variant.
-    const size_t per_e = size_t((N + 63) / 64) * ((K + 127) / 128) * 4096;
-    uint8_t* dwp;
-    CK(cudaMalloc(&dwp, per_e * E));
-    pack_w<<<1024, 256>>>(dw, dwp, E, N, K);
-    std::vector<const void*> pbp(E);
-    for (int e = 0; e < E; ++e) pbp[e] = dwp + per_e * e;
-    const void** dpbp;
-    CK(cudaMalloc(&dpbp, E * 8));
-    CK(cudaMemcpy(dpbp, pbp.data(), E * 8, cudaMemcpyHostToDevice));
-    GroupedGemmArgs ap = a;
-    ap.ptr_b = dpbp;
     using D = decode_w4::E2M1;
     using I = decode_w4::Int4;
     auto old16 = [&] { return cs.mx ? DecodeW4A16<bf16, bf16, D, 8, 16>::run(a, err, sizeof err) : DecodeW4A16<bf16, bf16, I, 8, 16>::run(a, err, sizeof err); };
     auto old64 = [&] { return cs.mx ? DecodeW4A16<bf16, bf16, D, 8, 64>::run(a, err, sizeof err) : DecodeW4A16<bf16, bf16, I, 8, 64>::run(a, err, sizeof err); };
     auto wg8 = [&] { return cs.mx ? DecodeW4Wgmma<bf16, bf16, D, 8>::run(a, err, sizeof err) : DecodeW4Wgmma<bf16, bf16, I, 8>::run(a, err, sizeof err); };
-    auto wg8x2 = [&] { return cs.mx ? DecodeW4Wgmma<bf16, bf16, D, 8, 2>::run(a, err, sizeof err) : DecodeW4Wgmma<bf16, bf16, I, 8, 2>::run(a, err, sizeof err); };
-    auto ring8 = [&] { return cs.mx ? DecodeW4Wgmma<bf16, bf16, D, 8, 1, 6>::run(a, err, sizeof err) : DecodeW4Wgmma<bf16, bf16, I, 8, 1, 6>::run(a, err, sizeof err); };
-    auto ring8s4 = [&] { return cs.mx ? DecodeW4Wgmma<bf16, bf16, D, 8, 1, 4>::run(a, err, sizeof err) : DecodeW4Wgmma<bf16, bf16, I, 8, 1, 4>::run(a, err, sizeof err); };
-    auto ring8s10 = [&] { return cs.mx ? DecodeW4Wgmma<bf16, bf16, D, 8, 1, 10>::run(a, err, sizeof err) : DecodeW4Wgmma<bf16, bf16, I, 8, 1, 10>::run(a, err, sizeof err); };
-    auto ring8p = [&] { return cs.mx ? DecodeW4Wgmma<bf16, bf16, D, 8, 1, 6, true>::run(ap, err, sizeof err) : DecodeW4Wgmma<bf16, bf16, I, 8, 1, 6, true>::run(ap, err, sizeof err); };
     auto wg16 = [&] { return cs.mx ? DecodeW4Wgmma<bf16, bf16, D, 16>::run(a, err, sizeof err) : DecodeW4Wgmma<bf16, bf16, I, 16>::run(a, err, sizeof err); };
     // Host reference on sampled entries.
     std::vector<std::pair<int, int>> samples;
@@ -228,31 +195,23 @@ int main(int argc, char** argv) {
       }
       return worst;
     };
-    const double e_old = check("old16", old16), e_wg = check("wg8", wg8), e_wg2 = check("wg8x2", wg8x2),
-                 e_wg16 = check("wg16", wg16), e_ring = check("ring8", ring8), e_r4 = check("ring8s4", ring8s4),
-                 e_r10 = check("ring8s10", ring8s10), e_rp = check("ring8p", ring8p);
-    std::vector<float> t16, t64, tw, tw2, tw16, tr, tr4, tr10, trp;
+    const double e16 = check("old16", old16), e64 = check("old64", old64), ew8 = check("wgmma8", wg8),
+                 ew16 = check("wgmma16", wg16);
+    std::vector<float> t16, t64, tw8, tw16;
     const int reps = reps_override ? reps_override : cs.T >= 128 ? 20 : 100;
-    for (int r = 0; r < rounds; ++r) {
+    for (int r = 0; r < rounds; ++r) {  // interleaved
       t16.push_back(time_it(old16, reps));
       t64.push_back(time_it(old64, reps));
-      tw.push_back(time_it(wg8, reps));
-      tw2.push_back(time_it(wg8x2, reps));
+      tw8.push_back(time_it(wg8, reps));
       tw16.push_back(time_it(wg16, reps));
-      tr.push_back(time_it(ring8, reps));
-      tr4.push_back(time_it(ring8s4, reps));
-      tr10.push_back(time_it(ring8s10, reps));
-      trp.push_back(time_it(ring8p, reps));
     }
     auto med = [](std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
-    const float m16 = med(t16), m64 = med(t64), mw = std::min(med(tw), med(tw2)), mw1 = med(tw), mw2 = med(tw2),
-                mw16 = med(tw16), mr = std::min(std::min(med(tr), med(trp)), std::min(med(tr4), med(tr10)));
+    const float m16 = med(t16), m64 = med(t64), mw8 = med(tw8), mw16 = med(tw16), mw = std::min(mw8, mw16);
     const double bytes = double(active.size()) * N * (K / 2 + 2.0 * K / G);
-    printf("%-22s %4d %6zu | %9.1f %9.1f | %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f | %7.3f %7.3f %7.2f | %.3g %.3g %.3g %.3g %.3g %.3g %.3g %.3g\n", cs.name.c_str(), cs.T,
-           active.size(), m16, m64, mw1, mw2, mw16, med(tr4), med(tr), med(tr10), med(trp), std::min(m16, m64) / mw, std::min(m16, m64) / mr, bytes / std::min(mw, mr) * 1e-6,
-           e_old, e_wg, e_wg2, e_wg16, e_r4, e_ring, e_r10, e_rp);
+    printf("%-22s %4d %6zu | %9.1f %9.1f | %9.1f %9.1f | %7.3f %7.2f | %.3g %.3g %.3g %.3g\n", cs.name.c_str(), cs.T,
+           active.size(), m16, m64, mw8, mw16, std::min(m16, m64) / mw, bytes / mw * 1e-6, e16, e64, ew8, ew16);
     fflush(stdout);
-    cudaFree(dwp); cudaFree(dpbp); cudaFree(dw); cudaFree(ds); cudaFree(dx); cudaFree(dd); cudaFree(dshapes); cudaFree(dact); cudaFree(dpa);
+    cudaFree(dw); cudaFree(ds); cudaFree(dx); cudaFree(dd); cudaFree(dshapes); cudaFree(dact); cudaFree(dpa);
     cudaFree(dpb); cudaFree(dpd); cudaFree(dpsfb); cudaFree(dpsfa); cudaFree(dsa); cudaFree(dsb); cudaFree(dsd);
   }
   return 0;

@@ -1,22 +1,26 @@
-// The 4-bit decode GEMM on SM90's register-sourced wgmma (the catalog's "decode" schedule on
-// 90a): a block is one warpgroup and 64 output columns (weight rows) of one expert over all of
-// K; the weights are dequantized in registers as in decode_w4a16.cuh and are wgmma's A operand
-// (m64nNk16, N = 8 or 16 tokens), the tokens its B operand from shared memory, copied there once
-// per block and K step instead of once per warp. Per K step of 128 values a warp reads 1 KB of
-// weights; with the tokens re-read per warp from L1/L2 (decode_w4a16.cuh) that was 2-4 KB of
-// token traffic beside it, most of it served by L2, whose throughput bounded the kernel.
+// The 4-bit decode GEMM on SM90's register-sourced wgmma: the catalog's 64-column "decode"
+// block on 90a. A block is one warpgroup and 64 output columns (weight rows) of one expert over
+// all of K, for kN = 8 or 16 tokens at a time. Per K step of 128 values its 128 threads copy,
+// with cp.async into a ring of kStages steps in shared memory, the step's weights (each
+// thread the two 16-byte pieces it will dequantize), their scales (and zero terms) and the
+// tokens; the copies for step j + kStages - 1 are issued while step j is multiplied, so the
+// loads in flight hold no registers. A thread dequantizes its weights in registers as
+// decode_w4a16.cuh does and they are wgmma's A operand (m64nNk16); the tokens are its B
+// operand, read from shared memory once per block (the mma.sync kernel's warps each re-read
+// them from L1/L2, 2-4 KB beside every 1 KB of weights).
 //
-// K order: a lane's 16-byte weight load per row and K step is the same as decode_w4a16.cuh's
-// (values 32q .. 32q + 31 of the step, q = lane % 4), and wgmma t (0..7) of the step takes its
-// values 4t .. 4t + 3 as k = {2q, 2q + 1, 2q + 8, 2q + 9}: the A fragment of wgmma's
-// register-sourced form is mma.sync m16n8k16's, warp w of the warpgroup holding rows 16w ..
-// 16w + 15. The tokens are copied into shared memory in that order: a 4-byte pair of values
-// 2p, 2p + 1 of the step (p = 16q + 2t + h) goes to k = 2q + 8h of wgmma t.
+// K order: a thread's weight piece per row and step is decode_w4a16.cuh's (values 32q .. 32q
+// + 31 of the step, q = lane % 4), and wgmma t (0..7) of the step takes its values 4t .. 4t +
+// 3 as k = {2q, 2q + 1, 2q + 8, 2q + 9}: the A fragment of wgmma's register-sourced form is
+// mma.sync m16n8k16's, warp w of the warpgroup holding rows 16w .. 16w + 15. The tokens are
+// copied into shared memory in that order: the 4-byte pair of values 2p, 2p + 1 of the step
+// (p = 16q + 2t + h) goes to k = 2q + 8h of wgmma t.
 //
-// Shared memory per token stage: wgmma's K-major layout without swizzle, core matrices of 8
-// tokens x 8 k (16 bytes a token), matrix (token block nb, k block kb) at (kb * N / 8 + nb) *
-// 128 bytes: wgmma t reads k blocks 2t and 2t + 1 (LBO = N / 8 * 128, SBO = 128). kStages
-// stages, filled by cp.async kStages - 1 steps ahead.
+// Tokens in shared memory: wgmma's K-major layout without swizzle, core matrices of 8 tokens x
+// 8 k (16 bytes a token), matrix (token block nb, k block kb) at (kb * kN / 8 + nb) * 128
+// bytes: wgmma t reads k blocks 2t and 2t + 1 (LBO = kN / 8 * 128, SBO = 128).
+//
+// Measured against the mma.sync kernel, and the variants dropped: docs/kernels/decode.md.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -38,8 +42,7 @@ using decode_w4::WeightTile;
 
 constexpr int kThreads = 128;  // one warpgroup
 constexpr int kColumns = 64;   // weight rows per block: wgmma's M
-constexpr int kStages = 4;     // token stages in shared memory
-constexpr int kBatch = 2;      // weight K steps per register batch; two batches alternate
+constexpr int kStages = 4;     // K steps in the shared-memory ring
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -135,127 +138,21 @@ __device__ __forceinline__ void copy_tokens(const TokenRows<T, T>& x, int m0, in
   cp_async_commit();
 }
 
-// A barrier of one warpgroup (the whole block when it is one).
-template <int kSplit>
-__device__ __forceinline__ void warpgroup_sync() {
-  if constexpr (kSplit == 1) __syncthreads();
-  else asm volatile("bar.sync %0, 128;" ::"r"(1 + int(threadIdx.x >> 7)) : "memory");
-}
-
-template <int kN, int kSplit>
+template <int kN>
 struct Smem {
-  static constexpr int kStageBytes = kN * kStepK * 2;
-  alignas(128) char stages[kSplit][kStages][kStageBytes];
-  float partial[kSplit > 1 ? kColumns : 1][kN + 1];  // warpgroup 1's sums, for warpgroup 0
-};
-
-// One block: 64 weight rows (n0 ..) of group g for all of its tokens, kN at a time; with
-// kSplit warpgroups, warpgroup h takes K steps h, h + kSplit, ... and warpgroup 0 adds the sums.
-template <class In, class T, class W, int kN, int kSplit>
-__device__ __forceinline__ void block_tile(const Params& p, const WeightTile<T>& t, Smem<kN, kSplit>& sm) {
-  static_assert(kSplit == 1 || kSplit == 2, "4-bit wgmma decode: one or two warpgroups");
-  constexpr uint32_t kStageBytes = Smem<kN, kSplit>::kStageBytes;
-  constexpr uint32_t kLbo = kN / 8 * 128, kSbo = 128;
-  const TokenRows<In, T> out_rows(p, t.g);
-  // The copies read the rows as 16-bit values either way (W4A8's come widened).
-  const TokenRows<T, T> x_rows(p, t.g);
-  const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127, lane = threadIdx.x & 31, r = lane >> 2, q = lane & 3;
-  const int steps = t.steps, local = steps > wg ? (steps - wg + kSplit - 1) / kSplit : 0;
-  auto step = [&](int j) { return wg + j * kSplit; };  // the K step of this warpgroup's j-th
-  const uint32_t base = smem_addr(sm.stages[wg]);
-
-  for (int m0 = 0; m0 < x_rows.m_rows; m0 += kN) {
-    float acc[kN / 2];
-#pragma unroll
-    for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
-#pragma unroll
-    for (int j = 0; j < kStages - 1; ++j)
-      copy_tokens<T, kN>(x_rows, m0, t.k, steps, step(j), base + j * kStageBytes, tid);
-
-    // This warpgroup's steps j0 .. j0 + kBatch - 1, their weights in w/sc/zr.
-    auto run_batch = [&](int j0, const uint4 (&w)[kBatch][2], const uint32_t (&sc)[kBatch][2],
-                         const uint32_t (&zr)[kBatch][2]) {
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const int j = j0 + i;
-        if (j >= local) break;  // the same for the whole warpgroup
-        uint32_t wv[2][16];
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            uint32_t o[4];
-            decode_w4::dequant8<T, W>(decode::word(w[i][h], c), o);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) wv[h][4 * c + e] = decode_w4::fma2<T>(o[e], sc[i][h], zr[i][h]);
-          }
-        cp_async_wait<kStages - 2>();  // this thread's copies of step j
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to wgmma
-        warpgroup_sync<kSplit>();  // everyone's copies of step j; everyone done with step j - 1's stage
-        copy_tokens<T, kN>(x_rows, m0, t.k, steps, step(j + kStages - 1),
-                           base + ((j + kStages - 1) % kStages) * kStageBytes, tid);
-        const uint32_t stage = base + (j % kStages) * kStageBytes;
-        fence_acc<kN>(acc);
-        wgmma_fence();
-#pragma unroll
-        for (int tt = 0; tt < 8; ++tt) {
-          const uint32_t a[4] = {wv[0][2 * tt], wv[1][2 * tt], wv[0][2 * tt + 1], wv[1][2 * tt + 1]};
-          wgmma<T, kN>(acc, a, desc(stage + 2 * tt * kLbo, kLbo, kSbo));
-        }
-        wgmma_commit_wait();
-        fence_acc<kN>(acc);
-      }
-    };
-
-    uint4 wa[kBatch][2], wb[kBatch][2];
-    uint32_t sa[kBatch][2], za[kBatch][2], sb[kBatch][2], zb[kBatch][2];
-    t.template load<kBatch, kSplit>(step(0), wa, sa, za);
-    for (int j0 = 0; j0 < local; j0 += 2 * kBatch) {
-      if (j0 + kBatch < local) t.template load<kBatch, kSplit>(step(j0 + kBatch), wb, sb, zb);
-      run_batch(j0, wa, sa, za);
-      if (j0 + kBatch >= local) break;
-      if (j0 + 2 * kBatch < local) t.template load<kBatch, kSplit>(step(j0 + 2 * kBatch), wa, sa, za);
-      run_batch(j0 + kBatch, wb, sb, zb);
-    }
-    // acc[4c + e]: the warp's weight row r + 8 (e / 2), token m0 + 8c + 2q + e % 2.
-    const int row0 = 16 * ((threadIdx.x >> 5) & 3) + r;
-    if constexpr (kSplit > 1) {
-      if (wg == 1)
-#pragma unroll
-        for (int i = 0; i < kN / 2; ++i) sm.partial[row0 + 8 * ((i >> 1) & 1)][8 * (i >> 2) + 2 * q + (i & 1)] = acc[i];
-      __syncthreads();
-    }
-    if (wg == 0)
-#pragma unroll
-      for (int i = 0; i < kN / 2; ++i) {
-        const int tok = 8 * (i >> 2) + 2 * q + (i & 1), row = row0 + 8 * ((i >> 1) & 1);
-        const int m = m0 + tok, col = t.n0 + r + 8 * ((i >> 1) & 1);
-        float v = acc[i];
-        if constexpr (kSplit > 1) v += sm.partial[row][tok];
-        if (m < x_rows.m_rows && col < t.n) out_rows.store(m, col, v);
-      }
-    cp_async_wait<0>();
-    __syncthreads();  // the next pass refills the stages and `partial`
-  }
-}
-
-// The same with the weights, their scales and zero terms copied by cp.async into a ring of
-// kRingStages steps beside the tokens (no registers held by loads in flight; the copies of
-// step j + kRingStages - 1 are issued while step j is multiplied). Needs N % 8 == 0.
-template <int kN, int kRingStages>
-struct RingSmem {
   static constexpr int kTokenBytes = kN * kStepK * 2, kWeightBytes = kColumns * kStepK / 2;
-  // Per stage: tokens, weights (thread i's two 16-byte loads at i * 16 and 2048 + i * 16), and
-  // scales and zero terms [4 groups][64 rows] (groups of 32: four per step).
-  alignas(128) char tokens[kRingStages][kTokenBytes];
-  alignas(128) char weights[kRingStages][kWeightBytes];
-  alignas(16) unsigned short scales[kRingStages][4][kColumns];
-  alignas(16) unsigned short zeros[kRingStages][4][kColumns];
+  // Per stage: tokens, weights (thread i's two 16-byte pieces at i * 16 and 2048 + i * 16), and
+  // scales and zero terms [groups in the step][64 rows] (groups of 32: four per step).
+  alignas(128) char tokens[kStages][kTokenBytes];
+  alignas(128) char weights[kStages][kWeightBytes];
+  alignas(16) unsigned short scales[kStages][4][kColumns];
+  alignas(16) unsigned short zeros[kStages][4][kColumns];
 };
 
-template <class T, int kN, int kRingStages, bool kPacked>
+// Step s's copies into ring stage `stage`, as one commit group (empty past the last step).
+template <class T, int kN>
 __device__ __forceinline__ void copy_step(const Params& p, const WeightTile<T>& t, const TokenRows<T, T>& x,
-                                          int m0, int s, int n_block, RingSmem<kN, kRingStages>& sm, int stage) {
+                                          int m0, int s, int n_block, Smem<kN>& sm, int stage) {
   const int tid = threadIdx.x & 127;
   if (s < t.steps) {
     // Weights: this thread's rows n_block + 16 (tid / 32) + r (+ 8), values 32q .. 32q + 31 of step s.
@@ -264,14 +161,9 @@ __device__ __forceinline__ void copy_step(const Params& p, const WeightTile<T>& 
     const int64_t ldw = p.stride_b[t.g] / 2;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if constexpr (kPacked) {  // [N / 64][steps][4 KB in this order], zero-padded
-        const char* src = wbase + ((int64_t(n_block / kColumns) * t.steps + s) * 2 + h) * 2048 + tid * 16;
-        cp_async_16(smem_addr(sm.weights[stage] + h * 2048 + tid * 16), src, true);
-      } else {
-        const int n = n_block + 16 * (tid >> 5) + r + 8 * h;
-        const bool ok = n < t.n && kk < t.k;
-        cp_async_16(smem_addr(sm.weights[stage] + h * 2048 + tid * 16), wbase + (ok ? n * ldw + kk / 2 : 0), ok);
-      }
+      const int n = n_block + 16 * (tid >> 5) + r + 8 * h;
+      const bool ok = n < t.n && kk < t.k;
+      cp_async_16(smem_addr(sm.weights[stage] + h * 2048 + tid * 16), wbase + (ok ? n * ldw + kk / 2 : 0), ok);
     }
     // Scales (and zero terms): the step's groups (1, or 128 / group), 64 rows each, 16 bytes a thread.
     const int groups = t.group >= kStepK ? 1 : kStepK / t.group;
@@ -286,9 +178,9 @@ __device__ __forceinline__ void copy_step(const Params& p, const WeightTile<T>& 
   copy_tokens<T, kN>(x, m0, t.k, t.steps, s, smem_addr(sm.tokens[stage]), tid);  // commits the group
 }
 
-template <class In, class T, class W, int kN, int kRingStages, bool kPacked>
-__device__ __forceinline__ void block_tile_ring(const Params& p, const WeightTile<T>& t, int n_block,
-                                                RingSmem<kN, kRingStages>& sm) {
+// One block: 64 weight rows (n_block ..) of group g for all of its tokens, kN at a time.
+template <class In, class T, class W, int kN>
+__device__ __forceinline__ void block_tile(const Params& p, const WeightTile<T>& t, int n_block, Smem<kN>& sm) {
   constexpr uint32_t kLbo = kN / 8 * 128, kSbo = 128;
   const TokenRows<In, T> out_rows(p, t.g);
   const TokenRows<T, T> x_rows(p, t.g);
@@ -301,13 +193,13 @@ __device__ __forceinline__ void block_tile_ring(const Params& p, const WeightTil
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
 #pragma unroll
-    for (int j = 0; j < kRingStages - 1; ++j) copy_step<T, kN, kRingStages, kPacked>(p, t, x_rows, m0, j, n_block, sm, j);
+    for (int j = 0; j < kStages - 1; ++j) copy_step<T, kN>(p, t, x_rows, m0, j, n_block, sm, j);
     for (int j = 0; j < steps; ++j) {
-      const int stage = j % kRingStages;
-      cp_async_wait<kRingStages - 2>();
+      const int stage = j % kStages;
+      cp_async_wait<kStages - 2>();
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();  // step j landed for everyone; everyone done with step j - 1's stage
-      copy_step<T, kN, kRingStages, kPacked>(p, t, x_rows, m0, j + kRingStages - 1, n_block, sm, (j + kRingStages - 1) % kRingStages);
+      copy_step<T, kN>(p, t, x_rows, m0, j + kStages - 1, n_block, sm, (j + kStages - 1) % kStages);
       uint32_t wv[2][16];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -343,27 +235,15 @@ __device__ __forceinline__ void block_tile_ring(const Params& p, const WeightTil
   }
 }
 
-template <class In, class T, class W, int kN, int kRingStages, bool kPacked>
-__global__ void __launch_bounds__(kThreads, 4) decode_w4_wgmma_ring_kernel(Params p) {
-  extern __shared__ __align__(128) char ring_smem[];
-  RingSmem<kN, kRingStages>& sm = *reinterpret_cast<RingSmem<kN, kRingStages>*>(ring_smem);
+template <class In, class T, class W, int kN>
+__global__ void __launch_bounds__(kThreads, 4) decode_w4_wgmma_kernel(Params p) {
+  __shared__ Smem<kN> sm;
   pdl_begin();
   const int active = p.active_groups[0];
   for (int y = blockIdx.y; y < active; y += gridDim.y) {
+    // (The tile's rows, shapes and scale pointers; its weights are copied by copy_step.)
     const WeightTile<T> t(p, p.active_groups[1 + y], blockIdx.x * kColumns + 16 * ((threadIdx.x >> 5) & 3));
-    block_tile_ring<In, T, W, kN, kRingStages, kPacked>(p, t, blockIdx.x * kColumns, sm);
-  }
-}
-
-template <class In, class T, class W, int kN, int kSplit>
-__global__ void __launch_bounds__(kThreads * kSplit, kSplit == 1 ? 3 : 2) decode_w4_wgmma_kernel(Params p) {
-  __shared__ Smem<kN, kSplit> sm;
-  pdl_begin();
-  const int active = p.active_groups[0];
-  for (int y = blockIdx.y; y < active; y += gridDim.y) {
-    // Every warp of a warpgroup takes part in its wgmmas: warp w's rows are the tile's 16w ...
-    const WeightTile<T> t(p, p.active_groups[1 + y], blockIdx.x * kColumns + 16 * ((threadIdx.x >> 5) & 3));
-    block_tile<In, T, W, kN, kSplit>(p, t, sm);
+    block_tile<In, T, W, kN>(p, t, blockIdx.x * kColumns, sm);
   }
 }
 
@@ -371,34 +251,31 @@ __global__ void __launch_bounds__(kThreads * kSplit, kSplit == 1 ? 3 : 2) decode
 
 // In: the tokens' element type (T, or E4M3 for W4A8, whose inputs come widened); T: the
 // MMAs' and the output's; kTokens: the catalog's tile_m (8 or 16); 64 columns per block.
-template <class In, class T, class W, int kTokens, int kSplit = 1, int kRing = 0, bool kPacked = false>
+template <class In, class T, class W, int kTokens>
 struct DecodeW4Wgmma {
   static size_t workspace_size(int, int) { return 0; }
 
+  // The scales come 8 columns (16 bytes) at a time and a step's 128 values in whole groups.
   static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
-    return decode_w4::check_args<In>(a, "4-bit wgmma decode GEMM", 1, err, errlen);
+    if (int st = decode_w4::check_args<In>(a, "4-bit wgmma decode GEMM", 8, err, errlen)) return st;
+    if (a.weight_group % decode_w4::kStepK && decode_w4::kStepK % a.weight_group) {
+      snprintf(err, errlen, "4-bit wgmma decode GEMM: scale group %d neither divides nor is a multiple of 128",
+               a.weight_group);
+      return MOEK_UNSUPPORTED;
+    }
+    return MOEK_OK;
   }
 
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
     using namespace decode_w4_wgmma;
-    if constexpr (kRing > 0) {
-      if (a.n % 8 || (a.weight_group % 128 && 128 % a.weight_group)) {
-        snprintf(err, errlen, "4-bit wgmma decode GEMM (ring): N=%lld not a multiple of 8, or scale group %d "
-                 "neither dividing nor a multiple of 128", (long long)a.n, a.weight_group);
-        return MOEK_UNSUPPORTED;
-      }
-      return decode_w4::launch_groups(decode_w4_wgmma_ring_kernel<In, T, W, kTokens, kRing, kPacked>, a, kColumns, kThreads,
-                                      "4-bit wgmma decode GEMM", err, errlen, 1,
-                                      sizeof(decode_w4_wgmma::RingSmem<kTokens, kRing>));
-    }
-    return decode_w4::launch_groups(decode_w4_wgmma_kernel<In, T, W, kTokens, kSplit>, a, kColumns, kThreads * kSplit,
+    return decode_w4::launch_groups(decode_w4_wgmma_kernel<In, T, W, kTokens>, a, kColumns, kThreads,
                                     "4-bit wgmma decode GEMM", err, errlen);
   }
 
   static constexpr GemmKernelOps kOps{
-      &run, &check, &workspace_size,
-      static_cast<int>(sizeof(decode_w4_wgmma::Smem<kTokens, kSplit>)), false, sizeof(In) == 1};
+      &run, &check, &workspace_size, static_cast<int>(sizeof(decode_w4_wgmma::Smem<kTokens>)), false,
+      sizeof(In) == 1};
 };
 
 }  // namespace moe_kernels
