@@ -100,7 +100,7 @@ CONTIG_TILE_N = 256
 # (docs/performance.md, default rule). On SM90 the 64-column block is the wgmma kernel
 # (src/gemm/sm90/decode_w4_wgmma.cuh), which also wins on long K once an expert has more than
 # one row (1.0-1.37x at 16-128 tokens on an H100; at one token, with a block per 64 columns of
-# 4-8 experts, the split-K block's 4x more blocks were up to 1.4x faster; docs/kernels/decode.md).
+# 4-8 experts, the split-K block's 4x more blocks were up to 1.46x faster; docs/kernels/decode.md).
 FOUR_BIT_FORMATS = ("int4", "mxfp4")
 # W4A8 leaves the decode kernel past 8 rows (MXFP4's 32-row tiled tile 1.11-1.42x faster at
 # 12-16 rows, INT4's contiguous kernel 1.31-1.67x), W4A16 MXFP4 past 12 (level at 12, the tiled
