@@ -21,6 +21,7 @@
 
 #include "gemm/decode_gemm.cuh"
 #include "gemm/sm90/decode_w4_wgmma.cuh"  // smem_addr, cp_async_16, desc, wgmma fences
+#include "harness.cuh"
 
 using namespace moe_kernels;
 using bf16 = __nv_bfloat16;
@@ -137,41 +138,11 @@ int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
 }
 }  // namespace ss
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      printf("CUDA %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);           \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
-
-static float bf(uint16_t b) { uint32_t u = uint32_t(b) << 16; float f; memcpy(&f, &u, 4); return f; }
-static uint16_t tobf(float f) { bf16 h = __float2bfloat16(f); return reinterpret_cast<uint16_t&>(h); }
-
-__device__ __host__ inline uint32_t hash32(uint64_t i) {
-  uint64_t x = i * 0x9E3779B97F4A7C15ull;
-  x ^= x >> 29; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 32;
-  return uint32_t(x);
-}
 __global__ void fill_w(uint16_t* w, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     bf16 h = __float2bfloat16(0.05f * ((hash32(i) >> 8) * (2.f / 16777216.f) - 1.f));
     w[i] = reinterpret_cast<uint16_t&>(h);
   }
-}
-
-template <class Fn>
-static float time_it(Fn fn, int reps) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
-  fn();
-  CK(cudaEventRecord(a));
-  for (int i = 0; i < reps; ++i) fn();
-  CK(cudaEventRecord(b));
-  CK(cudaEventSynchronize(b));
-  float ms; CK(cudaEventElapsedTime(&ms, a, b));
-  return ms * 1000.f / reps;
 }
 
 struct Case {

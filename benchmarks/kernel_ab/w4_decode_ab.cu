@@ -20,7 +20,7 @@
 
 #include "gemm/decode_w4a16.cuh"
 #include "gemm/sm90/decode_w4_wgmma.cuh"
-
+#include "harness.cuh"
 
 // Variant for the next A/B: the same kernel persistent, its ring running on across the tiles
 // (units = (expert, 64-column block)) a block takes, so a unit's first steps are in flight
@@ -138,21 +138,10 @@ int run_persistent(const GroupedGemmArgs& a, int sm_count, char* err, size_t err
 using namespace moe_kernels;
 using bf16 = __nv_bfloat16;
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      printf("CUDA %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);           \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
-
 static float e2m1(int v) {
   static const float t[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
   return (v & 8 ? -1.f : 1.f) * t[v & 7];
 }
-static float bf(uint16_t b) { uint32_t u = uint32_t(b) << 16; float f; memcpy(&f, &u, 4); return f; }
-static uint16_t tobf(float f) { bf16 h = __float2bfloat16(f); return reinterpret_cast<uint16_t&>(h); }
 
 struct Case {
   std::string name;
@@ -160,24 +149,6 @@ struct Case {
   bool mx;
 };
 
-template <class Fn>
-static float time_it(Fn fn, int reps) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
-  fn();
-  CK(cudaEventRecord(a));
-  for (int i = 0; i < reps; ++i) fn();
-  CK(cudaEventRecord(b));
-  CK(cudaEventSynchronize(b));
-  float ms; CK(cudaEventElapsedTime(&ms, a, b));
-  return ms * 1000.f / reps;
-}
-
-__device__ __host__ inline uint32_t hash32(uint64_t i) {
-  uint64_t x = i * 0x9E3779B97F4A7C15ull;
-  x ^= x >> 29; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 32;
-  return uint32_t(x);
-}
 __global__ void fill_w(uint8_t* w, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     w[i] = hash32(i) & 0xFF;
