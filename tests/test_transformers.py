@@ -642,7 +642,9 @@ COMPILED_FAMILIES = ["qwen3_moe", "gpt_oss"]
 def test_gpu_torch_compile_prefill_matches_eager(family, counting_core, caplog):
     """torch.compile(model) (inductor, default mode) with the kernels: a 7-token prefill's logits
     against the float32 model as test_gpu_prefill_logits_match_eager holds them, twice (the second
-    call runs the compiled code alone), the kernels called per experts module on each."""
+    call runs the compiled code alone), the kernels called per experts module on each. Inductor
+    rounds the rest of a bf16 model (norms, attention, router) its own way, so the bound is the
+    larger of the bf16 model's error uncompiled and compiled with transformers' own experts."""
     torch._dynamo.reset()  # no compiled code or recompile counts left from other tests
     model = gpu_model(family)
     truth_model = copy.deepcopy(model).float()
@@ -652,17 +654,19 @@ def test_gpu_torch_compile_prefill_matches_eager(family, counting_core, caplog):
         truth = truth_model(ids).logits
         model.set_experts_implementation("eager")
         eager = model(ids).logits
+        compiled_eager = torch.compile(model)(ids).logits
+        torch._dynamo.reset()
         model.set_experts_implementation("moe_kernels")
         compiled = torch.compile(model)
         ours = [compiled(ids).logits for _ in range(2)]
     assert not fallback_warnings(caplog), [r.getMessage() for r in fallback_warnings(caplog)]
     assert len(counting_core) == 2 * len(experts_modules(model))
-    eager_err = rel_error(eager, truth)
+    eager_err, compiled_eager_err = rel_error(eager, truth), rel_error(compiled_eager, truth)
     for call, logits in enumerate(ours):
         err = rel_error(logits, truth)
-        assert err < max(TOL["bf16"], 1.25 * eager_err), \
+        assert err < max(TOL["bf16"], 1.25 * max(eager_err, compiled_eager_err)), \
             f"{family}, compiled call {call}: relative error {err:.3e} from the float32 model " \
-            f"(bf16 eager: {eager_err:.3e})"
+            f"(bf16 eager: {eager_err:.3e}, compiled with eager experts: {compiled_eager_err:.3e})"
 
 
 @pytest.mark.gpu
