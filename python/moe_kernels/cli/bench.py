@@ -739,9 +739,13 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
                     check = {"ref": fn.reference(x0, w13, w2, w0, ids0, act, **scales), "tol": fn.tolerance}
                 return timed(lambda x, ids, w, o: o.copy_(fn(x, w13, w2, w, ids, act, **scales)), **check)
             try:  # a failing peer is reported, never silently dropped
+                out_of_memory = False
                 try:
                     row["results"][name] = run_peer()
-                except torch.OutOfMemoryError:  # its weights do not fit beside the other peers': free theirs
+                except torch.OutOfMemoryError:
+                    out_of_memory = True
+                if out_of_memory:  # its weights do not fit beside the other peers': free theirs and
+                    # retry, outside the handler (its traceback holds the failed attempt's tensors)
                     free_other_peers(peer_list, fn)
                     torch.cuda.empty_cache()
                     row["results"][name] = run_peer()
