@@ -169,57 +169,26 @@ int main(int argc, char** argv) {
   for (const Case& cs : cases) {
     if ((!only.empty() && cs.name.find(only) == std::string::npos) || (only_t && cs.T != only_t)) continue;
     const int E = cs.E, N = cs.N, K = cs.K;
-    std::vector<int> count(E, 0);
-    for (int t = 0; t < cs.T; ++t) {
-      std::vector<int> ids(E);
-      for (int i = 0; i < E; ++i) ids[i] = i;
-      std::shuffle(ids.begin(), ids.end(), rng);
-      for (int j = 0; j < cs.topk; ++j) count[ids[j]]++;
-    }
-    std::vector<int> active, offset(E + 1, 0);
-    for (int e = 0; e < E; ++e) {
-      offset[e + 1] = offset[e] + count[e];
-      if (count[e]) active.push_back(e);
-    }
-    const int rows = offset[E];
+    const Routing routing = uniform_routing(E, cs.topk, cs.T, rng);
+    const int rows = routing.rows;
     const size_t nw = size_t(E) * N * K;
     std::vector<uint16_t> hx(size_t(rows) * K);
     std::uniform_real_distribution<float> ux(-1.f, 1.f);
     for (auto& v : hx) v = tobf(ux(rng));
-    uint16_t *dw, *dx, *dd;
-    CK(cudaMalloc(&dw, nw * 2)); CK(cudaMalloc(&dx, hx.size() * 2 + 16)); CK(cudaMalloc(&dd, size_t(rows) * N * 2 + 16));
+    DeviceArrays mem;
+    uint16_t* dw = mem.alloc<uint16_t>(nw * 2);
+    uint16_t* dx = mem.alloc<uint16_t>(hx.size() * 2 + 16);
+    uint16_t* dd = mem.alloc<uint16_t>(size_t(rows) * N * 2 + 16);
     fill_w<<<1024, 256>>>(dw, nw);
     CK(cudaMemcpy(dx, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
-    std::vector<int32_t> shapes(3 * E), act(1 + E, 0);
-    std::vector<const void*> pa(E), pb(E);
-    std::vector<void*> pd(E);
-    std::vector<int64_t> sa(E, K), sb(E, K), sd(E, N);
+    GroupPointers gp;
     for (int e = 0; e < E; ++e) {
-      shapes[3 * e] = count[e]; shapes[3 * e + 1] = N; shapes[3 * e + 2] = K;
-      pa[e] = dx + size_t(offset[e]) * K;
-      pb[e] = dw + size_t(e) * N * K;
-      pd[e] = dd + size_t(offset[e]) * N;
+      gp.a.push_back(dx + size_t(routing.offset[e]) * K);
+      gp.b.push_back(dw + size_t(e) * N * K);
+      gp.d.push_back(dd + size_t(routing.offset[e]) * N);
     }
-    act[0] = active.size();
-    for (size_t i = 0; i < active.size(); ++i) act[1 + i] = active[i];
-    int32_t *dshapes, *dact; const void **dpa, **dpb; void** dpd; int64_t *dsa, *dsb, *dsd;
-    CK(cudaMalloc(&dshapes, shapes.size() * 4)); CK(cudaMalloc(&dact, act.size() * 4));
-    CK(cudaMalloc(&dpa, E * 8)); CK(cudaMalloc(&dpb, E * 8)); CK(cudaMalloc(&dpd, E * 8));
-    CK(cudaMalloc(&dsa, E * 8)); CK(cudaMalloc(&dsb, E * 8)); CK(cudaMalloc(&dsd, E * 8));
-    CK(cudaMemcpy(dshapes, shapes.data(), shapes.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dact, act.data(), act.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dpa, pa.data(), E * 8, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dpb, pb.data(), E * 8, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dpd, pd.data(), E * 8, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dsa, sa.data(), E * 8, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dsb, sb.data(), E * 8, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dsd, sd.data(), E * 8, cudaMemcpyHostToDevice));
-    int sms = 0;
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    GroupedGemmArgs a{};
-    a.num_groups = E; a.problem_shapes = dshapes; a.ptr_a = dpa; a.stride_a = dsa; a.ptr_b = dpb; a.stride_b = dsb;
-    a.ptr_d = dpd; a.stride_d = dsd; a.active_groups = dact; a.max_active_groups = active.size(); a.n = N; a.k = K;
-    a.sm_count = sms; a.stream = 0;
+    GroupedGemmArgs a = grouped_args(mem, routing, N, K, gp);
+    CK(cudaDeviceGetAttribute(&a.sm_count, cudaDevAttrMultiProcessorCount, 0));
     char err[256];
     auto m8x16 = [&] { return DecodeGemm<bf16, bf16, false, 8, 16>::run(a, err, sizeof err); };
     auto m8x64 = [&] { return DecodeGemm<bf16, bf16, false, 8, 64>::run(a, err, sizeof err); };
@@ -232,14 +201,10 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 256; ++i) samples.push_back({int(rng() % rows), int(rng() % N)});
     std::vector<uint16_t> hd(size_t(rows) * N), wrow(K);
     auto check = [&](const char* what, auto fn) {
-      CK(cudaMemset(dd, 0xFF, size_t(rows) * N * 2));
-      if (fn()) { printf("%s: %s\n", what, err); exit(1); }
-      CK(cudaDeviceSynchronize());
-      CK(cudaMemcpy(hd.data(), dd, hd.size() * 2, cudaMemcpyDeviceToHost));
+      run_poisoned(what, fn, err, dd, hd);
       double worst = 0;
       for (auto [row, n] : samples) {
-        int e = 0;
-        while (offset[e + 1] <= row) ++e;
+        const int e = routing.expert_of(row);
         CK(cudaMemcpy(wrow.data(), dw + (size_t(e) * N + n) * K, K * 2, cudaMemcpyDeviceToHost));
         double ref = 0, mag = 0;
         for (int k = 0; k < K; ++k) {
@@ -269,13 +234,11 @@ int main(int argc, char** argv) {
     float m[7];
     for (int i = 0; i < 7; ++i) { std::sort(t[i].begin(), t[i].end()); m[i] = t[i][t[i].size() / 2]; }
     const float old = *std::min_element(m, m + 4), neu = *std::min_element(m + 4, m + 7);
-    const double bytes = double(active.size()) * N * K * 2;
+    const double bytes = double(routing.active.size()) * N * K * 2;
     printf("%-16s %4d %6zu | %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f | %7.3f %6.2f | %.3g %.3g %.3g %.3g\n",
-           cs.name.c_str(), cs.T, active.size(), m[0], m[1], m[2], m[3], m[4], m[5], m[6], old / neu, bytes / neu * 1e-6,
-           em, e84, e86, e164);
+           cs.name.c_str(), cs.T, routing.active.size(), m[0], m[1], m[2], m[3], m[4], m[5], m[6], old / neu,
+           bytes / neu * 1e-6, em, e84, e86, e164);
     fflush(stdout);
-    cudaFree(dw); cudaFree(dx); cudaFree(dd); cudaFree(dshapes); cudaFree(dact); cudaFree(dpa); cudaFree(dpb);
-    cudaFree(dpd); cudaFree(dsa); cudaFree(dsb); cudaFree(dsd);
   }
   return 0;
 }
