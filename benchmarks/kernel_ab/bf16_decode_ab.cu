@@ -1,10 +1,11 @@
 // A/B of the 16-bit decode GEMM alone, one GEMM of a preset at a time (uniform routing, bf16):
 // the mma.sync kernel (decode_gemm.cuh, 8/16 tokens x 16/64 columns, the best of the four per
-// point) against a form defined here (not built into the library): one warpgroup per 64 weight
-// rows, weights and tokens copied by cp.async into a ring of kStages K steps of 64 values in
-// wgmma's K-major layout without swizzle, and shared-memory-sourced wgmma m64nNk16 with the
-// weights as A (swap AB). Outputs (NaN-poisoned first) checked against a host reference on 256
-// sampled entries. Medians of interleaved rounds of back-to-back launches.
+// point) against a form defined here (not built into the library) shaped as vLLM's tuned Triton
+// MoE kernel decomposes decode: one block per (64 weight rows, 16 routed tokens of an expert),
+// the tokens as mma.sync's M (padded to 16) and the weights as its N, both copied by cp.async
+// into a ring of kStages stages of kK values in shared memory (swizzled for ldmatrix), blocks
+// per 16 tokens side by side in the grid. Outputs (NaN-poisoned first) checked against a host
+// reference on 256 sampled entries. Medians of interleaved rounds of back-to-back launches.
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I src -I include -I <build>/generated/include \
 //        benchmarks/kernel_ab/bf16_decode_ab.cu -o bf16_decode_ab && ./bf16_decode_ab [rounds [gemm [T]]]
 #include <cuda_bf16.h>
@@ -20,123 +21,134 @@
 #include <vector>
 
 #include "gemm/decode_gemm.cuh"
-#include "gemm/sm90/decode_w4_wgmma.cuh"  // smem_addr, cp_async_16, desc, wgmma fences
+#include "gemm/sm90/decode_w4_wgmma.cuh"  // smem_addr, cp.async
 #include "harness.cuh"
 
 using namespace moe_kernels;
 using bf16 = __nv_bfloat16;
 
-namespace ss {
+namespace tri {
 using decode_w4_wgmma::cp_async_16;
-using decode_w4_wgmma::desc;
 using decode_w4_wgmma::smem_addr;
 
-constexpr int kRows = 64, kStepK = 64;  // 128 bytes of K per row per step
+constexpr int kThreads = 128;          // 4 warps, 16 weight rows each
+constexpr int kRows = 64, kTok = 16;   // weight rows and tokens per block
 
-template <int kN, int kStages>
-struct Smem {
-  alignas(128) char w[kStages][kRows * kStepK * 2];  // core matrix (kb, mb) at (kb * 8 + mb) * 128
-  alignas(128) char x[kStages][kN * kStepK * 2];     // core matrix (kb, nb) at (kb * kN / 8 + nb) * 128
+// Per stage: kTok token rows and kRows weight rows of kK values (kK / 8 chunks of 16 bytes a
+// row); chunk c of row r at slot c ^ (r & 7), so ldmatrix's eight row addresses hit 32 banks.
+template <int kK>
+struct Stage {
+  uint16_t x[kTok * kK];
+  uint16_t w[kRows * kK];
 };
 
-template <int kN>
-__device__ __forceinline__ void wgmma_ss(float (&acc)[kN / 2], uint64_t a, uint64_t b) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if constexpr (kN == 8)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, %4, %5, p, 1, 1, 0, 0;\n}"
-                 : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]) : "l"(a), "l"(b));
-  else
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, 0, 0;\n}"
-                 : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]), "+f"(acc[6]),
-                   "+f"(acc[7])
-                 : "l"(a), "l"(b));
-#endif
+__device__ __forceinline__ uint32_t slot(int row, int chunk, int kK) {
+  return uint32_t(row * kK * 2 + ((chunk ^ (row & 7)) * 16));
 }
 
-// Step s of (rows n0 .. n0 + 63, tokens m0 .. m0 + kN - 1) into `stage`; one commit group.
-template <int kN, int kStages>
-__device__ __forceinline__ void copy_step(const char* w, int64_t ldw, int n, const char* x, int64_t ldx, int m_rows,
-                                          int k, int steps, int n0, int m0, int s, Smem<kN, kStages>& sm, int stage) {
-  const int tid = threadIdx.x;
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// Stage s's copies (tokens m0 .. m0 + 15 and weight rows n0 .. n0 + 63, K values s * kK ..), one
+// commit group, empty past the last stage.
+template <int kK, int kStages>
+__device__ __forceinline__ void copy_stage(const char* w, int64_t ldw, int n, const char* x, int64_t ldx, int m_rows,
+                                           int k, int steps, int n0, int m0, int s, Stage<kK>* st) {
+  constexpr int kChunks = kK / 8;
   if (s < steps) {
+    Stage<kK>& sm = st[s % kStages];
+    const uint32_t xs = smem_addr(sm.x), ws = smem_addr(sm.w);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // rows 4 a quarter-warp, chunks 2i, 2i + 1 (32 bytes a row)
-      const int c = 2 * i + (tid & 1), row = ((tid >> 1) & 3) + 4 * (tid >> 3), kk = s * kStepK + 8 * c;
-      const bool ok = n0 + row < n && kk < k;
-      cp_async_16(smem_addr(sm.w[stage] + (c * 8 + row / 8) * 128 + (row % 8) * 16),
-                  w + (ok ? (n0 + row) * ldw + int64_t(kk) * 2 : 0), ok);
+    for (int id = threadIdx.x; id < kTok * kChunks; id += kThreads) {
+      const int row = id / kChunks, c = id % kChunks, kk = s * kK + 8 * c;
+      const bool ok = m0 + row < m_rows && kk < k;
+      cp_async_16(xs + slot(row, c, kK), x + (ok ? (m0 + row) * ldx + int64_t(kk) * 2 : 0), ok);
     }
-    for (int id = tid; id < kN * 8; id += 128) {
-      const int tok = id >> 3, c = id & 7, kk = s * kStepK + 8 * c;
-      const bool ok = m0 + tok < m_rows && kk < k;
-      cp_async_16(smem_addr(sm.x[stage] + (c * (kN / 8) + tok / 8) * 128 + (tok % 8) * 16),
-                  x + (ok ? (m0 + tok) * ldx + int64_t(kk) * 2 : 0), ok);
+#pragma unroll
+    for (int id = threadIdx.x; id < kRows * kChunks; id += kThreads) {
+      const int row = id / kChunks, c = id % kChunks, kk = s * kK + 8 * c;
+      const bool ok = n0 + row < n && kk < k;
+      cp_async_16(ws + slot(row, c, kK), w + (ok ? (n0 + row) * ldw + int64_t(kk) * 2 : 0), ok);
     }
   }
   decode_w4_wgmma::cp_async_commit();
 }
 
-template <int kN, int kStages>
-__global__ void __launch_bounds__(128, 4) kernel(decode::Params p) {
-  __shared__ Smem<kN, kStages> sm;
+// Grid: (N / 64, groups, 16-token blocks of the largest group): one block per (64 weight rows,
+// 16 routed tokens of one expert), the tokens as mma.sync's M (padded to 16) and the weights as
+// its N, both through a ring of kStages stages of kK values in shared memory.
+template <int kK, int kStages>
+__global__ void __launch_bounds__(kThreads) kernel(decode::Params p) {
+  extern __shared__ __align__(128) char smem[];
+  Stage<kK>* st = reinterpret_cast<Stage<kK>*>(smem);
   pdl_begin();
   const int active = p.active_groups[0];
-  const int tid = threadIdx.x, lane = tid & 31, r = lane >> 2, q = lane & 3, row0 = 16 * (tid >> 5) + r;
-  const int n0 = blockIdx.x * kRows;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, mat = lane >> 3, r8 = lane & 7;
+  const int n0 = blockIdx.x * kRows, m0 = blockIdx.z * kTok;
   for (int y = blockIdx.y; y < active; y += gridDim.y) {
     const int g = p.active_groups[1 + y];
     const int m_rows = p.problem_shapes[3 * g], n = p.problem_shapes[3 * g + 1], k = p.problem_shapes[3 * g + 2];
+    if (m0 >= m_rows || n0 >= n) continue;  // the same for the whole block
     const char* w = static_cast<const char*>(p.ptr_b[g]);
     const char* x = static_cast<const char*>(p.ptr_a[g]);
     const int64_t ldw = p.stride_b[g] * 2, ldx = p.stride_a[g] * 2;
+    const int steps = (k + kK - 1) / kK;
+    float acc[2][4] = {};
+#pragma unroll
+    for (int j = 0; j < kStages - 1; ++j) copy_stage<kK, kStages>(w, ldw, n, x, ldx, m_rows, k, steps, n0, m0, j, st);
+    for (int j = 0; j < steps; ++j) {
+      decode_w4_wgmma::cp_async_wait<kStages - 2>();
+      __syncthreads();  // stage j landed for everyone; everyone done with stage j - 1
+      copy_stage<kK, kStages>(w, ldw, n, x, ldx, m_rows, k, steps, n0, m0, j + kStages - 1, st);
+      const Stage<kK>& sm = st[j % kStages];
+      const uint32_t xs = smem_addr(sm.x), ws = smem_addr(sm.w);
+#pragma unroll
+      for (int ks = 0; ks < kK / 16; ++ks) {
+        uint32_t a[4], b[4];
+        // A: matrices (tokens 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) of this k16
+        ldmatrix_x4(a, xs + slot(r8 + 8 * (mat & 1), 2 * ks + (mat >> 1), kK));
+        // B: (weight rows 16w + 0-7, k 0-7), (same, k 8-15), (16w + 8-15, k 0-7), (same, k 8-15)
+        ldmatrix_x4(b, ws + slot(16 * warp + r8 + 8 * (mat >> 1), 2 * ks + (mat & 1), kK));
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+          asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                       "{%0,%1,%2,%3};"
+                       : "+f"(acc[t][0]), "+f"(acc[t][1]), "+f"(acc[t][2]), "+f"(acc[t][3])
+                       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[2 * t]), "r"(b[2 * t + 1]));
+      }
+    }
     bf16* d = static_cast<bf16*>(p.ptr_d[g]);
     const int64_t ldd = p.stride_d[g];
-    const int steps = (k + kStepK - 1) / kStepK;
-    for (int m0 = 0; m0 < m_rows; m0 += kN) {
-      float acc[kN / 2];
 #pragma unroll
-      for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
+    for (int t = 0; t < 2; ++t)
 #pragma unroll
-      for (int j = 0; j < kStages - 1; ++j) copy_step<kN, kStages>(w, ldw, n, x, ldx, m_rows, k, steps, n0, m0, j, sm, j);
-      for (int j = 0; j < steps; ++j) {
-        const int stage = j % kStages;
-        decode_w4_wgmma::cp_async_wait<kStages - 2>();
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        __syncthreads();
-        copy_step<kN, kStages>(w, ldw, n, x, ldx, m_rows, k, steps, n0, m0, j + kStages - 1, sm,
-                               (j + kStages - 1) % kStages);
-        const uint32_t a = smem_addr(sm.w[stage]), b = smem_addr(sm.x[stage]);
-        decode_w4_wgmma::fence_acc<kN>(acc);
-        decode_w4_wgmma::wgmma_fence();
-#pragma unroll
-        for (int t = 0; t < 4; ++t)
-          wgmma_ss<kN>(acc, desc(a + 2 * t * 8 * 128, 8 * 128, 128), desc(b + 2 * t * (kN / 8) * 128, kN / 8 * 128, 128));
-        decode_w4_wgmma::wgmma_commit_wait();
-        decode_w4_wgmma::fence_acc<kN>(acc);
+      for (int i = 0; i < 4; ++i) {  // c0, c1: token lane / 4, columns 2 (lane % 4) + 0, 1; c2, c3: token + 8
+        const int m = m0 + (lane >> 2) + 8 * (i >> 1), col = n0 + 16 * warp + 8 * t + 2 * (lane & 3) + (i & 1);
+        if (m < m_rows && col < n) d[int64_t(m) * ldd + col] = __float2bfloat16(acc[t][i]);
       }
-#pragma unroll
-      for (int i = 0; i < kN / 2; ++i) {
-        const int m = m0 + 8 * (i >> 2) + 2 * q + (i & 1), col = n0 + row0 + 8 * ((i >> 1) & 1);
-        if (m < m_rows && col < n) d[int64_t(m) * ldd + col] = __float2bfloat16(acc[i]);
-      }
-      decode_w4_wgmma::cp_async_wait<0>();
-      __syncthreads();
-    }
+    decode_w4_wgmma::cp_async_wait<0>();
+    __syncthreads();  // the ring is reused for the next group
   }
 }
 
-template <int kN, int kStages>
-int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
+// max_rows: the most rows any group has (the grid's third dimension covers them 16 at a time).
+template <int kK, int kStages>
+int run(const GroupedGemmArgs& a, int max_rows, char* err, size_t errlen) {
   const decode::Params p{a.problem_shapes, a.active_groups, a.ptr_a, a.stride_a, a.ptr_b, a.stride_b, a.ptr_d,
                          a.stride_d, a.ptr_sfa, a.ptr_sfb, a.sfb_base, a.n, a.sfb_per_channel};
-  const dim3 grid(unsigned((a.n + kRows - 1) / kRows), unsigned(a.max_active_groups));
-  const cudaError_t e = launch(kernel<kN, kStages>, grid, dim3(128), 0, a.stream, p);
+  constexpr int kSmem = kStages * sizeof(Stage<kK>);
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel<kK, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (attr != cudaSuccess) { snprintf(err, errlen, "%s", cudaGetErrorString(attr)); return MOEK_CUDA_ERROR; }
+  const dim3 grid(unsigned((a.n + kRows - 1) / kRows), unsigned(a.max_active_groups),
+                  unsigned((max_rows + kTok - 1) / kTok));
+  const cudaError_t e = launch(kernel<kK, kStages>, grid, dim3(kThreads), kSmem, a.stream, p);
   if (e != cudaSuccess) { snprintf(err, errlen, "%s", cudaGetErrorString(e)); return MOEK_CUDA_ERROR; }
   return MOEK_OK;
 }
-}  // namespace ss
+}  // namespace tri
 
 __global__ void fill_w(uint16_t* w, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
@@ -165,7 +177,7 @@ int main(int argc, char** argv) {
   }
   std::mt19937 rng(0);
   printf("%-16s %4s %6s | %8s %8s %8s %8s | %8s %8s %8s | %7s %6s | %s\n", "gemm", "T", "active", "m8x16", "m8x64",
-         "m16x16", "m16x64", "ss8s4", "ss8s5", "ss16s4", "speedup", "TB/s", "error: best mma, ss8s4, ss8s5, ss16s4");
+         "m16x16", "m16x64", "k128s4", "k128s3", "k64s6", "speedup", "TB/s", "error: best mma, k128s4, k128s3, k64s6");
   for (const Case& cs : cases) {
     if ((!only.empty() && cs.name.find(only) == std::string::npos) || (only_t && cs.T != only_t)) continue;
     const int E = cs.E, N = cs.N, K = cs.K;
@@ -194,9 +206,10 @@ int main(int argc, char** argv) {
     auto m8x64 = [&] { return DecodeGemm<bf16, bf16, false, 8, 64>::run(a, err, sizeof err); };
     auto m16x16 = [&] { return DecodeGemm<bf16, bf16, false, 16, 16>::run(a, err, sizeof err); };
     auto m16x64 = [&] { return DecodeGemm<bf16, bf16, false, 16, 64>::run(a, err, sizeof err); };
-    auto s8s4 = [&] { return ss::run<8, 4>(a, err, sizeof err); };
-    auto s8s6 = [&] { return ss::run<8, 5>(a, err, sizeof err); };
-    auto s16s4 = [&] { return ss::run<16, 4>(a, err, sizeof err); };
+    const int max_rows = *std::max_element(routing.count.begin(), routing.count.end());
+    auto k128s4 = [&] { return tri::run<128, 4>(a, max_rows, err, sizeof err); };
+    auto k128s3 = [&] { return tri::run<128, 3>(a, max_rows, err, sizeof err); };
+    auto k64s6 = [&] { return tri::run<64, 6>(a, max_rows, err, sizeof err); };
     std::vector<std::pair<int, int>> samples;
     for (int i = 0; i < 256; ++i) samples.push_back({int(rng() % rows), int(rng() % N)});
     std::vector<uint16_t> hd(size_t(rows) * N), wrow(K);
@@ -219,7 +232,7 @@ int main(int argc, char** argv) {
     };
     const double em = std::max({check("m8x16", m8x16), check("m8x64", m8x64), check("m16x16", m16x16),
                                 check("m16x64", m16x64)});
-    const double e84 = check("ss8s4", s8s4), e86 = check("ss8s5", s8s6), e164 = check("ss16s4", s16s4);
+    const double e84 = check("k128s4", k128s4), e86 = check("k128s3", k128s3), e164 = check("k64s6", k64s6);
     std::vector<float> t[7];
     const int reps = cs.T >= 128 ? 20 : 100;
     for (int r = 0; r < rounds; ++r) {
@@ -227,9 +240,9 @@ int main(int argc, char** argv) {
       t[1].push_back(time_it(m8x64, reps));
       t[2].push_back(time_it(m16x16, reps));
       t[3].push_back(time_it(m16x64, reps));
-      t[4].push_back(time_it(s8s4, reps));
-      t[5].push_back(time_it(s8s6, reps));
-      t[6].push_back(time_it(s16s4, reps));
+      t[4].push_back(time_it(k128s4, reps));
+      t[5].push_back(time_it(k128s3, reps));
+      t[6].push_back(time_it(k64s6, reps));
     }
     float m[7];
     for (int i = 0; i < 7; ++i) { std::sort(t[i].begin(), t[i].end()); m[i] = t[i][t[i].size() / 2]; }
