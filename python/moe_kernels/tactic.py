@@ -99,8 +99,9 @@ CONTIG_TILE_N = 256
 # (H200) and 8-32 rows per expert (H100), Qwen3-30B-A3B, DeepSeek-V3 and DeepSeek-V4-Pro
 # (docs/performance.md, default rule). On SM90 the 64-column block is the wgmma kernel
 # (src/gemm/sm90/decode_w4_wgmma.cuh), which also wins on long K once an expert has more than
-# one row (1.0-1.37x at 16-128 tokens on an H100; at one token, with a block per 64 columns of
-# 4-8 experts, the split-K block's 4x more blocks were up to 1.46x faster; docs/kernels/decode.md).
+# one row (1.04-1.37x at 16-128 tokens in two H100 runs, 0.97-1.00x on gpt-oss-120b's MXFP4 at
+# 16; at one token, with a block per 64 columns of 4-8 experts, the split-K block's 4x more
+# blocks were up to 1.46x faster; docs/kernels/decode.md).
 FOUR_BIT_FORMATS = ("int4", "mxfp4")
 # W4A8 leaves the decode kernel past 8 rows (MXFP4's 32-row tiled tile 1.11-1.42x faster at
 # 12-16 rows, INT4's contiguous kernel 1.31-1.67x), W4A16 MXFP4 past 12 (level at 12, the tiled
