@@ -4,8 +4,9 @@
 // MoE kernel decomposes decode: one block per (64 weight rows, 16 or 64 routed tokens of an
 // expert), the tokens as mma.sync's M (in tiles of 16) and the weights as its N, both copied by
 // cp.async into a ring of kStages stages of kK values in shared memory (swizzled for ldmatrix),
-// the token blocks of one weight block adjacent in launch order. Outputs (NaN-poisoned first) checked against a host
-// reference on 256 sampled entries. Medians of interleaved rounds of back-to-back launches.
+// the token blocks of one weight block adjacent in launch order. Outputs (NaN-poisoned first)
+// checked against a host reference on 256 sampled entries. Medians of interleaved rounds of
+// back-to-back launches.
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I src -I include -I <build>/generated/include \
 //        benchmarks/kernel_ab/bf16_decode_ab.cu -o bf16_decode_ab && ./bf16_decode_ab [rounds [gemm [T]]]
 #include <cuda_bf16.h>
@@ -51,8 +52,8 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-// Stage s's copies (tokens m0 .. m0 + 15 and weight rows n0 .. n0 + 63, K values s * kK ..), one
-// commit group, empty past the last stage.
+// Stage s's copies (tokens m0 .. m0 + kTok - 1 and weight rows n0 .. n0 + 63, K values s * kK ..),
+// one commit group, empty past the last stage.
 template <int kK, int kTok, int kStages>
 __device__ __forceinline__ void copy_stage(const char* w, int64_t ldw, int n, const char* x, int64_t ldx, int m_rows,
                                            int k, int steps, int n0, int m0, int s, Stage<kK, kTok>* st) {
@@ -99,7 +100,8 @@ __global__ void __launch_bounds__(kThreads) kernel(decode::Params p) {
     const int steps = (k + kK - 1) / kK;
     float acc[kMT][2][4] = {};
 #pragma unroll
-    for (int j = 0; j < kStages - 1; ++j) copy_stage<kK, kTok, kStages>(w, ldw, n, x, ldx, m_rows, k, steps, n0, m0, j, st);
+    for (int j = 0; j < kStages - 1; ++j)
+      copy_stage<kK, kTok, kStages>(w, ldw, n, x, ldx, m_rows, k, steps, n0, m0, j, st);
     for (int j = 0; j < steps; ++j) {
       decode_w4_wgmma::cp_async_wait<kStages - 2>();
       __syncthreads();  // stage j landed for everyone; everyone done with stage j - 1
