@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kThreads) kernel(decode::Params p) {
   }
 }
 
-// max_rows: the most rows any group has (the grid's third dimension covers them 16 at a time).
+// max_rows: the most rows any group has (the grid's first dimension covers them kTok at a time).
 template <int kK, int kTok, int kStages>
 int run(const GroupedGemmArgs& a, int max_rows, char* err, size_t errlen) {
   const decode::Params p{a.problem_shapes, a.active_groups, a.ptr_a, a.stride_a, a.ptr_b, a.stride_b, a.ptr_d,
