@@ -163,6 +163,8 @@ class GemmConfig:
             assert (self.tile_n, self.tile_k) == (128, 64) and self.tile_m in (16, 32, 64) and \
                 (self.cluster_m, self.cluster_n) == (1, 1) and not self.mainloop, f"{self.name}: W4 tiled tile"
             return
+        elif mixed and self.swapped:  # CUTLASS's mixed-input mainloop: K tiles of one fragment-layout atom
+            assert self.tile_k == 128, f"{self.name}: tile_k (the fragment layout's atom spans 128 of K)"
         else:
             assert self.tile_k * (1 if self.act_dtype == "e4m3" else 2) == 128, f"{self.name}: tile_k"
         # SM100's FP8 MMA accumulates in fp32 (no fast-accumulation variant); blockwise is
@@ -273,12 +275,14 @@ _SM90_FP8_BLOCK_SWAPAB = [
 ]
 
 # W4A16 INT4 (SM90, CUTLASS's mixed-input ptr-array mainloop, group scales, the weights as the
-# converted A operand): 128 weight rows by 16, 64 or 128 tokens, K tiles of 64. Symmetric INT4
-# only: CUTLASS 4.2's ptr-array form of this mainloop with zero terms never loads the scales'
-# TMA descriptor (an illegal instruction on the H200); AWQ's zero points run on the decode and
-# tiled kernels.
-_SM90_W4A16_INT4_FULL = [(m, 128, 64, 1, 1, "coop_swapab") for m in (16, 64, 128)]
-_SM90_W4A16_INT4_MINIMAL = [(64, 128, 64, 1, 1, "coop_swapab")]
+# converted A operand): 128 weight rows by 16, 64 or 128 tokens. The weights are read in the
+# fragment layout prepare_weights stores (quant4.py), given to CUTLASS as a per-expert CuTe
+# layout of 16-row x 128-k atoms, so K tiles of 128 (one atom) and scale groups of 128 or more
+# (smaller groups run on the decode, tiled and contiguous kernels). Symmetric INT4 only: CUTLASS
+# 4.2's ptr-array form of this mainloop with zero terms never loads the scales' TMA descriptor
+# (an illegal instruction on the H200); AWQ's zero points run on the decode and tiled kernels.
+_SM90_W4A16_INT4_FULL = [(m, 128, 128, 1, 1, "coop_swapab") for m in (16, 64, 128)]
+_SM90_W4A16_INT4_MINIMAL = [(64, 128, 128, 1, 1, "coop_swapab")]
 # 4-bit decode (src/gemm/decode_w4a16.cuh, mma.sync, so on every arch): 8 or 16 tokens per
 # pass, 16 weight rows per block (split K) or 64 (a warp per 16 over all of K), K steps of 128
 # values; both 4-bit formats, and W4A8's E4M3 tokens. The minimal set keeps one 64-row form.

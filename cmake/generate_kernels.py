@@ -57,12 +57,14 @@ WEIGHT_TAGS = {"int4": "Int4", "e2m1": "E2M1"}
 def kernel_source(c: catalog.GemmConfig) -> str:
     ns = catalog.ARCHS[c.arch]["family"]
     if c.schedule in ("decode", "tiled") and c.weight_dtype != c.act_dtype:  # 4-bit weights
-        # SM90's 64-column decode block is the register-sourced wgmma kernel.
+        # SM90's 64-column decode block is a register-sourced wgmma kernel: FP8 for E4M3 tokens
+        # (W4A8), else 16-bit.
         wgmma = c.schedule == "decode" and ns == "sm90" and c.tile_n == 64
         header, template = {"decode": ("decode_w4a16", "DecodeW4A16"),
                             "tiled": ("tiled_w4a16", "TiledW4A16")}[c.schedule]
         if wgmma:
-            header, template = "sm90/decode_w4_wgmma", "DecodeW4Wgmma"
+            header, template = (("sm90/decode_w4a8_wgmma", "DecodeW4A8Wgmma") if c.act_dtype == "e4m3"
+                                else ("sm90/decode_w4_wgmma", "DecodeW4Wgmma"))
         weight = WEIGHT_TAGS[c.weight_dtype]
         return (HEADER +
                 f'#include "gemm/{header}.cuh"\n\n'

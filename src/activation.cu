@@ -81,7 +81,7 @@ activation_kernel(const T* g, const T* bias, void* out, int64_t inter, const IdT
     quantize_row<kFormat>(team, compute, inter, q.static_out,
                          RowSink<T>{q.wide ? static_cast<void*>(static_cast<T*>(out) + r * inter)
                                            : static_cast<void*>(static_cast<uint8_t*>(out) + r * inter),
-                                    q.row_out + r * scales_per_row, q.wide});
+                                    q.row_out + r * scales_per_row, q.wide, q.permuted});
   }
 }
 
@@ -181,7 +181,7 @@ activation_cols_kernel(const T* g, const T* bias, uint8_t* out, int64_t inter, c
       if (mine)
         store_fp8x8<T>(q.wide ? static_cast<void*>(reinterpret_cast<T*>(out) + (rb + b) * inter)
                               : static_cast<void*>(out + (rb + b) * inter),
-                       q.wide, j, v[b], scale[b]);
+                       q.wide, q.permuted, j, v[b], scale[b]);
       if (threadIdx.x == 0) q.row_out[rb + b] = scale[b];
     }
   }

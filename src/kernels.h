@@ -41,6 +41,8 @@ struct GroupSetup {
   const char* b_base;
   char* d_base;
   int64_t n, k;
+  int64_t b_k;              // the weights' K extent: k, or for 4-bit weights k padded to 128 (their
+                            // fragment layout, quant4.py), so an expert's weights are n * b_k / 2 bytes
   int32_t a_bytes, b_bits, d_bytes;  // element sizes (the weights' in bits: 4-bit ones pack two a byte)
   const float** ptr_sfa;    // NULL unless the activations are quantized
   const float** ptr_sfb;    // NULL unless the weights are scaled (INT4: 16-bit scales)
@@ -68,6 +70,9 @@ struct Fp8Scales {
   // The E4M3 values written as 16-bit values of the hidden dtype (exactly), for a GEMM that
   // reads them so (GemmKernelOps::wide_fp8_tokens): rows of 2 bytes per column.
   bool wide = false;
+  // The E4M3 bytes of each 32 columns in the order a 4-bit-weight GEMM on the FP8 tensor cores
+  // reads them (GemmKernelOps::permuted_fp8_tokens; vec.cuh, store_fp8x8).
+  bool permuted = false;
 };
 
 // The one-token forward (src/one_token.cuh): the whole forward as one cooperative kernel, the

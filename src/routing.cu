@@ -48,10 +48,10 @@ __device__ __forceinline__ void fill_group(const GroupSetup& g, int e, int32_t r
   g.problem_shapes_t[3 * e + 1] = rows;
   g.problem_shapes_t[3 * e + 2] = static_cast<int32_t>(g.k);
   g.ptr_a[e] = g.a_base + int64_t(row_offset) * g.k * g.a_bytes;
-  g.ptr_b[e] = g.b_base + int64_t(e) * g.n * g.k * g.b_bits / 8;
+  g.ptr_b[e] = g.b_base + int64_t(e) * g.n * g.b_k * g.b_bits / 8;
   g.ptr_d[e] = g.d_base + int64_t(row_offset) * g.n * g.d_bytes;
   g.stride_a[e] = g.k;
-  g.stride_b[e] = g.k;
+  g.stride_b[e] = g.b_k;
   g.stride_d[e] = g.n;
   if (g.ptr_sfa) g.ptr_sfa[e] = g.sfa_base + int64_t(row_offset) * g.sfa_per_row;
   if (g.ptr_sfb)
@@ -162,7 +162,7 @@ struct TokenRowsSink {
   const int32_t* rows;
   int top_k;
   int64_t hidden, scales_per_row;
-  bool wide;
+  bool wide, permuted;
   __device__ __forceinline__ void store(int64_t j, const float* v, float scale) const {
     const uint2 q = to_fp8x8(v, scale);
     if (wide) {
@@ -171,7 +171,7 @@ struct TokenRowsSink {
         if (rows[s] >= 0) *reinterpret_cast<uint4*>(static_cast<T*>(x) + int64_t(rows[s]) * hidden + j) = w;
     } else {
       for (int s = 0; s < top_k; ++s)
-        if (rows[s] >= 0) *reinterpret_cast<uint2*>(static_cast<uint8_t*>(x) + int64_t(rows[s]) * hidden + j) = q;
+        if (rows[s] >= 0) store_codes8<T>(static_cast<uint8_t*>(x) + int64_t(rows[s]) * hidden, false, permuted, j, q);
     }
   }
   __device__ __forceinline__ void scale(int64_t i, float sc) const {
@@ -211,7 +211,7 @@ __device__ __forceinline__ void expand_token(const T* src, void* x, const int32_
         TokenRowsSink<T>{q.wide ? static_cast<void*>(static_cast<T*>(x) + c0)
                                 : static_cast<void*>(static_cast<uint8_t*>(x) + c0),
                          q.row_out + (kBlock ? c0 / 128 : 0), rows, top_k, hidden,
-                         kBlock ? hidden / 128 : 1, q.wide});
+                         kBlock ? hidden / 128 : 1, q.wide, q.permuted});
   }
 }
 

@@ -341,6 +341,7 @@ GroupSetup group_setup(char* ws, size_t at, const moek_shape& s, const void* a, 
   g.d_base = static_cast<char*>(d);
   g.n = n;
   g.k = k;
+  g.b_k = kWeightFormats[s.weight_format].bits == 4 ? (k + 127) / 128 * 128 : k;
   g.weight_group = s.weight_group;
   g.a_bytes = act_format(s).bits / 8;
   g.b_bits = kWeightFormats[s.weight_format].bits;
@@ -555,6 +556,8 @@ int moek_run(const moek_args* a, char* err, size_t errlen) {
   q_in.act_format = q_mid.act_format = s.act_format;
   q_in.wide = fp8 && k1->ops->wide_fp8_tokens;
   q_mid.wide = fp8 && k2->ops->wide_fp8_tokens;
+  q_in.permuted = fp8 && k1->ops->permuted_fp8_tokens;
+  q_mid.permuted = fp8 && k2->ops->permuted_fp8_tokens;
   q_in.static_out = a->a13_scale;
   q_in.row_out = x_scale;
   q_mid.static_out = a->a2_scale;

@@ -78,13 +78,30 @@ __device__ __forceinline__ uint4 widen_fp8x8(uint2 codes) {
   return out;
 }
 
-// Eight quantized values at column j of a row starting at `row`: E4M3 bytes, or (wide) their
-// values in T.
+// Eight E4M3 codes of columns j .. j + 7 (j % 8 == 0) at their places in a row whose 32-column
+// blocks are permuted (Fp8Scales::permuted): the pair of columns 2t, 2t + 1 of the eight goes to
+// bytes 16b + 2u + 4t of its block (b, u: which half and which 8 of that half the eight are).
+__device__ __forceinline__ void store_fp8x8_permuted(uint8_t* row, int64_t j, uint2 q) {
+  uint8_t* dst = row + (j & ~int64_t(31)) + 16 * ((j >> 4) & 1) + 2 * ((j >> 3) & 1);
+  const uint16_t* pairs = reinterpret_cast<const uint16_t*>(&q);
+#pragma unroll
+  for (int t = 0; t < 4; ++t) *reinterpret_cast<uint16_t*>(dst + 4 * t) = pairs[t];
+}
+
+// Eight quantized E4M3 codes q of column j of a row starting at `row`: as bytes (permuted: see
+// store_fp8x8_permuted), or (wide) their values in T.
 template <typename T>
-__device__ __forceinline__ void store_fp8x8(void* row, bool wide, int64_t j, const float* v, float scale) {
-  const uint2 q = to_fp8x8(v, scale);
+__device__ __forceinline__ void store_codes8(void* row, bool wide, bool permuted, int64_t j, uint2 q) {
   if (wide) *reinterpret_cast<uint4*>(static_cast<T*>(row) + j) = widen_fp8x8<T>(q);
+  else if (permuted) store_fp8x8_permuted(static_cast<uint8_t*>(row), j, q);
   else *reinterpret_cast<uint2*>(static_cast<uint8_t*>(row) + j) = q;
+}
+
+// Eight quantized values at column j of a row starting at `row` (store_codes8).
+template <typename T>
+__device__ __forceinline__ void store_fp8x8(void* row, bool wide, bool permuted, int64_t j, const float* v,
+                                            float scale) {
+  store_codes8<T>(row, wide, permuted, j, to_fp8x8(v, scale));
 }
 
 // Largest |v| over the block (every thread gets it). blockDim.x must be a multiple of 32.
@@ -135,9 +152,9 @@ template <typename T>
 struct RowSink {
   void* dst;      // the row's first element
   float* scales;  // the row's first scale
-  bool wide;
+  bool wide, permuted;
   __device__ __forceinline__ void store(int64_t j, const float* v, float scale) const {
-    store_fp8x8<T>(dst, wide, j, v, scale);
+    store_fp8x8<T>(dst, wide, permuted, j, v, scale);
   }
   __device__ __forceinline__ void scale(int64_t i, float s) const { scales[i] = s; }
 };

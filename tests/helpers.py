@@ -62,6 +62,16 @@ def make_problem(T, E, k, H, I, *, dtype="bf16", gated=True, bias=False, ids_dty
     return p
 
 
+def fill_w13_rows(p, rows, byte):
+    """Expert 0's w13 rows `rows` of a 4-bit problem set to `byte` in every byte of the checkpoint
+    packing (both nibbles one code), then prepared again: p["w13"] is in the prepared layout."""
+    from moe_kernels import QuantMode, quant4
+    fmt = QuantMode.parse(p["quant"]).spec.weight
+    w13 = quant4.unprepare(p["w13"], p["hidden_states"].shape[1], fmt)
+    w13[0, rows] = byte
+    p["w13"] = quant4.prepare_packed(w13, fmt)
+
+
 SCALES = ("w13_scale", "w2_scale", "a13_scale", "a2_scale", "w13_zero", "w2_zero")
 
 

@@ -428,6 +428,26 @@ def test_layer_validation():
     assert layer.weights["w13"].shape == (4, 64, 64)
 
 
+def test_layer_prepares_four_bit_weights_once():
+    """FusedMoE takes 4-bit weights in the checkpoint packing (all experts or this rank's) or
+    prepared, and holds them prepared either way."""
+    from moe_kernels import FusedMoE, quant4
+    from moe_kernels.prepare import prepare_weights
+    E, H, I = 4, 2880, 64
+    g = torch.Generator().manual_seed(0)
+    (q13, e13), (q2, e2) = (quant4.quantize_mxfp4(torch.randn(*s, generator=g)) for s in ((E, 2 * I, H), (E, H, I)))
+    layer = FusedMoE(E, H, I, quant="w4a16_mxfp4", activation="swiglu_oai", ep_rank=1, ep_size=2)
+    layer.load_weights(q13, q2, w13_scale=e13, w2_scale=e2)
+    assert layer.weights["w13"].shape == (2, 23, 8, 1024) and layer.weights["w2"].shape == (2, 1, 180, 1024)
+    assert torch.equal(quant4.unprepare(layer.weights["w13"], H, "mxfp4"), q13[2:])
+    p = prepare_weights(q13, q2, quant="w4a16_mxfp4", w13_scale=e13, w2_scale=e2)
+    layer.load_weights(p["w13"], p["w2"], w13_scale=e13, w2_scale=e2)  # prepared, all experts: sliced
+    assert torch.equal(layer.weights["w13"], p["w13"][2:]) and torch.equal(layer.weights["w2"], p["w2"][2:])
+    with pytest.raises(ValueError, match=r"w13: got shape \(2, 22, 8, 1024\), expected \(2, 23, 8, 1024\) "
+                                         r"\(or \(4, 23, 8, 1024\) for all experts\)"):
+        layer.load_weights(p["w13"][:, :22], p["w2"], w13_scale=e13, w2_scale=e2)
+
+
 def test_info_cli_without_gpu():
     r = subprocess.run([sys.executable, "-m", "moe_kernels", "info", "--json"], capture_output=True,
                        text=True, check=True)

@@ -340,6 +340,22 @@ def test_bench_without_gpu_says_so():
     assert "No CUDA GPU is visible" in r.stderr and "nothing to time" in r.stderr
 
 
+def test_dequantized_peer_unprepares_to_the_unpadded_k():
+    """The bf16 peer's copy of prepared 4-bit weights whose K is no multiple of 128 (padded in
+    the prepared layout): each GEMM's K from the scales, the values those of the checkpoint."""
+    from moe_kernels import quant4
+    from moe_kernels.prepare import prepare_weights
+    g = torch.Generator().manual_seed(1)
+    E, H, I = 2, 160, 96
+    (q13, e13), (q2, e2) = (quant4.quantize_mxfp4(torch.randn(*s, generator=g)) for s in ((E, 2 * I, H), (E, H, I)))
+    p = prepare_weights(q13, q2, quant="w4a16_mxfp4", w13_scale=e13, w2_scale=e2)
+    assert p["w13"].shape == (E, 2, 2 * I // 16, 1024) and p["w2"].shape == (E, 1, H // 16, 1024)
+    assert bench.unpadded_ks(p["w13"], p["w2"], p["w13_scale"], p["w2_scale"]) == (H, I)
+    b13, b2 = bench.DequantizedGroupedMM("mxfp4").weights(p["w13"], p["w2"], p["w13_scale"], p["w2_scale"])
+    assert torch.equal(b13, quant4.dequantize_mxfp4(q13, e13).bfloat16())
+    assert torch.equal(b2, quant4.dequantize_mxfp4(q2, e2).bfloat16())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("quant,extra,peer", [
     ("bf16", [], "torch._grouped_mm"),
@@ -424,7 +440,7 @@ def test_four_bit_modes_have_the_dequantized_and_own_fp8_peers():
     # its weights: the 4-bit ones dequantized, then E4M3 per channel; its reference: the fp8 one on them
     (q13, s13), _ = own.weights(p["w13"], p["w2"], p["w13_scale"], p["w2_scale"])
     assert q13.dtype == torch.float8_e4m3fn and s13.shape == (E, 2 * I)
-    deq = reference.dequantize_weight(p["w13"][1], "int4", p["w13_scale"][1])
+    deq = reference.dequantize_weight(p["w13"][1], "int4", p["w13_scale"][1], K=H)
     back = q13[1].float() * s13[1][:, None]
     assert ((back - deq).norm() / deq.norm()).item() < 0.05
     ref = own.reference(x, p["w13"], p["w2"], wts, ids, "swiglu", w13_scale=p["w13_scale"], w2_scale=p["w2_scale"])

@@ -59,10 +59,11 @@ def test_humming_tensors_keep_the_values():
         return ((words.long()[..., None] >> shifts) & 15).flatten(-2)
 
     p = quantize_weights(w, w[:, :, :128], quant="w4a16_int4")
-    config, t = bench._humming_tensors(p["w13"], p["w13_scale"], "int4")
+    packed = quant4.unprepare(p["w13"], K, "int4")  # humming takes the checkpoint packing
+    config, t = bench._humming_tensors(packed, p["w13_scale"], "int4")
     assert config == {"dtype": "uint4", "group_size": 128}
     assert t["weight"].shape == (E, N, K // 8) and t["weight_scale"].shape == (E, N, K // 128)
-    assert torch.equal(nibbles(t["weight"]) - 8, quant4.int4_values(p["w13"]).long())
+    assert torch.equal(nibbles(t["weight"]) - 8, quant4.int4_values(packed).long())
     assert torch.equal(t["weight_scale"], p["w13_scale"].transpose(1, 2))
 
 
@@ -77,9 +78,10 @@ def test_humming_mxfp4_tensors_keep_the_values():
         return ((words.long()[..., None] >> shifts) & 15).flatten(-2)
 
     p = quantize_weights(w, w[:, :, :128], quant="w4a16_mxfp4")
-    config, t = bench._humming_tensors(p["w13"], p["w13_scale"], "mxfp4")
+    packed = quant4.unprepare(p["w13"], K, "mxfp4")
+    config, t = bench._humming_tensors(packed, p["w13_scale"], "mxfp4")
     assert config == {"dtype": "float4e2m1", "group_size": 32, "scale_dtype": "float8e8m0"}
-    assert torch.equal(nibbles(t["weight"]), quant4.unpack_nibbles(p["w13"]).long())
+    assert torch.equal(nibbles(t["weight"]), quant4.unpack_nibbles(packed).long())
     e8m0 = t["weight_scale"].view(torch.uint8)
     assert e8m0.shape == (E, N, K // 32)
     assert torch.equal(torch.exp2(e8m0.float() - 127), p["w13_scale"].transpose(1, 2).float())
@@ -99,8 +101,8 @@ def test_forward_glue_with_an_indexed_gemm_stand_in(monkeypatch):
     wts = torch.softmax(torch.randn(T, k, generator=g), -1)
 
     class StandIn:
-        def __init__(self, w, scale, block):
-            self.w = torch.stack([reference.dequantize_weight(w[e], "int4", scale[e]) for e in range(E)])
+        def __init__(self, w, scale, K, block):
+            self.w = torch.stack([reference.dequantize_weight(w[e], "int4", scale[e], K=K) for e in range(E)])
             self.block = block
 
         def __call__(self, a, sorted_ids, expert_ids, num_tokens_padded, top_k, compute_config, tuning_config):
@@ -113,7 +115,7 @@ def test_forward_glue_with_an_indexed_gemm_stand_in(monkeypatch):
             return out
 
     peer = bench.HummingMoE("int4")
-    layers = StandIn(p["w13"], p["w13_scale"], 8), StandIn(p["w2"], p["w2_scale"], 16)
+    layers = StandIn(p["w13"], p["w13_scale"], H, 8), StandIn(p["w2"], p["w2_scale"], I, 16)
     monkeypatch.setattr(peer, "weights", lambda *a: layers)
     monkeypatch.setattr(peer, "_tile", lambda layer, rows: ("{}", layer.block))
     out = peer(x, p["w13"], p["w2"], wts, ids, "swiglu", w13_scale=p["w13_scale"], w2_scale=p["w2_scale"])

@@ -192,7 +192,10 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
             if c.schedule == "decode" and c.weight_dtype in ("int4", "e2m1"):
                 weight = generate.WEIGHT_TAGS[c.weight_dtype]
                 types = f"{generate.CUDA_TYPES[c.act_dtype]}, {generate.CUDA_TYPES[c.out]}, decode_w4::{weight}"
-                if family == "sm90" and c.tile_n == 64:  # the register-sourced wgmma block
+                if family == "sm90" and c.tile_n == 64 and c.act_dtype == "e4m3":  # FP8 wgmma (W4A8)
+                    assert '#include "gemm/sm90/decode_w4a8_wgmma.cuh"' in text
+                    assert f"DecodeW4A8Wgmma<{types}, {c.tile_m}>::kOps" in text
+                elif family == "sm90" and c.tile_n == 64:  # the register-sourced 16-bit wgmma block
                     assert '#include "gemm/sm90/decode_w4_wgmma.cuh"' in text
                     assert f"DecodeW4Wgmma<{types}, {c.tile_m}>::kOps" in text
                 else:

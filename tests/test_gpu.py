@@ -7,7 +7,8 @@ import torch
 
 import moe_kernels
 from moe_kernels import Activation, FusedMoE, Tactic, fused_moe, reference
-from helpers import TOLERANCE, W4, make_problem, poisoned_out, reference_out, rel_error, scale_kwargs, worst_row_error
+from helpers import (TOLERANCE, W4, fill_w13_rows, make_problem, poisoned_out, reference_out, rel_error, scale_kwargs,
+                     worst_row_error)
 
 pytestmark = pytest.mark.gpu
 
@@ -923,6 +924,9 @@ def test_w4a16_refusals():
     m = make_problem(T=8, E=4, k=2, H=256, I=128, dtype="w4a16_mxfp4")
     with pytest.raises(TypeError, match=r"w13_scale: got dtype torch.uint8"):  # E8M0 as stored: prepare first
         run({**m, "w13_scale": torch.zeros(4, 256, 8, dtype=torch.uint8, device="cuda")})
+    with pytest.raises(ValueError, match=r"w13: got shape \(4, 256, 128\) \(4-bit weights in the checkpoint packing.*"
+                                         r"prepare_weights"):  # the checkpoint packing: prepare first
+        run({**m, "w13": moe_kernels.quant4.unprepare(m["w13"], 256, "mxfp4")})
 
 
 @pytest.mark.parametrize("T", [1, 7, 300])
@@ -1003,8 +1007,8 @@ def test_w4a8_static_activation_scales_and_extremes(quant, T, error_log):
     x[1 % T] *= 1e4  # saturates against a static scale made for the other rows
     a13 = (x[2 % T:].float().abs().max() / 448).reshape(1)
     a2 = torch.tensor([0.05], device="cuda")
-    p["w13"][0, :4] = 0x88 if quant.endswith("int4") else 0x77  # INT4 -8, E2M1 +6
-    p["w13"][0, 4:8] = 0x77 if quant.endswith("int4") else 0xFF  # INT4 7, E2M1 -6
+    fill_w13_rows(p, slice(0, 4), 0x88 if quant.endswith("int4") else 0x77)  # INT4 -8, E2M1 +6
+    fill_w13_rows(p, slice(4, 8), 0x77 if quant.endswith("int4") else 0xFF)  # INT4 7, E2M1 -6
     out = run(p, a13_scale=a13, a2_scale=a2)
     ref = reference_out(p, a13_scale=a13, a2_scale=a2)
     err = rel_error(out, ref)
@@ -1131,8 +1135,8 @@ def test_w4a8_int4_contiguous_experts_statics_and_refusals(error_log):
     x[1] *= 1e4
     a13 = (x[2:].float().abs().max() / 448).reshape(1)
     a2 = torch.tensor([0.05], device="cuda")
-    p["w13"][0, :4] = 0x88  # INT4 -8
-    p["w13"][0, 4:8] = 0x77  # INT4 7
+    fill_w13_rows(p, slice(0, 4), 0x88)  # INT4 -8
+    fill_w13_rows(p, slice(4, 8), 0x77)  # INT4 7
     out = run(p, a13_scale=a13, a2_scale=a2, tactic=tactic)
     err = rel_error(out, reference_out(p, a13_scale=a13, a2_scale=a2))
     error_log.add("w4a8_int4/contig/static", err)

@@ -430,6 +430,8 @@ def test_vllm_int4_layouts(core, zp, act):
     c = core.last
     assert c["quant"] == "w4a16_int4" and c["w13_scale"].shape == (4, 4, 128)
     assert (c["w13_zero"] is not None) == zp
+    # the core gets the weights prepared (repacked once, cached): [E, ceil(K/128), N/16, 1024]
+    assert c["w13"].shape == (4, 1, 8, 1024) and c["w2"].shape == (4, 1, 8, 1024)
 
 
 def test_vllm_int4_errors(core):
@@ -461,6 +463,7 @@ def test_vllm_mxfp4(core, act):
     close(out, moe(p["x"], quant4.dequantize_mxfp4(q1, e1), quant4.dequantize_mxfp4(q2, e2), p["wts"], p["ids"],
                    act_fn))
     assert core.last["quant"] == "w4a16_mxfp4" and core.last["w13_scale"].dtype == BF16
+    assert quant4.is_prepared(core.last["w13"]) and core.last["w2"].shape == (4, 1, 8, 1024)
     with pytest.raises(ValueError, match=r"block_shape: got \[0, 32\], expected None for use_mxfp4_w4a16"):
         vl.fused_experts(p["x"], q1, q2, p["wts"], p["ids"], use_mxfp4_w4a16=True, w1_scale=e1, w2_scale=e2,
                          block_shape=[0, 32])
@@ -759,7 +762,12 @@ def test_flashinfer_mxfp4(core, form):
         fi.cutlass_fused_moe(p["x"], p["ids"], p["wts"], q1.view(torch.int8), q2.view(torch.int8), BF16,
                              quant_scales=[e1, e2], use_w4_group_scaling=True)
     with pytest.raises(TypeError, match=r"quant_scales\[0\]: got dtype torch.float16"):
-        fi.cutlass_fused_moe(p["x"], p["ids"], p["wts"], q1, q2, BF16, quant_scales=[e1.half(), e2],
+        fi.cutlass_fused_moe(p["x"], p["ids"], p["wts"], il_weights(q1), il_weights(q2), BF16,
+                             quant_scales=[e1.half(), e2], use_w4_group_scaling=True)
+    # the checkpoint packing (or FlashInfer's own interleaved bytes) is refused, naming the helper
+    with pytest.raises(ValueError, match=r"fc1_expert_weights: got shape \(4, 128, 64\), expected MXFP4 weights in "
+                                         r"the prepared layout .*interleave_moe_weights_for_sm90_mixed_gemm"):
+        fi.cutlass_fused_moe(p["x"], p["ids"], p["wts"], q1, il_weights(q2), BF16, quant_scales=[e1, e2],
                              use_w4_group_scaling=True)
     with pytest.raises(TypeError, match="fc1_expert_weights: got dtype torch.uint8, expected bf16/fp16"):
         fi.cutlass_fused_moe(p["x"], p["ids"], p["wts"], q1, q2, BF16, quant_scales=None)
@@ -863,7 +871,8 @@ def test_gpu_vllm_int4(act):
 def test_gpu_vllm_mxfp4():
     p = gpu_problem(H=256, I=256)
     (q1, e1), (q2, e2) = quant4.quantize_mxfp4(p["w1"]), quant4.quantize_mxfp4(p["w2"])
-    ref = moe_kernels.fused_moe(p["x"], q1, q2, p["wts"], p["ids"], quant="w4a16_mxfp4",
+    ref = moe_kernels.fused_moe(p["x"], quant4.prepare_packed(q1, "mxfp4"), quant4.prepare_packed(q2, "mxfp4"),
+                                p["wts"], p["ids"], quant="w4a16_mxfp4",
                                 w13_scale=quant4.mxfp4_scales(e1, BF16), w2_scale=quant4.mxfp4_scales(e2, BF16))
     out = vl.fused_experts(p["x"], q1, q2, p["wts"], p["ids"], use_mxfp4_w4a16=True, w1_scale=e1, w2_scale=e2)
     same(out, ref)
@@ -954,12 +963,13 @@ def test_gpu_flashinfer_fp8():
 @pytest.mark.gpu
 def test_gpu_flashinfer_mxfp4():
     from moe_kernels.prepare import interleave_moe_scales_for_sm90_mixed_gemm as il_scales
+    from moe_kernels.prepare import interleave_moe_weights_for_sm90_mixed_gemm as il_weights
     clear_cache()
     p = gpu_problem(H=256, I=256)
     (q1, e1), (q2, e2) = quant4.quantize_mxfp4(p["w1"]), quant4.quantize_mxfp4(p["w2"])
-    f1 = w31(q1)
-    out = fi.cutlass_fused_moe(p["x"], p["ids"], p["wts"], f1, q2, BF16, use_w4_group_scaling=True,
+    f1 = il_weights(w31(q1))
+    out = fi.cutlass_fused_moe(p["x"], p["ids"], p["wts"], f1, il_weights(q2), BF16, use_w4_group_scaling=True,
                                quant_scales=[il_scales(w31(e1)).view(torch.int32), il_scales(e2).view(torch.int32)])[0]
-    ref = moe_kernels.fused_moe(p["x"], q1, q2, p["wts"], p["ids"], quant="w4a16_mxfp4",
+    ref = moe_kernels.fused_moe(p["x"], il_weights(q1), il_weights(q2), p["wts"], p["ids"], quant="w4a16_mxfp4",
                                 w13_scale=il_scales(e1), w2_scale=il_scales(e2))
     same(out, ref)

@@ -83,6 +83,29 @@ def test_fake_implementation_validates_at_trace_time():
             call({**p, "w2": bad_w2})
 
 
+def test_fake_implementation_takes_prepared_four_bit_weights():
+    """The out shape [T, H] comes from the hidden states (the prepared weights pad H to 128);
+    checkpoint-packed 4-bit weights are refused at trace time, naming prepare_weights."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from moe_kernels import quant4
+    from moe_kernels.prepare import prepare_weights
+    E, H, I, T = 2, 2880, 64, 3  # gpt-oss's hidden size: w13's K padded to 2944
+    g = torch.Generator().manual_seed(4)
+    (q13, e13), (q2, e2) = (quant4.quantize_mxfp4(torch.randn(*s, generator=g)) for s in ((E, 2 * I, H), (E, H, I)))
+    w = prepare_weights(q13, q2, quant="w4a16_mxfp4", w13_scale=e13, w2_scale=e2)
+    mode = FakeTensorMode()
+    fake = {n: mode.from_tensor(t) for n, t in (("x", torch.randn(T, H).bfloat16()), ("q2", q2),
+                                                 ("ids", torch.zeros(T, 2, dtype=torch.int32)),
+                                                 ("wts", torch.ones(T, 2))) + tuple(w.items()) if t is not None}
+    kw = dict(quant="w4a16_mxfp4", w13_scale=fake["w13_scale"], w2_scale=fake["w2_scale"])
+    with mode:
+        out = fused_moe(fake["x"], fake["w13"], fake["w2"], fake["wts"], fake["ids"], **kw)
+        assert out.shape == (T, H)
+        with pytest.raises(ValueError, match=r"w2: got shape \(2, 2880, 32\) \(4-bit weights in the checkpoint "
+                                             r"packing .*prepare_weights"):
+            fused_moe(fake["x"], fake["w13"], fake["q2"], fake["wts"], fake["ids"], **kw)
+
+
 @pytest.mark.parametrize("kw,exc,match", [
     (dict(quant=3), TypeError, r"quant: got 3, expected a name"),
     (dict(activation=1.0), TypeError, r"activation: got 1.0"),

@@ -205,10 +205,12 @@ def test_gpt_oss_importer_deinterleaves_gate_and_up():
     torch.testing.assert_close(quant4.dequantize_mxfp4(out["w2"], out["w2_scale"]), dense(codes2, e2))
     assert torch.equal(out["w13_bias"], torch.cat([bias13[:, 0::2], bias13[:, 1::2]], 1))
     p = prepare_weights(quant="w4a16_mxfp4", activation="swiglu_oai", **out)
-    # the kernels' scales: 2^(e - 127) in the hidden dtype, [E, K/32, N]
-    assert p["w13"].shape == (E, 2 * I, H // 2) and p["w13_scale"].dtype == torch.bfloat16
+    # the kernels' weights prepared, [E, ceil(K/128), N/16, 1024]; their scales 2^(e - 127) in the
+    # hidden dtype, [E, K/32, N]
+    assert p["w13"].shape == (E, 1, 2 * I // 16, 1024) and p["w13_scale"].dtype == torch.bfloat16
     assert p["w13_scale"].shape == (E, H // 32, 2 * I)
-    torch.testing.assert_close(quant4.dequantize_mxfp4(p["w13"], p["w13_scale"]), torch.cat([gate, up], 1))
+    torch.testing.assert_close(quant4.dequantize_mxfp4(quant4.unprepare(p["w13"], H, "mxfp4"), p["w13_scale"]),
+                               torch.cat([gate, up], 1))
     with pytest.raises(ValueError, match=r"gate_up_blocks/gate_up_scales: got \(2, 128, 4, 16\) and \(2, 128, 3\)"):
         from_gpt_oss(blocks13, e13[:, :, :3], blocks2, e2)
 
@@ -221,16 +223,27 @@ def test_prepare_validates_four_bit_weights():
     w13, w2 = torch.randn(E, 2 * I, H, generator=g), torch.randn(E, H, I, generator=g)
     p = quantize_weights(w13, w2, quant="w4a16_int4", group_size=64, symmetric=False)
     assert p["w13"].dtype == torch.uint8 and p["w13_scale"].shape == (E, H // 64, 2 * I)
+    assert p["w13"].shape == (E, H // 128, 2 * I // 16, 1024) and p["w2"].shape == (E, I // 128, H // 16, 1024)
     assert p["w13_zero"].shape == p["w13_scale"].shape
     kw = dict(quant="w4a16_int4", w13_scale=p["w13_scale"], w2_scale=p["w2_scale"])
+    packed13 = quant4.unprepare(p["w13"], H, "int4")  # the checkpoint packing, validated as before
+    packed2 = quant4.unprepare(p["w2"], I, "int4")
     with pytest.raises(TypeError, match="w13: got dtype torch.int8, expected torch.uint8"):
-        prepare_weights(p["w13"].view(torch.int8), p["w2"], **kw)
+        prepare_weights(packed13.view(torch.int8), packed2, **kw)
+    with pytest.raises(TypeError, match="w13_scale: got dtype torch.float32"):
+        prepare_weights(packed13, packed2, **{**kw, "w13_scale": p["w13_scale"].float()})
+    with pytest.raises(ValueError, match=r"w13_scale: got shape \(2, 3, 256\), expected one of"):
+        prepare_weights(packed13, packed2, **{**kw, "w13_scale": p["w13_scale"][:, :3]})
+    with pytest.raises(TypeError, match=r"w2_zero: got dtype torch.float32, expected torch.bfloat16"):
+        prepare_weights(packed13, packed2, w2_zero=p["w2_zero"].float(), **kw)
+    # prepared weights are checked as strictly: the dtype, and each shape against the other's sizes
     with pytest.raises(TypeError, match="w13_scale: got dtype torch.float32"):
         prepare_weights(p["w13"], p["w2"], **{**kw, "w13_scale": p["w13_scale"].float()})
-    with pytest.raises(ValueError, match=r"w13_scale: got shape \(2, 3, 256\), expected one of"):
-        prepare_weights(p["w13"], p["w2"], **{**kw, "w13_scale": p["w13_scale"][:, :3]})
-    with pytest.raises(TypeError, match=r"w2_zero: got dtype torch.float32, expected torch.bfloat16"):
-        prepare_weights(p["w13"], p["w2"], w2_zero=p["w2_zero"].float(), **kw)
+    with pytest.raises(ValueError, match=r"w2: got shape \(2, 2, 16, 1024\), expected \(2, 1, 16, 1024\)"):
+        prepare_weights(p["w13"], p["w2"].repeat(1, 2, 1, 1), **kw)
+    with pytest.raises(ValueError, match=r"w2: got torch.uint8 \(2, 256, 64\), expected the prepared layout .* "
+                                         r"\(both prepared, or both in the checkpoint packing \[E, N, K/2\]\)"):
+        prepare_weights(p["w13"], packed2, **kw)
     with pytest.raises(ValueError, match="multiples of 128"):
         quantize_weights(w13[..., :192], w2[:, :192], quant="w4a16_int4")
     with pytest.raises(ValueError, match=r"group_size=16: expected one of \[128, 64, 32\]"):
@@ -272,7 +285,8 @@ def test_reference_dequantizes_as_the_format_says(quant):
     def dequantized(w):
         zero = p.get(f"{w}_zero")
         return torch.stack([reference.dequantize_weight(p[w][e], fmt, p[f"{w}_scale"][e],
-                                                        None if zero is None else zero[e]) for e in range(E)])
+                                                        None if zero is None else zero[e], K=H if w == "w13" else I)
+                            for e in range(E)])
     dense = reference.fused_moe(x, dequantized("w13"), dequantized("w2"), wts, ids)
     torch.testing.assert_close(out, dense)
     exact = reference.fused_moe(x, w13, w2, wts, ids)
@@ -295,8 +309,13 @@ def test_fused_moe_validates_int4_arguments_on_the_host():
         fused_moe(x, p["w13"], p["w2"], wts, ids, **kw)  # valid: only the device is wrong
     with pytest.raises(TypeError, match="w13: got dtype torch.bfloat16, expected torch.uint8"):
         fused_moe(x, p["w13"].bfloat16(), p["w2"], wts, ids, **kw)
-    with pytest.raises(ValueError, match=r"w13: got shape \(4, 256, 256\).*dimension 2 must be 128"):
-        fused_moe(x, torch.zeros(E, 2 * I, H, dtype=torch.uint8), p["w2"], wts, ids, **kw)
+    with pytest.raises(ValueError, match=r"w13: got shape \(4, 1, 16, 1024\).*dimension 1 must be 2"):
+        fused_moe(x, p["w13"][:, :1].contiguous(), p["w2"], wts, ids, **kw)  # K = H = 256: two K slices
+    with pytest.raises(ValueError, match=r"w2: got shape \(4, 1, 16, 1024\).*dimension 1 must be 2"):
+        fused_moe(x, p["w13"].repeat(1, 1, 2, 1), p["w2"], wts, ids, **kw)  # w13 says I = 256
+    with pytest.raises(ValueError, match=r"w2: got shape \(4, 256, 64\) \(4-bit weights in the checkpoint packing"
+                                         r".*expected the prepared layout \(4, 1, 16, 1024\).*prepare_weights"):
+        fused_moe(x, p["w13"], quant4.unprepare(p["w2"], I, "int4"), wts, ids, **kw)
     with pytest.raises(TypeError, match="w13_scale: got dtype torch.float16, expected torch.bfloat16"):
         fused_moe(x, p["w13"], p["w2"], wts, ids, **{**kw, "w13_scale": p["w13_scale"].half()})
     q = quantize_weights(torch.randn(E, 2 * I, H, generator=g), torch.randn(E, H, I, generator=g),
@@ -311,12 +330,17 @@ def test_flashinfer_named_interleave_helpers():
     g = _gen(11)
     E, N, K = 2, 64, 256
     q, e = quant4.quantize_mxfp4(torch.randn(E, N, K, generator=g))
-    assert torch.equal(interleave_moe_weights_for_sm90_mixed_gemm(q, "fp4"), q)
+    prepared = interleave_moe_weights_for_sm90_mixed_gemm(q, "fp4")  # the fragment layout, no value shuffle
+    assert torch.equal(prepared, quant4.to_fragment_layout(q, shuffle=False))
+    assert torch.equal(interleave_moe_weights_for_sm90_mixed_gemm(prepared, "fp4"), prepared)  # prepared once
     s = interleave_moe_scales_for_sm90_mixed_gemm(e)
     assert s.dtype == torch.bfloat16 and s.shape == (E, K // 32, N)
     torch.testing.assert_close(quant4.dequantize_mxfp4(q, s), quant4.dequantize_mxfp4(q, e))
     torch.testing.assert_close(interleave_moe_scales_for_sm90_mixed_gemm(e, dtype=torch.float16).float(), s.float())
-    assert torch.equal(interleave_moe_weights_for_sm90_mixed_gemm(q, "fp4_fp8"), q)  # W4A8 reads the same
+    assert torch.equal(interleave_moe_weights_for_sm90_mixed_gemm(q, "fp4_fp8"), prepared)  # W4A8 reads the same
+    q128 = quant4.pack_nibbles(torch.randint(0, 16, (E, 128, K), generator=g))
+    assert torch.equal(interleave_moe_weights_for_sm90_mixed_gemm(q128, "int4"),  # CUTLASS's value shuffle
+                       quant4.to_fragment_layout(q128, shuffle=True))
     with pytest.raises(ValueError, match=r"quant_type: got 'fp8', expected one of \['fp4', 'fp4_fp8', 'int4'\]"):
         interleave_moe_weights_for_sm90_mixed_gemm(q, "fp8")
     with pytest.raises(TypeError, match=r"weight: got dtype torch.int8, expected torch.uint8"):

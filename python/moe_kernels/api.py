@@ -90,10 +90,13 @@ def fused_moe(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     w13_scale [E, N1/128, H/128] and w2_scale [E, H/128, I/128] (checkpoints'
     weight_scale_inv as stored); GEMM inputs are quantized per token per 128 columns on the
     device; H and I must be multiples of 128.
-    w4a16_int4 / w4a16_mxfp4: 4-bit weights [E, N, K/2] with 16-bit scales [E, K/g, N] and,
-    for asymmetric INT4 (AWQ), additive zero terms w13_zero/w2_zero in the scales' layout, as
-    moe_kernels.prepare makes or imports them; w4a8_int4 / w4a8_mxfp4: the same weights with
-    the GEMM inputs quantized to E4M3 as fp8's are. moe_kernels.modes.MODES lists every mode.
+    w4a16_int4 / w4a16_mxfp4: 4-bit weights in the prepared layout, uint8 w13 [E, ceil(H/128),
+    N1/16, 1024] and w2 [E, ceil(I/128), H/16, 1024] (moe_kernels.quant4; checkpoint-packed
+    [E, N, K/2] weights go through moe_kernels.prepare.prepare_weights once at load time, and
+    are refused here), with 16-bit scales [E, K/g, N] and, for asymmetric INT4 (AWQ), additive
+    zero terms w13_zero/w2_zero in the scales' layout, as moe_kernels.prepare makes them;
+    w4a8_int4 / w4a8_mxfp4: the same weights with the GEMM inputs quantized to E4M3 as fp8's
+    are. moe_kernels.modes.MODES lists every mode.
 
     apply_router_weight_on_input: top_k 1 only (Llama 4): the token's input row is multiplied
     by its router weight before GEMM1 (a [T, H] temporary) and the output is not weighted.

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import api
+from . import api, quant4
 from .modes import Activation
 from .prepare import prepare_weights
 from .problem import check_alignment, parse_quant, require_built
@@ -57,14 +57,15 @@ class FusedMoE(torch.nn.Module):
         """Prepare and keep the expert weights: this rank's [E_local, ...] slice, or all
         [num_experts, ...] experts, from which this rank's slice is taken. FP8 modes also
         take the checkpoint's weight scales, and `fp8` static activation scales (one, or one
-        per expert: the max over this rank's experts is used); see
+        per expert: the max over this rank's experts is used); 4-bit modes take their weights
+        in the checkpoint packing [E, N, K/2] (repacked here, once) or already prepared; see
         moe_kernels.prepare.prepare_weights. Without device= the weights stay where they are
         (CPU weights are validated without a GPU); device='cuda' needs torch with CUDA."""
         if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"FusedMoE.load_weights: device={str(self.device)!r} needs a CUDA GPU and torch "
                                "sees none (torch.cuda.is_available() is False); build the layer without "
                                "device= (or with device='cpu') to validate the weights where they are")
-        if isinstance(w13, torch.Tensor) and w13.dim() == 3 and self.ep_size > 1 and \
+        if isinstance(w13, torch.Tensor) and w13.dim() in (3, 4) and self.ep_size > 1 and \
                 w13.shape[0] == self.num_experts:
             lo, hi = self.ep_rank * self.local_experts, (self.ep_rank + 1) * self.local_experts
             w13, w2, w13_bias, w2_bias, w13_scale, w2_scale, w13_zero, w2_zero = (
@@ -73,7 +74,11 @@ class FusedMoE(torch.nn.Module):
             a13_scale, a2_scale = (t[lo:hi] if isinstance(t, torch.Tensor) and t.numel() == self.num_experts
                                    else t for t in (a13_scale, a2_scale))
         n1 = self.intermediate_size * (2 if self.activation.gated else 1)
-        expect = (self.local_experts, n1, self.hidden_size // self.quant.spec.weight_format.per_byte)
+        fmt = self.quant.spec.weight_format
+        if fmt.fragment_layout and quant4.is_prepared(w13):  # prepared already (4-D)
+            expect = quant4.prepared_shape(self.local_experts, n1, self.hidden_size)
+        else:
+            expect = (self.local_experts, n1, self.hidden_size // fmt.per_byte)
         if not isinstance(w13, torch.Tensor) or tuple(w13.shape) != expect:
             raise ValueError(f"w13: got shape {tuple(getattr(w13, 'shape', ()))}, expected {expect} "
                              f"(or {(self.num_experts,) + expect[1:]} for all experts)")

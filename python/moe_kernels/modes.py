@@ -56,6 +56,13 @@ class WeightFormat:
     # The scales as the kernels take them, where prepare_weights converts the checkpoint's
     # (`scale`) into another form; None: the kernels take `scale` as it is.
     prepared_scale: ScaleSpec | None = None
+    # The weights as the kernels take them, where prepare_weights repacks the checkpoint's
+    # packing: "fragment" is moe_kernels.quant4's fragment layout, uint8 [E, ceil(K/128), N/16,
+    # 1024]; "": the weights as stored.
+    prepared_layout: str = ""
+    # In the fragment layout, CUTLASS's value shuffle (INT4's conversion takes nibbles i and
+    # i + 4 of a word), or not (MXFP4's E2M1 lookup takes adjacent nibbles).
+    fragment_shuffle: bool = False
 
     @property
     def kernel_scale(self) -> ScaleSpec | None:
@@ -66,6 +73,11 @@ class WeightFormat:
     def group_scales16(self) -> bool:
         """The kernels take 16-bit scales per group along K, [E, K/g, N] (4-bit formats)."""
         return self.kernel_scale is not None and self.kernel_scale.dtype == "hidden"
+
+    @property
+    def fragment_layout(self) -> bool:
+        """fused_moe takes the weights in quant4's fragment layout (4-D), made by prepare_weights."""
+        return self.prepared_layout == "fragment"
 
     @property
     def per_byte(self) -> int:
@@ -131,13 +143,15 @@ WEIGHT_FORMATS = {f.name: f for f in (
                  ScaleSpec("hidden", (("E", "K/g", "N"),),
                            "one per group of g along K, [E, K/g, N] (N contiguous, as AWQ and GPTQ store them)"),
                  groups=(128, 64, 32), zero_point=True,
-                 doc="INT4 two per byte, group scales along K, optional zero terms (AWQ, GPTQ)"),
+                 doc="INT4 two per byte, group scales along K, optional zero terms (AWQ, GPTQ)",
+                 prepared_layout="fragment", fragment_shuffle=True),
     WeightFormat("mxfp4", "e2m1", 4, "uint8",
                  ScaleSpec("e8m0", (("E", "N", "K/g"),), "E8M0 exponents, one per 32 along K [E, N, K/32]"),
                  groups=(32,), doc="E2M1 two per byte with E8M0 scales per 32 (OCP MX; gpt-oss)",
                  prepared_scale=ScaleSpec("hidden", (("E", "K/g", "N"),),
                                           "2^(e - 127) in the hidden dtype, [E, K/32, N] (prepare_weights "
-                                          "makes them from the checkpoint's E8M0 [E, N, K/32])")),
+                                          "makes them from the checkpoint's E8M0 [E, N, K/32])"),
+                 prepared_layout="fragment"),
     WeightFormat("mxfp8", "e4m3", 8, "float8_e4m3fn",
                  ScaleSpec("e8m0", (("E", "N", "K/g"),), "E8M0 exponents, one per 32 along K [E, N, K/32]"),
                  groups=(32,), doc="E4M3 with E8M0 scales per 32 (OCP MX)"),

@@ -3,8 +3,10 @@
 For the 16-bit modes the kernels read nn.Linear-style [out, in] weights as they are, so
 preparing means validating shapes and dtypes and making them contiguous on the device.
 Quantized checkpoints are validated as they are stored, with their scales, by the rules of
-their weight format (moe_kernels.modes); `quantize_weights` makes FP8 ones from 16-bit
-weights (moe_kernels.fp8 defines the numerics).
+their weight format (moe_kernels.modes); 4-bit weights are then repacked from the checkpoint
+packing into the prepared (fragment) layout the kernels read (moe_kernels.quant4).
+`quantize_weights` makes quantized ones from 16-bit weights (moe_kernels.fp8 and
+moe_kernels.quant4 define the numerics).
 """
 from __future__ import annotations
 
@@ -61,16 +63,20 @@ def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None
       [E, N/128, K/128]; dequantized weight = q * scale. `fp8` may also take static activation
       scales a13_scale / a2_scale (see `_check_act_scale`); without them the GEMM inputs are
       quantized per token.
-    - int4 (w4a16_int4, w4a8_int4): uint8 [E, N, K/2] (moe_kernels.quant4), scales in the
-      hidden dtype [E, K/g, N] with g in 128, 64, 32, optional zero terms w13_zero/w2_zero in
-      the same layout (dequantized = q * scale + zero).
+    - int4 (w4a16_int4, w4a8_int4): uint8 [E, N, K/2] in the checkpoint packing
+      (moe_kernels.quant4), scales in the hidden dtype [E, K/g, N] with g in 128, 64, 32,
+      optional zero terms w13_zero/w2_zero in the same layout (dequantized = q * scale + zero).
     - mxfp4 (w4a16_mxfp4, w4a8_mxfp4): uint8 [E, N, K/2] E2M1, E8M0 uint8 scales [E, N, K/32],
       returned as the kernels take them: 2^(e - 127) in `dtype` (the hidden states' dtype:
       torch.bfloat16 by default, or the biases'), [E, K/32, N] (quant4.mxfp4_scales).
-    Checkpoints' own layouts go through the importers below (from_gpt_oss, from_awq, from_gptq,
-    from_compressed_tensors) first. Returns a dict with keys w13, w2, w13_bias, w2_bias (and
-    w13_scale, w2_scale, a13_scale, a2_scale for scaled formats, w13_zero, w2_zero for int4)
-    ready for `moe_kernels.fused_moe`.
+    4-bit weights are returned in the prepared layout, uint8 [E, ceil(K/128), N/16, 1024]
+    (quant4.prepare_packed: K zero-padded to a multiple of 128, then the fragment layout),
+    which is what fused_moe takes; weights already in it (4-D, of exactly that shape, as
+    returned here or by interleave_moe_weights_for_sm90_mixed_gemm) are taken as they are.
+    Scales and zero terms are not repacked. Checkpoints' own layouts go through the
+    importers below (from_gpt_oss, from_awq, from_gptq, from_compressed_tensors) first.
+    Returns a dict with keys w13, w2, w13_bias, w2_bias (and w13_scale, w2_scale, a13_scale,
+    a2_scale for scaled formats, w13_zero, w2_zero for int4) ready for `moe_kernels.fused_moe`.
     """
     mode = parse_quant(quant)
     spec = mode.spec
@@ -78,16 +84,20 @@ def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None
         raise NotImplementedError(f"prepare_weights: quant={mode.value!r} is not supported yet; "
                                   f"supported: {list(reference.MODES)}")
     act = Activation.parse(activation)
-    if not isinstance(w2, torch.Tensor) or w2.dim() != 3:
-        raise ValueError(f"w2: got {getattr(w2, 'shape', type(w2).__name__)}, expected a 3-D tensor [E, H, I]")
     hidden = tuple(DTYPES[d] for d in spec.hidden)
     wdtype = weight_dtype(spec, hidden[0])
     fmt = spec.weight_format
-    per = fmt.per_byte
-    E, H, I = w2.shape[0], w2.shape[1], w2.shape[2] * per
-    n1 = 2 * I if act.gated else I
-    _check("w13", w13, wdtype, (E, n1, H // per))
-    _check("w2", w2, wdtype, (E, H, I // per))
+    prepared = fmt.fragment_layout and (quant4.is_prepared(w13) or quant4.is_prepared(w2))
+    if prepared:  # already in the fragment layout: sizes from N = 16 * shape[2], K checked as ceil(K/128)
+        E, H, I, n1 = _prepared_sizes(w13, w2, wdtype, act.gated)
+    else:
+        if not isinstance(w2, torch.Tensor) or w2.dim() != 3:
+            raise ValueError(f"w2: got {getattr(w2, 'shape', type(w2).__name__)}, expected a 3-D tensor [E, H, I]")
+        per = fmt.per_byte
+        E, H, I = w2.shape[0], w2.shape[1], w2.shape[2] * per
+        n1 = 2 * I if act.gated else I
+        _check("w13", w13, wdtype, (E, n1, H // per))
+        _check("w2", w2, wdtype, (E, H, I // per))
     if w13_bias is not None:
         _check("w13_bias", w13_bias, hidden, (E, n1))
     if w2_bias is not None:
@@ -133,15 +143,34 @@ def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None
         return None if t is None else t.to(device=device).contiguous()
 
     out = {"w13": place(w13), "w2": place(w2), "w13_bias": place(w13_bias), "w2_bias": place(w2_bias)}
+    if fmt.fragment_layout and not prepared:  # repacked on the device, once
+        out["w13"], out["w2"] = (quant4.prepare_packed(out[k], fmt) for k in ("w13", "w2"))
     out.update({k: place(v) for k, v in scales.items()})
     return out
+
+
+def _prepared_sizes(w13, w2, wdtype, gated) -> tuple:
+    """(E, H, I, n1) of 4-bit weights given in the prepared layout, both checked to be exactly
+    quant4.prepared_shape of those sizes: N is 16 * shape[2]; each GEMM's unpadded K is the
+    other's N (w2's H for w13; w13's n1 / 2 gated, or n1, for w2), its shape[1] ceil(K/128)."""
+    for name, t, other in (("w13", w13, w2), ("w2", w2, w13)):
+        if not quant4.is_prepared(t):
+            raise ValueError(f"{name}: got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}, "
+                             f"expected the prepared layout uint8 [E, ceil(K/128), N/16, 1024] as the other weight "
+                             f"{tuple(other.shape)} (both prepared, or both in the checkpoint packing [E, N, K/2])")
+    E, H, n1 = w13.shape[0], quant4.FRAGMENT_ROWS * w2.shape[2], quant4.FRAGMENT_ROWS * w13.shape[2]
+    I = n1 // 2 if gated else n1
+    _check("w13", w13, wdtype, quant4.prepared_shape(E, n1, H))
+    _check("w2", w2, wdtype, quant4.prepared_shape(E, H, I))
+    return E, H, I, n1
 
 
 def quantize_weights(w13, w2, *, quant="fp8", granularity=None, activation="swiglu", w13_bias=None,
                      w2_bias=None, group_size=128, symmetric=True, scale_dtype=torch.bfloat16,
                      device=None) -> dict:
     """Quantize 16-bit (or float32) expert weights for a quantized mode and prepare them
-    (tests, the benchmark and the tuner's inputs; checkpoints come quantized).
+    (tests, the benchmark and the tuner's inputs; checkpoints come quantized): what
+    prepare_weights returns, 4-bit weights in the prepared layout.
 
     granularity: for `fp8`, "channel" (default) or "tensor"; `fp8_block` is always 128x128.
     int4 modes: groups of `group_size` along K, symmetric (GPTQ) or not (AWQ, with zero
@@ -180,7 +209,8 @@ def quantize_weights(w13, w2, *, quant="fp8", granularity=None, activation="swig
 
 # ---- checkpoint importers: what checkpoints store -> the layouts prepare_weights takes --------
 # Each takes one projection stacked over experts ([E, ...]); for w13 import gate and up and
-# concatenate them along N (dim 1), gate first (from_gpt_oss does both GEMMs at once).
+# concatenate them along N (dim 1), gate first (from_gpt_oss does both GEMMs at once). The
+# weights come out in the checkpoint packing uint8 [E, N, K/2]; prepare_weights repacks them.
 
 AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ int32 holds column 8c + AWQ_PACK_ORDER[i]
 
@@ -248,7 +278,8 @@ def from_gptq(qweight, scales, qzeros=None, g_idx=None, *, zeros_offset=1) -> tu
     qzeros int32 [E, K/g, N/8] or None for symmetric checkpoints (zero point 8). zeros_offset:
     what to add to the stored zero points (1 for the original GPTQ format, which stores zp - 1;
     0 for gptq_v2). An act-order g_idx is taken only if it is the plain one (k // g): a
-    permuted one would need the activations permuted too, which the kernels do not do."""
+    permuted one would need the activations permuted too, which the kernels do not do.
+    Returns (w uint8 [E, N, K/2], scale [E, K/g, N], zero [E, K/g, N] or None)."""
     _importer_tensor("qweight", qweight, torch.int32, 3)
     _importer_scales("scales", scales, "[E, K/g, N]")
     E, k8, N = qweight.shape
@@ -279,7 +310,8 @@ def from_compressed_tensors(weight_packed, weight_scale, weight_zero_point=None)
     """compressed-tensors pack-quantized INT4: weight_packed int32 [E, N, K/8] (8 values along K
     per int32, in order, stored as q + 8), weight_scale [E, N, K/g], and for asymmetric
     checkpoints weight_zero_point: int32 [E, N/8, K/g] packed along N (8 rows per int32, stored
-    as z + 8, as compressed-tensors writes it) or int8 [E, N, K/g] unpacked; w = (q - z) * scale."""
+    as z + 8, as compressed-tensors writes it) or int8 [E, N, K/g] unpacked; w = (q - z) * scale.
+    Returns (w uint8 [E, N, K/2], scale [E, K/g, N], zero [E, K/g, N] or None)."""
     _importer_tensor("weight_packed", weight_packed, torch.int32, 3)
     _importer_scales("weight_scale", weight_scale, "[E, N, K/g]")
     E, N, k8 = weight_packed.shape
@@ -347,21 +379,31 @@ _INTERLEAVE_QUANT_TYPES = {"fp4": "w4a16_mxfp4", "fp4_fp8": "w4a8_mxfp4", "int4"
 
 
 def interleave_moe_weights_for_sm90_mixed_gemm(weight, quant_type: str = "fp4") -> torch.Tensor:
-    """4-bit expert weights uint8 [E, N, K/2] as this package's W4A16 and W4A8 kernels read them.
+    """4-bit expert weights in the checkpoint packing, uint8 [E, N, K/2] (two values per byte
+    along K, the even k in the low nibble), repacked into the prepared layout this package's
+    W4A16 and W4A8 kernels read: uint8 [E, ceil(K/128), N/16, 1024], K zero-padded to a
+    multiple of 128 (moe_kernels.quant4.prepare_packed; what prepare_weights returns).
 
-    FlashInfer's kernels need its interleaved layout; these read the checkpoint's packing as
-    it is (two values per byte along K, the even k in the low nibble), so this validates and
-    returns the weights contiguous on their device. quant_type: "fp4" (MXFP4), "fp4_fp8"
-    (MXFP4 x FP8) or "int4" (INT4, with 16-bit or FP8 activations)."""
+    FlashInfer's kernels read its own interleaved layout and these the fragment layout, so
+    pass the checkpoint's weights here (not FlashInfer's output) once at load time.
+    quant_type: "fp4" (MXFP4) and "fp4_fp8" (MXFP4 x FP8), repacked without a value shuffle,
+    or "int4" (INT4, with 16-bit or FP8 activations), with CUTLASS's. Weights already
+    prepared (4-D) are returned as they are."""
     if quant_type not in _INTERLEAVE_QUANT_TYPES:
         raise ValueError(f"quant_type: got {quant_type!r}, expected one of {list(_INTERLEAVE_QUANT_TYPES)}")
-    _importer_tensor("weight", weight, torch.uint8, 3)
     mode = QuantMode.parse(_INTERLEAVE_QUANT_TYPES[quant_type]).spec
+    if quant4.is_prepared(weight):  # prepared once already: N is 16 * shape[2], K was checked then
+        N = quant4.FRAGMENT_ROWS * weight.shape[2]
+        if N % mode.align:
+            raise ValueError(f"weight: got prepared weights of N={N} rows, expected a multiple of {mode.align} "
+                             f"for quant_type={quant_type!r} ({mode.why_align})")
+        return weight.contiguous()
+    _importer_tensor("weight", weight, torch.uint8, 3)
     N, K = weight.shape[1], weight.shape[2] * 2
     if N % mode.align or K % mode.align:
         raise ValueError(f"weight: got N={N} rows and K={K} values per row, expected both multiples of "
                          f"{mode.align} for quant_type={quant_type!r} ({mode.why_align})")
-    return weight.contiguous()
+    return quant4.prepare_packed(weight.contiguous(), mode.weight_format)
 
 
 def interleave_moe_scales_for_sm90_mixed_gemm(scales, group_size: int = 32, dtype=torch.bfloat16) -> torch.Tensor:

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from . import _native
+from . import _native, quant4
 from .modes import MODES, Activation, Mode, QuantMode, ScaleSpec, WeightFormat
 
 WORKSPACE_ALIGNMENT = 256
@@ -206,6 +206,54 @@ def check_alignment(mode: Mode, H: int, I: int, argument="hidden_states/w2") -> 
              f"both multiples of {mode.align} for quant={mode.name!r} ({mode.why_align})")
 
 
+def _prepared_dims(E, N, K) -> tuple:
+    """quant4.prepared_shape without its check of N (for error messages of any sizes)."""
+    return (E, -(-K // quant4.FRAGMENT_K), N // quant4.FRAGMENT_ROWS, quant4.FRAGMENT_BYTES)
+
+
+def expert_weight_sizes(mode: Mode, gated: bool, H: int, w13, w2, *, dtype, device=None) -> tuple:
+    """(E, I, n1) of the expert weights for hidden size H, after checking their dtype (the
+    format's storage, or `dtype` for 16-bit weights), device, contiguity, alignment and shapes:
+    w13 [E, n1, H] and w2 [E, H, I] (n1 = 2I for gated activations, else I; K divided by the
+    values per byte where packed), or, for formats fused_moe takes in the fragment layout
+    (4-bit), the prepared [E, ceil(H/128), n1/16, 1024] and [E, ceil(I/128), H/16, 1024] with
+    I from w13 and checked against w2. 4-bit weights in the checkpoint packing (3-D) are
+    refused with the way to prepare them."""
+    wdtype = weight_dtype(mode, dtype)
+    fmt = mode.weight_format
+    if not fmt.fragment_layout:
+        w13 = check_tensor("w13", w13, dtype=wdtype, ndim=3, device=device)
+        w2 = check_tensor("w2", w2, dtype=wdtype, ndim=3, device=device)
+        E = w13.shape[0]
+        if E == 0:
+            fail("w13", f"shape {tuple(w13.shape)}", "at least one expert")
+        per = fmt.per_byte
+        I = w2.shape[2] * per
+        n1 = 2 * I if gated else I
+        check_tensor("w13", w13, shape=(E, n1, H // per))
+        check_tensor("w2", w2, shape=(E, H, I // per))
+        check_alignment(mode, H, I)
+        return E, I, n1
+    for name, t in (("w13", w13), ("w2", w2)):
+        check_kind(name, t, dtype=wdtype, device=device)
+        if t.dim() == 3:  # the checkpoint packing [E, N, K/2]: the kernels read the prepared layout only
+            fail(name, f"shape {tuple(t.shape)} (4-bit weights in the checkpoint packing [E, N, K/2])",
+                 f"the prepared layout {_prepared_dims(t.shape[0], t.shape[1], 2 * t.shape[2])} = "
+                 "[E, ceil(K/128), N/16, 1024]: pass the weights through moe_kernels.prepare.prepare_weights "
+                 "(or moe_kernels.prepare.interleave_moe_weights_for_sm90_mixed_gemm) once at load time")
+    w13 = check_tensor("w13", w13, ndim=4)
+    w2 = check_tensor("w2", w2, ndim=4)
+    E = w13.shape[0]
+    if E == 0:
+        fail("w13", f"shape {tuple(w13.shape)}", "at least one expert")
+    n1 = quant4.FRAGMENT_ROWS * w13.shape[2]
+    I = n1 // 2 if gated else n1
+    check_alignment(mode, H, I, "hidden_states/w13")
+    check_tensor("w13", w13, shape=_prepared_dims(E, n1, H))
+    check_tensor("w2", w2, shape=_prepared_dims(E, H, I))
+    return E, I, n1
+
+
 def infer_mode(hidden_states, w13=None, w13_scale=None) -> QuantMode:
     """quant=None: the mode whose weight storage is w13's dtype (the scale's rank tells the
     E4M3 formats apart), else the 16-bit mode of the hidden states."""
@@ -324,18 +372,7 @@ class Problem:
         self.out_dtype = DTYPE_NAMES[dtype]
         self.device = x.device
         T, H = x.shape
-        wdtype = weight_dtype(spec, dtype)
-        w13 = check_tensor("w13", w13, dtype=wdtype, ndim=3, device=self.device)
-        w2 = check_tensor("w2", w2, dtype=wdtype, ndim=3, device=self.device)
-        E = w13.shape[0]
-        if E == 0:
-            fail("w13", f"shape {tuple(w13.shape)}", "at least one expert")
-        per = spec.weight_format.per_byte
-        I = w2.shape[2] * per
-        n1 = 2 * I if self.activation.gated else I
-        check_tensor("w13", w13, shape=(E, n1, H // per))
-        check_tensor("w2", w2, shape=(E, H, I // per))
-        check_alignment(spec, H, I)
+        E, I, n1 = expert_weight_sizes(spec, self.activation.gated, H, w13, w2, dtype=dtype, device=self.device)
         self.scales = (None, None, None, None)
         self.per_channel = (0, 0)
         self.weight_group = None

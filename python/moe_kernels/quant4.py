@@ -1,9 +1,22 @@
 """4-bit weights (INT4 and MXFP4): the one definition that `prepare`, `reference` and the
 tests follow, as fp8.py is for E4M3.
 
-Storage (the weight formats `int4` and `mxfp4` of moe_kernels.modes): expert weights
-[E, N, K] as uint8 [E, N, K/2], two values per byte along K, the even k in the low nibble.
+Two layouts of the weights [E, N, K] (the weight formats `int4` and `mxfp4` of moe_kernels.modes):
+- Storage, the checkpoint packing (what the importers return and `prepare_weights` takes):
+  uint8 [E, N, K/2], row n's byte b holding k = 2b in its low nibble and k = 2b + 1 in its high.
+- Prepared, the fragment layout (what `prepare_weights` returns and `fused_moe` takes):
+  `prepare_packed` pads K with zero bytes to a multiple of 128 (gpt-oss's 2880 -> 2944) and
+  tiles it, uint8 [E, ceil(K/128), N/16, 1024]: per expert, 1 KB atoms of 16 rows x 128 k,
+  atom (row block n/16, K slice k/128) at [k/128, n/16]; inside one, lane 4g + t (g = n % 8,
+  t = (k % 8) / 2) owns bytes 32 lane .. 32 lane + 31, its word j (bytes 32 lane + 4j ..,
+  j = (k % 128) / 16) holding its m16n8k16 A registers a0..a3 (rows g and g + 8, k 2t, 2t + 1 and + 8),
+  a_i in nibbles i and i + 4 for INT4 (CUTLASS's value shuffle), 2i and 2i + 1 for MXFP4
+  (the format's `fragment_shuffle`). Why: each GPU thread's 16-byte loads are exactly its
+  MMA A-fragment registers, and a 64-row block's K step of 128 is 4 KB in one piece.
+  `unprepare` is the inverse; the layout's details are below.
+The 3-D storage and the 4-D prepared shape are what tell the two apart (`is_prepared`).
 
+Values and scales (scales and zero terms are not repacked, and count the unpadded K):
 - INT4: signed values -8..7 (two's complement nibbles), one scale per group of g along K
   ([E, K/g, N], N contiguous, in the hidden dtype) and, for asymmetric checkpoints, an
   additive zero term in the same layout and dtype: dequantized = q * scale + zero. A checkpoint's unsigned
@@ -18,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from . import fp8
+from .modes import WEIGHT_FORMATS, WeightFormat
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 E2M1_MAX = 6.0
@@ -159,3 +173,108 @@ def quantize_mxfp4(w: torch.Tensor):
     codes = torch.where(idx.reshape(*lead, N, K) == 0, torch.zeros_like(codes), codes)  # +0 for -0
     e8m0 = (exp.squeeze(-1) + E8M0_BIAS).to(torch.uint8)
     return pack_nibbles(codes), e8m0
+
+
+# ---- the fragment layout ------------------------------------------------------------------
+# The weights once more, ordered so that a thread's bytes are the A operand of its MMAs: the
+# layout CUTLASS's SM90 mixed-input GEMM reads as a per-group CuTe layout (its example 69), with
+# the atom of compute_memory_reordering_atom<bf16, Layout<Shape<_1,_8>>, Layout<Shape<_2,_4>,
+# Stride<_4,_1>>> tiled over (N, K), or with Layout<_1> in place of the value shuffle (every
+# nibble's place of both checked equal on the CPU against CuTe's offsets for a 32 x 256 weight,
+# CUTLASS 4.2). Per expert, atoms of 16 rows x 128 k (1 KB),
+# atom (row block a, K slice s) at byte 1024 (a + N/16 s), so the 64 rows x 128 k of a decode
+# block's K step are 4 KB in one piece. Inside an atom, lane 4g + t (g = row % 8, t = (k % 8) / 2)
+# owns 32 bytes, one 32-bit word per 16-deep K block j: nibbles i and i + 4 of word j (without
+# the value shuffle: 2i and 2i + 1) are the pair of the m16n8k16 / register-sourced wgmma A
+# register a_i (a0: row g, k 2t and 2t + 1; a1:
+# row g + 8, the same k; a2, a3: k + 8), so a conversion that takes nibbles i and i + 4 into
+# the low and high halves of a 32-bit register gives the operand in place.
+
+FRAGMENT_ROWS, FRAGMENT_K = 16, 128
+FRAGMENT_BYTES = FRAGMENT_ROWS * FRAGMENT_K // 2  # one atom: 1 KB
+
+
+def to_fragment_layout(packed: torch.Tensor, shuffle: bool = True) -> torch.Tensor:
+    """uint8 [E, N, K/2] (the storage) -> uint8 [E, K/128, N/16, 1024], the fragment
+    layout; N a multiple of 16 and K of 128. shuffle: CUTLASS's value shuffle (register a_i in
+    nibbles i and i + 4 of its word, as CUTLASS's INT4 conversion takes them), else a_i in
+    nibbles 2i and 2i + 1."""
+    E, N, K = packed.shape[0], packed.shape[1], packed.shape[2] * 2
+    if N % FRAGMENT_ROWS or K % FRAGMENT_K:
+        raise ValueError(f"packed: got N={N}, K={K}, expected multiples of {FRAGMENT_ROWS} and {FRAGMENT_K}")
+    w = unpack_nibbles(packed)  # [E, N, K] codes
+    # n = (row block a, h, g), k = (slice s, j, u, t, e); nibble order (s, a, g, t, j) then
+    # (e, u, h) with the shuffle, (u, h, e) without
+    w = w.reshape(E, N // 16, 2, 8, K // 128, 8, 2, 4, 2)  # e, a, h, g, s, j, u, t, e'
+    w = w.permute(0, 4, 1, 3, 7, 5, *((8, 6, 2) if shuffle else (6, 2, 8)))
+    return pack_nibbles(w.reshape(E, K // 128, N // 16, 2048))
+
+
+def from_fragment_layout(tiled: torch.Tensor, shuffle: bool = True) -> torch.Tensor:
+    """The inverse of to_fragment_layout: uint8 [E, K/128, N/16, 1024] -> [E, N, K/2]."""
+    E, S, A = tiled.shape[0], tiled.shape[1], tiled.shape[2]
+    w = unpack_nibbles(tiled).reshape(E, S, A, 8, 4, 8, 2, 2, 2)  # e, s, a, g, t, j, then 3 of (e', u, h)
+    if shuffle:
+        w = w.permute(0, 2, 8, 3, 1, 5, 7, 4, 6)  # from (e', u, h)
+    else:
+        w = w.permute(0, 2, 7, 3, 1, 5, 6, 4, 8)  # from (u, h, e')
+    return pack_nibbles(w.reshape(E, 16 * A, 128 * S))
+
+
+# ---- prepared weights: the fragment layout of a weight format, K padded -----------------------
+
+def fragment_format(fmt) -> WeightFormat:
+    """The weight format (a WeightFormat or its name in modes.WEIGHT_FORMATS) whose weights
+    fused_moe takes in the fragment layout, else ValueError."""
+    spec = WEIGHT_FORMATS.get(fmt) if isinstance(fmt, str) else fmt
+    if not isinstance(spec, WeightFormat) or not spec.fragment_layout:
+        raise ValueError(f"fmt: got {fmt!r}, expected a weight format prepared in the fragment layout, one of "
+                         f"{[n for n, f in WEIGHT_FORMATS.items() if f.fragment_layout]}")
+    return spec
+
+
+def prepared_shape(E: int, N: int, K: int) -> tuple:
+    """The prepared shape of 4-bit weights [E, N, K] (K unpadded): (E, ceil(K/128), N/16, 1024)."""
+    if N % FRAGMENT_ROWS:
+        raise ValueError(f"N: got {N}, expected a multiple of {FRAGMENT_ROWS} (the fragment layout's rows)")
+    return (E, -(-K // FRAGMENT_K), N // FRAGMENT_ROWS, FRAGMENT_BYTES)
+
+
+def is_prepared(t) -> bool:
+    """t has the prepared form: a 4-D uint8 tensor of 1 KB atoms (not checked against sizes)."""
+    return isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 4 and t.shape[-1] == FRAGMENT_BYTES
+
+
+def pad_k(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [E, N, K/2] zero-padded along K to a multiple of 128 (zero nibbles: INT4 0, E2M1 +0)."""
+    half = FRAGMENT_K // 2
+    pad = -packed.shape[-1] % half
+    return torch.nn.functional.pad(packed, (0, pad)) if pad else packed
+
+
+def prepare_packed(packed: torch.Tensor, fmt) -> torch.Tensor:
+    """Checkpoint-packed 4-bit weights uint8 [E, N, K/2] -> prepared uint8 [E, ceil(K/128), N/16,
+    1024]: K zero-padded to a multiple of 128, then the fragment layout with the format's value
+    shuffle (fmt: "int4" or "mxfp4", or the WeightFormat). N must be a multiple of 16."""
+    spec = fragment_format(fmt)
+    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8 or packed.dim() != 3:
+        raise ValueError(f"packed: got {getattr(packed, 'dtype', type(packed).__name__)} "
+                         f"{tuple(getattr(packed, 'shape', ()))}, expected uint8 [E, N, K/2]")
+    E, N, K = packed.shape[0], packed.shape[1], 2 * packed.shape[2]
+    out = packed.new_empty(prepared_shape(E, N, K))
+    for e in range(E):  # one expert at a time: the unpacked, permuted temporaries are 4x its bytes
+        out[e] = to_fragment_layout(pad_k(packed[e:e + 1]), shuffle=spec.fragment_shuffle)[0]
+    return out
+
+
+def unprepare(tiled: torch.Tensor, K: int, fmt) -> torch.Tensor:
+    """The inverse of prepare_packed: prepared uint8 [E, ceil(K/128), N/16, 1024] -> the
+    checkpoint packing uint8 [E, N, K/2], the padding cut off (K: the unpadded size)."""
+    spec = fragment_format(fmt)
+    if not is_prepared(tiled):
+        raise ValueError(f"tiled: got {getattr(tiled, 'dtype', type(tiled).__name__)} "
+                         f"{tuple(getattr(tiled, 'shape', ()))}, expected prepared uint8 [E, K/128, N/16, 1024]")
+    if K % 2 or -(-K // FRAGMENT_K) != tiled.shape[1]:
+        raise ValueError(f"K: got {K}, expected an even K with ceil(K/128) = {tiled.shape[1]} (the prepared "
+                         f"tensor {tuple(tiled.shape)})")
+    return from_fragment_layout(tiled, shuffle=spec.fragment_shuffle)[..., :K // 2].contiguous()

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from . import fp8, quant4
 from .modes import MODES as _ALL_MODES
+from .modes import WEIGHT_FORMATS as _WEIGHT_FORMATS_ALL
 from .modes import Activation, QuantMode
 
 # The formats written here; MODES: the modes made of them.
@@ -58,15 +59,33 @@ def gemm_input(x, act_format: str, static_scale=None):
     return fp8.dequantize(q, scale)
 
 
-def dequantize_weight(w, weight_format: str, scale=None, zero=None):
-    """One expert's weight [N, K] in float32, as its format defines it."""
+def dequantize_weight(w, weight_format: str, scale=None, zero=None, K=None):
+    """One expert's weight [N, K] in float32, as its format defines it, from the form fused_moe
+    takes: 4-bit weights (int4, mxfp4) prepared, uint8 [ceil(K/128), N/16, 1024], with K their
+    unpadded size (quant4.unprepare gives back the checkpoint packing, the padding cut off);
+    scales and zero terms as prepare_weights returns them."""
     if weight_format == "w16":
         return w.float()
-    if weight_format == "int4":
-        return quant4.dequantize_int4(w, scale, zero)
-    if weight_format == "mxfp4":
+    if _WEIGHT_FORMATS_ALL[weight_format].fragment_layout:
+        if K is None:
+            raise ValueError(f"K: got None, expected the unpadded K of the prepared {weight_format} weight "
+                             f"{tuple(w.shape)}")
+        w = quant4.unprepare(w[None], K, weight_format)[0]
+        if weight_format == "int4":
+            return quant4.dequantize_int4(w, scale, zero)
         return quant4.dequantize_mxfp4(w, scale)
     return w.float() * fp8.weight_scale_full(scale[None], *w.shape)[0]  # e4m3, e4m3_block128
+
+
+def check_prepared(weight_format: str, **weights) -> None:
+    """4-bit weights (by name) are in the prepared layout fused_moe takes, else a ValueError
+    that names the argument and says how to prepare them."""
+    for name, w in weights.items():
+        if not quant4.is_prepared(w):
+            got = f"{w.dtype} {tuple(w.shape)}" if isinstance(w, torch.Tensor) else type(w).__name__
+            raise ValueError(f"{name}: got {got}, expected {weight_format} weights in the prepared layout uint8 "
+                             "[E, ceil(K/128), N/16, 1024]: pass them through moe_kernels.prepare.prepare_weights "
+                             "(or moe_kernels.prepare.interleave_moe_weights_for_sm90_mixed_gemm) once")
 
 
 def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
@@ -78,7 +97,8 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
     """The fused MoE forward of `moe_kernels.fused_moe`, in float32. Returns [T, H] float32.
 
     Quantized modes: weights and w13_scale/w2_scale (and int4's w13_zero/w2_zero) as
-    `moe_kernels.prepare` returns them, dequantized as moe_kernels.fp8 and moe_kernels.quant4
+    `moe_kernels.prepare` returns them (4-bit weights in the prepared layout, unprepared to
+    the unpadded K: H for w13, I for w2), dequantized as moe_kernels.fp8 and moe_kernels.quant4
     define; FP8 GEMM inputs are quantized with the static per-tensor a13_scale/a2_scale when
     given, else dynamically, exactly where the kernels quantize. expert_map: global id ->
     local expert or -1 (instead of expert_offset). apply_router_weight_on_input: each input
@@ -92,6 +112,11 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
     if weight_format != "w16" and (w13_scale is None or w2_scale is None):
         raise ValueError(f"quant={spec.name!r}: w13_scale and w2_scale are required")
     act = Activation.parse(activation)
+    K13 = K2 = None
+    if _WEIGHT_FORMATS_ALL[weight_format].fragment_layout:  # K of each GEMM: H, and I from w13's N
+        check_prepared(weight_format, w13=w13, w2=w2)
+        n1 = quant4.FRAGMENT_ROWS * w13.shape[2]
+        K13, K2 = hidden_states.shape[-1], n1 // 2 if act.gated else n1
     ids = topk_ids.long()
     if expert_map is None:
         local = ids - expert_offset
@@ -111,8 +136,8 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
         rows = gemm_input(rows.float(), act_format, a13_scale)
         def pick(t):
             return None if t is None else t[e]
-        g13 = dequantize_weight(w13[e], weight_format, pick(w13_scale), pick(w13_zero))
-        g2 = dequantize_weight(w2[e], weight_format, pick(w2_scale), pick(w2_zero))
+        g13 = dequantize_weight(w13[e], weight_format, pick(w13_scale), pick(w13_zero), K13)
+        g2 = dequantize_weight(w2[e], weight_format, pick(w2_scale), pick(w2_zero), K2)
         h = rows @ g13.t()
         if w13_bias is not None:
             h = h + w13_bias[e].float()

@@ -10,14 +10,17 @@
 // before it uses the current one (for many tiles). mma.sync m16n8k16 with the weights as A
 // (16 rows) and 8 tokens as its N, in the hidden dtype, fp32 accumulation.
 //
-// K order: lane q (= lane % 4) of a warp reads 16 contiguous bytes of each of its two weight
-// rows per K step of 128 values: values 32q .. 32q + 31 of the step, one scale group (groups
-// are 32 or more and K is a multiple of 32). mma t (0..7) of the step takes values
-// 4t .. 4t + 3 of the lane's 32 as its k = {2q, 2q + 1, 2q + 8, 2q + 9}; the tokens are read
-// in the same order, so the sums are those of the natural order.
+// Weights in the fragment layout (python/moe_kernels/quant4.py, which prepare_weights makes once
+// at load): per expert, atoms of 16 rows x 128 K values (1 KB), atom (row block a, K step s) at
+// byte 1024 (a + N / 16 s), K padded to 128 with zeros. Lane 4g + t of the warp that owns an
+// atom reads its 32 bytes (two 16-byte loads; the warp's 1 KB in one piece): word j holds the
+// m16n8k16 A registers of the step's 16-deep K block j (rows g and g + 8, k 16j + 2t, + 1 and
+// 16j + 2t + 8, + 9), so the converted word is the MMA operand as it is, in the natural K order;
+// the tokens' B registers are their 4-byte pairs at the same k.
 //
-// Dequantization: INT4 (two's complement nibbles) as CUTLASS converts it (the nibble put into
-// a 16-bit float of value 128 + (q ^ 8), minus 136); E2M1 by a byte lookup (dequant8). Then times the
+// Dequantization: INT4 (two's complement nibbles, register a_i in nibbles i and i + 4 of its word:
+// CUTLASS's value shuffle) as CUTLASS converts it (the nibble put into a 16-bit float of value
+// 128 + (q ^ 8), minus 136); E2M1 (a_i in nibbles 2i and 2i + 1) by a byte lookup (dequant8). Then times the
 // group's scale ([K/g, N] in the hidden dtype) plus, for asymmetric INT4, its zero term (same
 // layout), rounded once to the hidden dtype (one fma; without zero terms the value the
 // prefill kernels' mainloop computes too). Scaling each K step's fp32 sums instead (fewer
@@ -167,64 +170,98 @@ __device__ __forceinline__ uint32_t e4m3x2_to(uint32_t v) {
   }
 }
 
-// A lane's 32 token values from `src` (zeros where !ok) as 16-bit pairs: x[c] word j holds
-// values 8c + 2j, 8c + 2j + 1: 64 bytes of T (W4A8's E4M3 values come widened to T by the
-// step that quantized them, GemmKernelOps::wide_fp8_tokens).
-template <class T>
-__device__ __forceinline__ void load_tokens(const char* src, bool ok, uint4 (&x)[4]) {
-  const uint4* v = reinterpret_cast<const uint4*>(src);
+// One word of the fragment layout (the A registers of one 16-deep K block, see above) -> the
+// four registers in T, unscaled: INT4 with the value shuffle (a_i from nibbles i and i + 4),
+// E2M1 without it (a_i from nibbles 2i and 2i + 1, dequant8's pairs).
+template <class T, class W>
+__device__ __forceinline__ void fragment(uint32_t x, uint32_t (&a)[4]) {
+  if constexpr (std::is_same_v<W, Int4>) {
+    constexpr uint32_t kMagic8 = std::is_same_v<T, __nv_bfloat16> ? 0x43084308u : 0x64086408u;
 #pragma unroll
-  for (int c = 0; c < 4; ++c) x[c] = ok ? __ldg(v + c) : make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < 4; ++i) {
+      uint32_t raw;  // (nibbles i, i + 4 at bits 0-3, 16-19) ^ (magic | 8): base + (q + 8)
+      asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(raw) : "r"(x >> (4 * i)), "n"(0x000F000F), "r"(kMagic8));
+      a[i] = sub2<T>(raw, kMagic8);
+    }
+  } else {
+    dequant8<T, W>(x, a);
+  }
 }
 
-// The weights a warp reads: 16 rows (n0 ..) of group g.
+// The step's scale groups: k16 block j of a step is in slot j >> shift, one slot for groups of
+// 128 or more, two for 64, four for 32 (check_args allows no other group).
+__device__ __forceinline__ int slot_shift(int group) { return group >= kStepK ? 3 : group == 64 ? 2 : 1; }
+
+// A lane's scales (and zero terms) of one K step: per slot, row r in the low half and r + 8 in
+// the high half. kSlots: 1 (groups of 128 or more) or 4; kZero: with INT4 zero terms. The kernel
+// is built for each, so that registers are held only for what the weights have.
+template <int kSlots, bool kZero>
+struct StepScales {
+  uint32_t s[kSlots];
+  uint32_t z[kZero ? kSlots : 1];
+};
+
+// v[c] for a runtime c in 0..kN - 1, by selects (an indexed register array would go to local memory).
+template <int kN>
+__device__ __forceinline__ uint32_t pick(const uint32_t (&v)[kN], int c) {
+  if constexpr (kN == 1) {
+    return v[0];
+  } else {
+    static_assert(kN == 4, "one or four scale slots");
+    const uint32_t lo = c & 1 ? v[1] : v[0], hi = c & 1 ? v[3] : v[2];
+    return c & 2 ? hi : lo;
+  }
+}
+
+// The pair of 16-bit values in the low (h = 0) or high half of v, in both halves.
+__device__ __forceinline__ uint32_t both_halves(uint32_t v, int h) { return prmt(v, 0u, h ? 0x3232u : 0x1010u); }
+
+// The weights a warp reads: the atom of rows n0 .. n0 + 15 of group g (n0 a multiple of 16).
 template <class T>
 struct WeightTile {
   int g, n, k, n0, steps;
-  bool row_ok[2];
-  const char* wrow[2];
+  bool rows_ok;
+  const char* atom;              // this lane's 32 bytes of K step 0
+  int64_t step_bytes;            // from one K step's atom to the next: N / 16 KB
   const unsigned short* scale;  // 16-bit scales [K / group, N]
   const unsigned short* zero;   // zero terms in the same layout, or null
-  int group;
+  int group, shift;
 
   __device__ __forceinline__ WeightTile(const Params& p, int group_index, int first_row) : g(group_index) {
     n = p.problem_shapes[3 * g + 1];
     k = p.problem_shapes[3 * g + 2];
     n0 = first_row;
     steps = (k + kStepK - 1) / kStepK;
-    const int r = (threadIdx.x & 31) >> 2;
-    const char* wbase = static_cast<const char*>(p.ptr_b[g]);
-    const int64_t ldw = p.stride_b[g] / 2;  // bytes per weight row
-    row_ok[0] = n0 + r < n;
-    row_ok[1] = n0 + r + 8 < n;
-    wrow[0] = wbase + (n0 + r) * ldw;
-    wrow[1] = wbase + (n0 + r + 8) * ldw;
+    rows_ok = n0 < n;
+    step_bytes = int64_t(n / 16) * 1024;
+    atom = static_cast<const char*>(p.ptr_b[g]) + int64_t(n0 / 16) * 1024 + 32 * (threadIdx.x & 31);
     scale = reinterpret_cast<const unsigned short*>(p.ptr_sfb[g]);
     group = p.group;
+    shift = slot_shift(group);
     zero = p.zero ? p.zero + int64_t(g) * (k / group) * n : nullptr;
   }
-  __device__ __forceinline__ bool has_rows() const { return n0 < n; }
+  __device__ __forceinline__ bool has_rows() const { return rows_ok; }
 
-  // The lane's weights, their scales and zero terms (broadcast to both halves) of steps s0,
-  // s0 + kStride, ... (kN of them); zeros past K or N, and without zero terms.
-  template <int kN, int kStride>
-  __device__ __forceinline__ void load(int s0, uint4 (&w)[kN][2], uint32_t (&sc)[kN][2],
-                                       uint32_t (&zr)[kN][2]) const {
-    const int r = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+  // The lane's weights of steps s0, s0 + kStride, ... (kN of them), and their scales and zero
+  // terms per slot; zeros past K or N.
+  template <int kN, int kStride, int kSlots, bool kZero>
+  __device__ __forceinline__ void load(int s0, uint4 (&w)[kN][2], StepScales<kSlots, kZero> (&sc)[kN]) const {
+    const int r = (threadIdx.x & 31) >> 2;
+    const int slots = 8 >> shift;
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
       const int s = s0 + i * kStride;
-      const int kk = s * kStepK + 32 * q;  // the lane's first K value of step s
-      const bool in_k = s < steps && kk < k;
+      const bool ok = s < steps && rows_ok;
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const bool ok = in_k && row_ok[j];
-        w[i][j] = ok ? decode::load_stream_l2_256(wrow[j] + kk / 2) : make_uint4(0, 0, 0, 0);
-        const int64_t at = int64_t(kk / group) * n + n0 + r + 8 * j;
-        const unsigned short bits = ok ? __ldg(scale + at) : 0;
-        const unsigned short zbits = ok && zero ? __ldg(zero + at) : 0;
-        sc[i][j] = bits * 0x10001u;
-        zr[i][j] = zbits * 0x10001u;
+      for (int h = 0; h < 2; ++h)
+        w[i][h] = ok ? decode::load_stream_l2_256(atom + s * step_bytes + 16 * h) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int c = 0; c < kSlots; ++c) {
+        const int kk = s * kStepK + (16 << shift) * c;  // the slot's first K value
+        const bool in = ok && c < slots && kk < k;
+        const int64_t at = int64_t(kk / group) * n + n0 + r;
+        sc[i].s[c] = in ? uint32_t(__ldg(scale + at)) | (uint32_t(__ldg(scale + at + 8)) << 16) : 0u;
+        if constexpr (kZero) sc[i].z[c] = in ? uint32_t(__ldg(zero + at)) | (uint32_t(__ldg(zero + at + 8)) << 16) : 0u;
       }
     }
   }
@@ -254,42 +291,42 @@ struct TokenRows {
 
 // acc += the lane's share of (weights of steps s0, s0 + kStride, ... (kN of them)) x (tokens
 // m0 + 8u + r), dequantizing the weights in registers.
-template <class In, class T, class W, int kTiles, int kN, int kStride>
+template <class In, class T, class W, int kTiles, int kN, int kStride, int kSlots, bool kZero>
 __device__ __forceinline__ void multiply(const WeightTile<T>& t, const TokenRows<In, T>& x_rows, int m0, int s0,
-                                         const uint4 (&w)[kN][2], const uint32_t (&sc)[kN][2],
-                                         const uint32_t (&zr)[kN][2], float (&acc)[kTiles][4]) {
+                                         const uint4 (&w)[kN][2], const StepScales<kSlots, kZero> (&sc)[kN],
+                                         float (&acc)[kTiles][4]) {
   const int lane = threadIdx.x & 31, r = lane >> 2, q = lane & 3;
 #pragma unroll
   for (int i = 0; i < kN; ++i) {
     const int s = s0 + i * kStride;
     if (s >= t.steps) break;  // the same for the whole warp
-    const int kk = s * kStepK + 32 * q;
-    // Tokens m0 + 8u + r, values kk .. kk + 31; zeros past K or the rows.
-    uint4 x[kTiles][4];
+    // Tokens m0 + 8u + r: the pairs at k 16j + 2q and 16j + 2q + 8 of the step (B registers
+    // of K block j); zeros past K (whole 32-value pieces) or the rows.
+    uint32_t x[kTiles][8][2];
 #pragma unroll
     for (int u = 0; u < kTiles; ++u) {
       const int m = m0 + 8 * u + r;
-      const bool ok = kk < t.k && m < x_rows.m_rows;
-      load_tokens<T>(x_rows.a + (ok ? m * x_rows.lda + int64_t(kk) * sizeof(T) : 0), ok, x[u]);
-    }
-    // Dequantize the lane's 32 values of rows r and r + 8: pair j of word c is values
-    // 8c + 2j, 8c + 2j + 1.
-    uint32_t wv[2][16];
+      const char* row = x_rows.a + (m < x_rows.m_rows ? m * x_rows.lda : 0) + int64_t(s * kStepK + 2 * q) * sizeof(T);
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
+      for (int j = 0; j < 8; ++j) {
+        const bool ok = m < x_rows.m_rows && s * kStepK + 16 * j < t.k;
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        uint32_t out[4];
-        dequant8<T, W>(word(w[i][j], c), out);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) wv[j][4 * c + e] = fma2<T>(out[e], sc[i][j], zr[i][j]);
+        for (int h = 0; h < 2; ++h)
+          x[u][j][h] = ok ? __ldg(reinterpret_cast<const uint32_t*>(row + (16 * j + 8 * h) * sizeof(T))) : 0u;
       }
+    }
 #pragma unroll
-    for (int tt = 0; tt < 8; ++tt) {
-      const uint32_t fa[4] = {wv[0][2 * tt], wv[1][2 * tt], wv[0][2 * tt + 1], wv[1][2 * tt + 1]};
+    for (int j = 0; j < 8; ++j) {
+      const int c = j >> t.shift;
+      const uint32_t sv = pick(sc[i].s, c), zv = kZero ? pick(sc[i].z, c) : 0u;
+      const uint32_t s_lo = both_halves(sv, 0), s_hi = both_halves(sv, 1);
+      const uint32_t z_lo = kZero ? both_halves(zv, 0) : 0u, z_hi = kZero ? both_halves(zv, 1) : 0u;
+      uint32_t a[4];
+      fragment<T, W>(word(w[i][j >> 2], j & 3), a);
 #pragma unroll
-      for (int u = 0; u < kTiles; ++u)
-        decode::mma<T>(acc[u], fa, word(x[u][tt / 2], 2 * (tt % 2)), word(x[u][tt / 2], 2 * (tt % 2) + 1));
+      for (int e = 0; e < 4; ++e) a[e] = fma2<T>(a[e], e & 1 ? s_hi : s_lo, e & 1 ? z_hi : z_lo);  // a1, a3: row r + 8
+#pragma unroll
+      for (int u = 0; u < kTiles; ++u) decode::mma<T>(acc[u], a, x[u][j][0], x[u][j][1]);
     }
   }
 }
@@ -297,7 +334,7 @@ __device__ __forceinline__ void multiply(const WeightTile<T>& t, const TokenRows
 // One block of 16 columns: its 4 warps take K steps warp, warp + 4, ... of the tile's 16
 // weight rows for all of group g's tokens, in passes of 8 * kTiles, and add their sums in
 // shared memory. In: the tokens' element type; T: the MMAs' and the output's.
-template <class In, class T, class W, int kTiles>
+template <class In, class T, class W, int kTiles, int kSlots, bool kZero>
 __device__ __forceinline__ void split_k_tile(const Params& p, const WeightTile<T>& t,
                                              float (&partial)[kWarps][kTiles * 8][kRows + 1]) {
   const int n = t.n, n0 = t.n0, steps = t.steps;
@@ -309,9 +346,9 @@ __device__ __forceinline__ void split_k_tile(const Params& p, const WeightTile<T
     float acc[kTiles][4] = {};
     for (int s0 = warp; s0 < steps; s0 += kWarps * kBatch) {
       uint4 w[kBatch][2];
-      uint32_t sc[kBatch][2], zr[kBatch][2];
-      t.template load<kBatch, kWarps>(s0, w, sc, zr);
-      multiply<In, T, W, kTiles, kBatch, kWarps>(t, x_rows, m0, s0, w, sc, zr, acc);
+      StepScales<kSlots, kZero> sc[kBatch];
+      t.template load<kBatch, kWarps>(s0, w, sc);
+      multiply<In, T, W, kTiles, kBatch, kWarps>(t, x_rows, m0, s0, w, sc, acc);
     }
     // c0: (row r, token 2q), c1: (r, 2q + 1), c2: (r + 8, 2q), c3: (r + 8, 2q + 1).
 #pragma unroll
@@ -339,7 +376,7 @@ __device__ __forceinline__ void split_k_tile(const Params& p, const WeightTile<T
 // tokens, in passes of 8 * kTiles. Weight batches of kWideBatch steps alternate between two
 // register sets: the next batch is requested before the current one is multiplied, so a
 // warp always has loads in flight. No shared memory, no block barrier.
-template <class In, class T, class W, int kTiles>
+template <class In, class T, class W, int kTiles, int kSlots, bool kZero>
 __device__ __forceinline__ void wide_tile(const Params& p, const WeightTile<T>& t) {
   constexpr int kB = kWideBatch;
   const int n = t.n, n0 = t.n0, steps = t.steps;
@@ -350,14 +387,14 @@ __device__ __forceinline__ void wide_tile(const Params& p, const WeightTile<T>& 
   for (int m0 = 0; m0 < m_rows; m0 += 8 * kTiles) {
     float acc[kTiles][4] = {};
     uint4 wa[kB][2], wb[kB][2];
-    uint32_t sa[kB][2], za[kB][2], sb[kB][2], zb[kB][2];
-    t.template load<kB, 1>(0, wa, sa, za);
+    StepScales<kSlots, kZero> sa[kB], sb[kB];
+    t.template load<kB, 1>(0, wa, sa);
     for (int s0 = 0; s0 < steps; s0 += 2 * kB) {
-      if (s0 + kB < steps) t.template load<kB, 1>(s0 + kB, wb, sb, zb);
-      multiply<In, T, W, kTiles, kB, 1>(t, x_rows, m0, s0, wa, sa, za, acc);
+      if (s0 + kB < steps) t.template load<kB, 1>(s0 + kB, wb, sb);
+      multiply<In, T, W, kTiles, kB, 1>(t, x_rows, m0, s0, wa, sa, acc);
       if (s0 + kB >= steps) break;
-      if (s0 + 2 * kB < steps) t.template load<kB, 1>(s0 + 2 * kB, wa, sa, za);
-      multiply<In, T, W, kTiles, kB, 1>(t, x_rows, m0, s0 + kB, wb, sb, zb, acc);
+      if (s0 + 2 * kB < steps) t.template load<kB, 1>(s0 + 2 * kB, wa, sa);
+      multiply<In, T, W, kTiles, kB, 1>(t, x_rows, m0, s0 + kB, wb, sb, acc);
     }
     // c0: (row r, token 2q), c1: (r, 2q + 1), c2: (r + 8, 2q), c3: (r + 8, 2q + 1).
 #pragma unroll
@@ -370,9 +407,9 @@ __device__ __forceinline__ void wide_tile(const Params& p, const WeightTile<T>& 
   }
 }
 
-// kColumns: output columns per block, 16 (split K) or 64 (a warp per 16).
-template <class In, class T, class W, int kTiles, int kColumns>
-__global__ void __launch_bounds__(kWarps * 32) decode_w4a16_kernel(Params p) {
+// kColumns: output columns per block, 16 (split K) or 64 (a warp per 16); kSlots, kZero: StepScales.
+template <class In, class T, class W, int kTiles, int kColumns, int kSlots, bool kZero>
+__global__ void __launch_bounds__(kWarps * 32, kColumns == kRows ? 4 : 3) decode_w4a16_kernel(Params p) {
   static_assert(kColumns == kRows || kColumns == kRows * kWarps, "4-bit decode: 16 or 64 columns per block");
   constexpr bool kSplitK = kColumns == kRows;
   __shared__ float partial[kSplitK ? kWarps : 1][kSplitK ? kTiles * 8 : 1][kRows + 1];
@@ -385,15 +422,16 @@ __global__ void __launch_bounds__(kWarps * 32) decode_w4a16_kernel(Params p) {
     const WeightTile<T> t(p, p.active_groups[1 + y], first_row);
     if constexpr (kSplitK) {
       if (t.has_rows())  // the same for the whole block (it syncs)
-        split_k_tile<In, T, W, kTiles>(p, t, partial);
+        split_k_tile<In, T, W, kTiles, kSlots, kZero>(p, t, partial);
     } else if (t.has_rows()) {  // per warp
-      wide_tile<In, T, W, kTiles>(p, t);
+      wide_tile<In, T, W, kTiles, kSlots, kZero>(p, t);
     }
   }
 }
 
 // What the 4-bit decode and tiled GEMMs share on the host: the argument check (scale groups of
-// 32 or more dividing K; N a multiple of n_multiple) and the launch over (N / rows) x groups.
+// 32 or 64, or a multiple of 128, dividing K; K a multiple of 32; N of 16, whole atoms of the
+// fragment layout, and of n_multiple) and the launch over (N / rows) x groups.
 template <class In>
 inline int check_args(const GroupedGemmArgs& a, const char* what, int n_multiple, char* err, size_t errlen) {
   if (a.n <= 0 || a.max_active_groups <= 0 || !a.active_groups || !a.ptr_sfb ||
@@ -402,9 +440,11 @@ inline int check_args(const GroupedGemmArgs& a, const char* what, int n_multiple
              "scales)", what);
     return MOEK_INVALID_ARGUMENT;
   }
-  if (a.weight_group < 32 || a.weight_group % 32 || a.k % 32 || a.k % a.weight_group || a.n % n_multiple) {
-    snprintf(err, errlen, "%s: scale group %d and K=%lld must be multiples of 32 (the group dividing K), "
-             "N=%lld a multiple of %d", what, a.weight_group, (long long)a.k, (long long)a.n, n_multiple);
+  const bool group_ok = a.weight_group == 32 || a.weight_group == 64 || (a.weight_group > 0 && a.weight_group % 128 == 0);
+  if (!group_ok || a.k % 32 || a.k % a.weight_group || a.n % 16 || a.n % n_multiple) {
+    snprintf(err, errlen, "%s: scale group %d must be 32, 64 or a multiple of 128 dividing K=%lld (a multiple of "
+             "32), N=%lld a multiple of %d", what, a.weight_group, (long long)a.k, (long long)a.n,
+             n_multiple > 16 ? n_multiple : 16);
     return MOEK_UNSUPPORTED;
   }
   return MOEK_OK;
@@ -439,10 +479,11 @@ struct DecodeW4A16 {
   static_assert(kTokens % 8 == 0, "W4A16 decode GEMM: tokens per pass in multiples of 8");
   static constexpr int kTiles = kTokens / 8;
   static constexpr bool kSplitK = kColumns == decode_w4::kRows;
+  static constexpr bool kInt4 = std::is_same_v<W, decode_w4::Int4>;  // zero terms are INT4's only
 
   static size_t workspace_size(int, int) { return 0; }
 
-  // Each lane's 32 values along K share one scale; K in whole 32-value pieces (16 bytes).
+  // Whole atoms of the fragment layout (N % 16) and scale groups a step holds whole or is inside.
   static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
     return decode_w4::check_args<In>(a, "4-bit decode GEMM", 1, err, errlen);
   }
@@ -450,8 +491,17 @@ struct DecodeW4A16 {
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
     using namespace decode_w4;
-    return launch_groups(decode_w4a16_kernel<In, T, W, kTiles, kColumns>,
-                         a, kColumns, kWarps * 32, "4-bit decode GEMM", err, errlen);
+    constexpr int kThreads = kWarps * 32;
+    const char* what = "4-bit decode GEMM";
+    if (a.weight_group < kStepK)  // MXFP4's groups of 32, INT4's of 32 or 64
+      return a.zero_base ? launch_groups(decode_w4a16_kernel<In, T, W, kTiles, kColumns, 4, kInt4>, a, kColumns,
+                                         kThreads, what, err, errlen)
+                         : launch_groups(decode_w4a16_kernel<In, T, W, kTiles, kColumns, 4, false>, a, kColumns,
+                                         kThreads, what, err, errlen);
+    return a.zero_base ? launch_groups(decode_w4a16_kernel<In, T, W, kTiles, kColumns, 1, kInt4>, a, kColumns,
+                                       kThreads, what, err, errlen)
+                       : launch_groups(decode_w4a16_kernel<In, T, W, kTiles, kColumns, 1, false>, a, kColumns,
+                                       kThreads, what, err, errlen);
   }
 
   static constexpr GemmKernelOps kOps{

@@ -78,6 +78,11 @@ struct GemmKernelOps {
   // FP8 activations: reads its input's E4M3 values widened to the hidden dtype (Fp8Scales::wide),
   // written so by the step before it, instead of the E4M3 bytes.
   bool wide_fp8_tokens = false;
+  // FP8 activations: reads each 32 columns of its input's E4M3 bytes permuted (Fp8Scales::permuted):
+  // byte 4t + i (and 16 + the same) holds column {2t, 2t + 1, 2t + 8, 2t + 9}[i] (and 16 + the
+  // same), so that 4-bit weights in the fragment layout of 16-bit MMAs are the A registers of
+  // E4M3 ones (src/gemm/sm90/contiguous_w4.cuh).
+  bool permuted_fp8_tokens = false;
 };
 
 struct KernelEntry {

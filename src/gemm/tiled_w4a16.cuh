@@ -5,16 +5,13 @@
 // or E4M3 with a scale per row (W4A8: widened exactly, the row's scale applied to the output).
 //
 // A block owns kRows = 128 weight rows (output columns) of one expert and walks the expert's
-// tokens in tiles of kTokens; its 8 warps each take 16 of the weight rows (one mma.sync M) and
-// all kTokens tokens (kTokens / 8 mmas of N = 8). K advances 64 values per stage through a
-// 3-stage cp.async ring in shared memory: the weight rows (32 bytes each), the token rows (128
-// bytes each; 64 for E4M3) and the stage's scales (and zero terms).
-//
-// K order within a stage: lane q (= lane % 4) dequantizes values 16q .. 16q + 15 of its two
-// weight rows (8 bytes each, inside one scale group since groups are 32 or more and stages
-// start at multiples of 64) and feeds them to the stage's 4 mmas, mma t taking values
-// 16q + 4t .. 16q + 4t + 3 as its k = {2q, 2q + 1, 2q + 8, 2q + 9}; it reads the tokens' values
-// in the same order (32 contiguous bytes of each token row), so the sums are the natural ones.
+// tokens in tiles of kTokens; its 8 warps each take 16 of the weight rows (one mma.sync M, one
+// atom of the fragment layout, decode_w4a16.cuh) and all kTokens tokens (kTokens / 8 mmas of
+// N = 8). K advances 64 values per stage through a 3-stage cp.async ring in shared memory: each
+// lane's half of its atom's 32 bytes (words 0-3 or 4-7: the A registers of the stage's four
+// 16-deep K blocks), the token rows (128 bytes each; 64 for E4M3) and the stage's scales (and
+// zero terms). The tokens' B registers come by ldmatrix from rows whose 16-byte chunks are
+// swizzled (chunk c of row m at c ^ (m % 8)), in the natural K order.
 //
 // Compiled, not yet run on a GPU; design and status: docs/kernels/decode.md.
 #pragma once
@@ -66,17 +63,24 @@ using WidenedFor = Widened<sizeof(In) == 1 ? kTokens : 1>;  // 16-bit tokens nee
 
 template <class In, int kTokens>
 struct Stage {
-  uint4 weights[kRows][2];                   // 32 bytes of each weight row
+  uint4 weights[kWarps][32];                 // per warp's atom, each lane's 16 bytes of the stage
   uint4 tokens[kTokens][kChunks<In>];        // the stage's bytes of each token row, chunks swizzled
   unsigned short scale[kMaxScaleRows][kRows];
   unsigned short zero[kMaxScaleRows][kRows];
 };
 
-// 16-bit tokens: chunk c (of 8) of token row m lives at chunk c ^ (m & 1), so that lanes reading
-// rows m and m + 1 at the same chunk hit different banks (E4M3 rows of 64 bytes do not collide).
+// 16-bit tokens: chunk c (of 8) of token row m lives at chunk c ^ (m % 8), so that ldmatrix's
+// eight rows at one chunk hit eight different bank groups (E4M3 rows are only widened).
 template <class In>
-__device__ __forceinline__ int swizzle(int m, int c) { return kChunks<In> == 8 ? c ^ (m & 1) : c; }
-__device__ __forceinline__ int swizzle16(int m, int c) { return c ^ (m & 1); }
+__device__ __forceinline__ int swizzle(int m, int c) { return kChunks<In> == 8 ? c ^ (m & 7) : c; }
+__device__ __forceinline__ int swizzle16(int m, int c) { return c ^ (m & 7); }
+
+// The four 8x8 16-bit matrices at the rows lanes 8i .. 8i + 7 point to, as mma.sync's operands.
+__device__ __forceinline__ void ldmatrix_x4(const void* row, uint32_t (&r)[4]) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
 
 // One block: the tile's kRows weight rows of group g, for all of the group's tokens. In: the
 // tokens' element type; T: the MMAs' and the output's.
@@ -91,8 +95,9 @@ __device__ __forceinline__ void group_tile(const Params& p, int g, Stage<In, kTo
   const int scale_k = k / group;
   const int k_stages = (k + kStageK - 1) / kStageK;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = lane >> 2, q = lane & 3;
-  const char* wbase = static_cast<const char*>(p.ptr_b[g]);
-  const int64_t ldw = p.stride_b[g] / 2;  // bytes per weight row
+  // This lane's 32 bytes of its warp's atom at K step 0 (of 128), and the step from one to the next.
+  const char* watom = static_cast<const char*>(p.ptr_b[g]) + int64_t(n0 / 16 + warp) * 1024 + 32 * lane;
+  const int64_t step_bytes = int64_t(n / 16) * 1024;
   const char* abase = static_cast<const char*>(p.ptr_a[g]);
   const int64_t lda = p.stride_a[g] * int64_t(sizeof(In));
   constexpr int kC = kChunks<In>, kPerChunk = 16 / int(sizeof(In));  // chunks per row, values per chunk
@@ -110,10 +115,9 @@ __device__ __forceinline__ void group_tile(const Params& p, int g, Stage<In, kTo
     auto load = [&](int s) {
       Stage<In, kTokens>& st = stages[s % kStages];
       const int k0 = s * kStageK;
-      {  // weights: kRows rows x 2 chunks, one per thread
-        const int row = tid >> 1, c = tid & 1;
-        const bool ok = s < k_stages && n0 + row < n && k0 + 32 * c < k;
-        cp_async16(&st.weights[row][c], ok ? wbase + (n0 + row) * ldw + k0 / 2 + 16 * c : wbase, ok);
+      {  // weights: each lane its 16 bytes of the stage (half s % 2 of K step s / 2)
+        const bool ok = s < k_stages && n0 + 16 * warp < n;
+        cp_async16(&st.weights[warp][lane], ok ? watom + (s / 2) * step_bytes + 16 * (s % 2) : watom, ok);
       }
       for (int i = tid; i < kTokens * kC; i += kWarps * 32) {  // tokens: kTokens rows x kC chunks
         const int m = i / kC, c = i % kC;
@@ -141,7 +145,6 @@ __device__ __forceinline__ void group_tile(const Params& p, int g, Stage<In, kTo
 
     float acc[kTokens / 8][4] = {};
     const int row0 = 16 * warp + r;  // this lane's weight rows: row0 and row0 + 8 of the tile
-    const int srow = group == 32 ? q >> 1 : 0;  // the stage's scale row of values 16q .. 16q + 15
     for (int s = 0; s < k_stages; ++s) {
       cp_async_wait<kStages - 2>();
       __syncthreads();  // stage s landed for every thread; stage s - 1's buffer is free
@@ -166,36 +169,32 @@ __device__ __forceinline__ void group_tile(const Params& p, int g, Stage<In, kTo
         }
         __syncthreads();  // the widened stage is complete before any warp reads it
       }
-      // The lane's 16 values of rows row0 and row0 + 8, dequantized: pair j of word c holds
-      // values 16q + 8c + 2j, + 1.
-      uint32_t wv[2][8];
+      // The A registers of the stage's four K blocks (rows row0, row0 + 8), dequantized and scaled.
+      const uint4 wq = st.weights[warp][lane];
+      uint32_t av[4][4];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = row0 + 8 * h;
-        const uint2 raw = reinterpret_cast<const uint2*>(&st.weights[row][0])[q];
-        const uint32_t sc = uint32_t(st.scale[srow][row]) * 0x10001u;
-        const uint32_t zr = zero ? uint32_t(st.zero[srow][row]) * 0x10001u : 0u;
+      for (int j = 0; j < 4; ++j) {
+        const int srow = group == 32 ? j >> 1 : 0;  // K block j's scale row in the stage
+        const uint32_t s_lo = uint32_t(st.scale[srow][row0]) * 0x10001u, s_hi = uint32_t(st.scale[srow][row0 + 8]) * 0x10001u;
+        const uint32_t z_lo = zero ? uint32_t(st.zero[srow][row0]) * 0x10001u : 0u;
+        const uint32_t z_hi = zero ? uint32_t(st.zero[srow][row0 + 8]) * 0x10001u : 0u;
+        decode_w4::fragment<T, W>(decode::word(wq, j), av[j]);
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          uint32_t out[4];
-          decode_w4::dequant8<T, W>(c ? raw.y : raw.x, out);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) wv[h][4 * c + e] = decode_w4::fma2<T>(out[e], sc, zr);
-        }
+        for (int e = 0; e < 4; ++e)  // a1, a3: row0 + 8
+          av[j][e] = decode_w4::fma2<T>(av[j][e], e & 1 ? s_hi : s_lo, e & 1 ? z_hi : z_lo);
       }
 #pragma unroll
       for (int u = 0; u < kTokens / 8; ++u) {
-        const int m = 8 * u + r;
+        const int m = 8 * u + (lane & 7);  // the row this lane points ldmatrix at
         const uint4* row16;
         if constexpr (kScaledRows) row16 = wide.tokens[m];
         else row16 = st.tokens[m];
-        const uint4 x0 = row16[swizzle16(m, 2 * q)];
-        const uint4 x1 = row16[swizzle16(m, 2 * q + 1)];
-        const uint32_t xb[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};  // values 16q + 2i, + 1
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          const uint32_t fa[4] = {wv[0][2 * t], wv[1][2 * t], wv[0][2 * t + 1], wv[1][2 * t + 1]};
-          decode::mma<T>(acc[u], fa, xb[2 * t], xb[2 * t + 1]);
+        for (int jj = 0; jj < 4; jj += 2) {  // K blocks jj, jj + 1: chunks 2jj .. 2jj + 3
+          uint32_t b[4];
+          ldmatrix_x4(row16 + swizzle16(m, 2 * jj + (lane >> 3)), b);
+          decode::mma<T>(acc[u], av[jj], b[0], b[1]);
+          decode::mma<T>(acc[u], av[jj + 1], b[2], b[3]);
         }
       }
     }
@@ -239,9 +238,9 @@ struct TiledW4A16 {
 
   static size_t workspace_size(int, int) { return 0; }
 
-  // A lane's 16 values of a 64-value stage share one scale; rows of 16-byte chunks.
+  // Whole atoms of the fragment layout; a K block of 16 is inside one scale group.
   static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
-    return decode_w4::check_args<In>(a, "4-bit tiled GEMM", 8, err, errlen);
+    return decode_w4::check_args<In>(a, "4-bit tiled GEMM", 16, err, errlen);
   }
 
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {

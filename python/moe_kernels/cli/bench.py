@@ -26,8 +26,6 @@ from ..modes import MODES, Activation, QuantMode
 from ..profiling import (ROUTINGS, GpuSampler, kernel_times, load_histogram, make_weights, round_robin, routing,
                         time_graph)
 
-MODES_BY_WEIGHT = {m.weight: m for m in reversed(list(MODES.values()))}  # a mode of each weight format
-
 PRESETS = {  # experts, top_k, hidden, intermediate (docs/design.md, "Measuring")
     "mixtral-8x7b": (8, 2, 4096, 14336),
     "qwen3-30b-a3b": (128, 8, 2048, 768),
@@ -333,6 +331,17 @@ def torch_scaled_grouped_mm_moe(x, w13, w2, wts, ids, act, w13_scale, w2_scale):
     return _torch_moe(x, wts, ids, act, E, gemm(w13, w13_scale), gemm(w2, w2_scale))
 
 
+def unpadded_ks(w13, w2, w13_scale=None, w2_scale=None):
+    """(H, I), each GEMM's K, for prepared 4-bit weights, whose shapes give K only up to its
+    padding to 128: H is w2's N (16 * shape[2]), I the scales' group (H / w13_scale's K/g, one
+    group in both GEMMs) times w2_scale's K/g. (None, None) for other weights (K is their shape's)."""
+    from .. import quant4
+    if not quant4.is_prepared(w2):
+        return None, None
+    H = quant4.FRAGMENT_ROWS * w2.shape[2]
+    return H, H // w13_scale.shape[1] * w2_scale.shape[1]
+
+
 class Bf16GroupedMM:
     """torch._grouped_mm on a bf16 copy of the weights, made once per weight tensor, with the
     hidden states cast in and the output cast back. The fp16 peer: torch._grouped_mm's fp16
@@ -343,7 +352,7 @@ class Bf16GroupedMM:
     def __init__(self):
         self._key, self._w = None, None
 
-    def to_bf16(self, w, scale):
+    def to_bf16(self, w, scale, K=None):
         import torch
         return w.to(torch.bfloat16)
 
@@ -355,7 +364,8 @@ class Bf16GroupedMM:
         key = (w13.data_ptr(), w2.data_ptr())
         if self._key != key:
             self._key, self._w = None, None  # the last shape's copy goes first
-            self._key, self._w = key, (self.to_bf16(w13, w13_scale), self.to_bf16(w2, w2_scale))
+            H, I = unpadded_ks(w13, w2, w13_scale, w2_scale)
+            self._key, self._w = key, (self.to_bf16(w13, w13_scale, H), self.to_bf16(w2, w2_scale, I))
         return self._w
 
     def __call__(self, x, w13, w2, wts, ids, act, w13_scale=None, w2_scale=None):
@@ -381,13 +391,17 @@ class DequantizedGroupedMM(Bf16GroupedMM):
         super().__init__()
         self.weight_format = weight_format
 
-    def to_bf16(self, w, scale):  # one expert at a time: float32 temporaries of one expert
+    def to_bf16(self, w, scale, K=None):  # one expert at a time: float32 temporaries of one expert
         import torch
+        from .. import quant4
         from ..reference import dequantize_weight
-        per = MODES_BY_WEIGHT[self.weight_format].weight_format.per_byte
-        out = w.new_empty((*w.shape[:2], w.shape[2] * per), dtype=torch.bfloat16)
+        if quant4.is_prepared(w):  # 4-bit: [E, ceil(K/128), N/16, 1024], unprepared to K per expert
+            shape = (w.shape[0], quant4.FRAGMENT_ROWS * w.shape[2], K)
+        else:
+            shape, K = w.shape, None
+        out = w.new_empty(shape, dtype=torch.bfloat16)
         for e in range(w.shape[0]):
-            out[e] = dequantize_weight(w[e], self.weight_format, scale[e]).to(torch.bfloat16)
+            out[e] = dequantize_weight(w[e], self.weight_format, scale[e], K=K).to(torch.bfloat16)
         return out
 
 
@@ -422,12 +436,12 @@ class OwnFp8(Bf16GroupedMM):
         super().__init__()
         self.dequantized = DequantizedGroupedMM(weight_format)
 
-    def to_bf16(self, w, scale):  # E4M3 and its per-channel scales, made once per weight tensor
+    def to_bf16(self, w, scale, K=None):  # E4M3 and its per-channel scales, made once per weight tensor
         import torch
         from ..fp8 import quantize_weight
         # one expert at a time: a 16-bit copy of all experts and its float32 temporaries do not
         # fit beside the other peers' weights for DeepSeek-V4-Pro
-        parts = [quantize_weight(self.dequantized.to_bf16(w[e:e + 1], scale[e:e + 1]), "channel")
+        parts = [quantize_weight(self.dequantized.to_bf16(w[e:e + 1], scale[e:e + 1], K), "channel")
                  for e in range(w.shape[0])]
         return torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
 
@@ -465,7 +479,8 @@ def _align_blocks(ids, num_experts, block):
 
 
 def _humming_tensors(w, scale, weight_format):
-    """This package's prepared 4-bit weights ([E, N, K/2] packed, scales [E, K/g, N]) as
+    """This package's 4-bit weights in the checkpoint packing ([E, N, K/2]: quant4.unprepare of
+    the prepared ones; humming takes that packing) with their prepared scales [E, K/g, N], as
     humming's weight schema and tensors: the same nibbles as int32 words along K (element i in
     bits 4i), scales [E, N, K/g]. INT4's two's-complement q becomes humming's offset-binary
     q + 8 (its symmetric uint4); MXFP4's prepared powers of two go back to E8M0 exponents."""
@@ -487,7 +502,8 @@ class HummingMoE:
     routed row count; the alignment, activation and weighted sum are PyTorch. For W4A8
     (`fp8_inputs`) its GEMMs quantize their 16-bit inputs to E4M3 per token themselves (its
     `dynamic_token` input mode; MXFP4's group scales folded into the FP8 operand before the
-    MMA). Its layers are built from the prepared weights once per weight tensor. Same weights and
+    MMA). Its layers are built once per weight tensor from the prepared weights unprepared
+    (quant4.unprepare: the checkpoint packing, which humming repacks itself). Same weights and
     arithmetic as the mode, so it is checked against the mode's reference."""
     INDEXED = json.dumps({"gemm_type": "indexed"})
 
@@ -495,9 +511,11 @@ class HummingMoE:
         self.weight_format, self.fp8_inputs = weight_format, fp8_inputs
         self._key, self._layers, self._tiles = None, None, {}
 
-    def _layer(self, w, scale):
+    def _layer(self, w, scale, K):
         import torch
         from humming.layer import HummingLayer
+        from .. import quant4
+        w = quant4.unprepare(w, K, self.weight_format)  # humming repacks the checkpoint packing itself
         config, tensors = _humming_tensors(w, scale, self.weight_format)
         inputs = {"dtype": "float8e4m3", "quant_mode": "dynamic_token"} if self.fp8_inputs else None
         with torch.device(w.device):
@@ -517,7 +535,8 @@ class HummingMoE:
         key = (w13.data_ptr(), w2.data_ptr())
         if self._key != key:
             self._key, self._layers, self._tiles = None, None, {}  # the last shape's layers go first
-            self._key, self._layers = key, (self._layer(w13, w13_scale), self._layer(w2, w2_scale))
+            H, I = unpadded_ks(w13, w2, w13_scale, w2_scale)
+            self._key, self._layers = key, (self._layer(w13, w13_scale, H), self._layer(w2, w2_scale, I))
         return self._layers
 
     def _tile(self, layer, rows):
@@ -680,9 +699,12 @@ def bench_shape(shape, tokens, args, ceilings, report, progress, sampler=None):
             ids, wts = routing(T, E, k, args.routing, skew=args.skew, counts=counts, gen=gen, device="cuda")
             sets.append((torch.randn(T, H, device="cuda", dtype=dtype), ids, wts))
         hit = statistics.mean(len(torch.unique(ids)) for _, ids, _ in sets)
-        # bytes per weight value, packing and scales included (4-bit: half a byte plus group scales)
-        wbytes = sum(t.numel() * t.element_size() for t in (w13, scales.get("w13_scale")) if t is not None) \
-            / (E * (2 if act.gated else 1) * I * H)
+        # bytes per weight value, packing and scales included (4-bit: half a byte plus group
+        # scales; the prepared layout's zero padding of K to a multiple of 128 is not counted)
+        n1 = (2 if act.gated else 1) * I
+        s13 = scales.get("w13_scale")
+        wbytes = (E * n1 * H * MODES[args.quant].weight_format.bits / 8
+                  + (s13.numel() * s13.element_size() if s13 is not None else 0)) / (E * n1 * H)
         f = floors(tokens=T, top_k=k, hidden=H, inter=I, gated=act.gated, experts_hit=hit,
                    elem_bytes=2, weight_elem_bytes=wbytes, copy_bw=bw, gemm_rate=rate)
         read_bw, read_by_method = read_ceiling(f["weight_bytes"])

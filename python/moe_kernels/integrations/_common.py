@@ -2,11 +2,12 @@
 in the stacks' own names, the layout conversions, and the cache that makes each conversion
 once per source tensor.
 
-The layout cache: a conversion (gate/up rows de-interleaved or swapped, INT4 re-packed,
-scales transposed) is computed the first time a source tensor is seen and kept, keyed by
-the source's data pointer, shape, strides, dtype, device and version counter. An entry holds
-the converted copy (as large as the part of the source it converts) and a reference to its
-sources, so a source's memory is never reused while its entry can still be hit. The cache
+The layout cache: a conversion (gate/up rows de-interleaved or swapped, 4-bit weights
+repacked into the prepared layout the kernels read, scales transposed) is computed the first
+time a source tensor is seen and kept, keyed by the source's data pointer, shape, strides,
+dtype, device and version counter. An entry holds the converted copy (as large as the part of
+the source it converts) and a reference to its sources, so a source's memory is never reused
+while its entry can still be hit. The cache
 holds at most `set_cache_size(n)` entries (least recently used first out); `clear_cache()`
 frees them all. A source changed in place without bumping its version counter (through
 `.data`, or an inference-mode tensor, which has none) is not seen: call `clear_cache()`.
@@ -44,13 +45,14 @@ def tensor_arg(name, t, ndim=None, dtype=None, optional=False):
     return check_kind(name, t, dtype=dtype, ndim=ndim)
 
 
-def check_routing(hidden_states, w1, w2, topk_weights, topk_ids, names):
+def check_routing(hidden_states, w1, w2, topk_weights, topk_ids, names, weight_ndim=3):
     """The shapes every stack's forward agrees on, checked in the stack's argument names
-    (names: hidden, w1, w2, weights, ids); the core checks the rest."""
+    (names: hidden, w1, w2, weights, ids); the core checks the rest. weight_ndim: the weights'
+    dimensions (None: not checked here, for a caller that takes 3-D and 4-D ones)."""
     n_x, n_w1, n_w2, n_wt, n_id = names
     tensor_arg(n_x, hidden_states, 2)
-    tensor_arg(n_w1, w1, 3)
-    tensor_arg(n_w2, w2, 3)
+    tensor_arg(n_w1, w1, weight_ndim)
+    tensor_arg(n_w2, w2, weight_ndim)
     tensor_arg(n_wt, topk_weights, 2)
     tensor_arg(n_id, topk_ids, 2)
     if w1.shape[0] != w2.shape[0]:
@@ -237,6 +239,12 @@ def mxfp4_kernel_scales(s: torch.Tensor, dtype) -> torch.Tensor:
     return quant4.mxfp4_scales(s, dtype)
 
 
+def prepared_4bit(w: torch.Tensor, weight_format: str) -> torch.Tensor:
+    """4-bit weights in the core's checkpoint packing uint8 [E, N, K/2] (signed INT4 nibbles or
+    E2M1) in the prepared layout the kernels read (moe_kernels.quant4.prepare_packed)."""
+    return quant4.prepare_packed(w.contiguous(), weight_format)
+
+
 # ---- the Triton-style quantization arguments (vLLM's and SGLang's fused_experts) ---------
 
 FP8 = torch.float8_e4m3fn
@@ -294,6 +302,7 @@ def triton_weights(hidden_states, w1, w2, *, w1_scale, w2_scale, a1_scale, a2_sc
             fail(n, "a static activation scale", "None for 16-bit activations (use_int4_w4a16, use_mxfp4_w4a16)")
     tensor_arg("w1", w1, 3, torch.uint8)
     tensor_arg("w2", w2, 3, torch.uint8)
+    _check_4bit_sizes(hidden_states, w1, w2)
     hidden = hidden_states.dtype
     # Each source converted in one step, de-interleaved too where asked: one copy per tensor.
     rows = _deint(1) if interleaved else _same
@@ -312,8 +321,9 @@ def triton_weights(hidden_states, w1, w2, *, w1_scale, w2_scale, a1_scale, a2_sc
             if z is not None and (z.shape[0], 2 * z.shape[1], z.shape[2]) != tuple(s.shape):
                 fail(n, f"shape {tuple(z.shape)}", f"[E, N/2, K/g] = ({s.shape[0]}, {s.shape[1] // 2}, {s.shape[2]})")
         return {"quant": "w4a16_int4",
-                "w13": cached("int4_w", lambda t: rows(int4_from_unsigned(t)), w1, extra=(interleaved,)),
-                "w2": cached("int4_w", int4_from_unsigned, w2, extra=(False,)),
+                "w13": cached("int4_w", lambda t: prepared_4bit(rows(int4_from_unsigned(t)), "int4"), w1,
+                              extra=(interleaved,)),
+                "w2": cached("int4_w", lambda t: prepared_4bit(int4_from_unsigned(t), "int4"), w2, extra=(False,)),
                 "w13_scale": cached("int4_scale", lambda t: cols(int4_scale_from_nk(t)), s1, extra=(interleaved,)),
                 "w2_scale": cached("int4_scale", int4_scale_from_nk, s2, extra=(False,)),
                 "w13_zero": cached("int4_zero", lambda z, s: cols(int4_zero_from_packed_zp(z, s)), z1, s1,
@@ -328,11 +338,24 @@ def triton_weights(hidden_states, w1, w2, *, w1_scale, w2_scale, a1_scale, a2_sc
     s1 = tensor_arg("w1_scale", w1_scale, 3, torch.uint8)
     s2 = tensor_arg("w2_scale", w2_scale, 3, torch.uint8)
     return {"quant": "w4a16_mxfp4",
-            "w13": deinterleaved(w1) if interleaved else w1, "w2": w2,
+            "w13": cached("mxfp4_w", lambda t: prepared_4bit(rows(t), "mxfp4"), w1, extra=(interleaved,)),
+            "w2": cached("mxfp4_w", lambda t: prepared_4bit(t, "mxfp4"), w2, extra=(False,)),
             "w13_scale": cached("mxfp4_scale", lambda t: cols(mxfp4_kernel_scales(t, hidden)), s1,
                                 extra=(hidden, interleaved)),
             "w2_scale": cached("mxfp4_scale", lambda t: mxfp4_kernel_scales(t, hidden), s2, extra=(hidden, False)),
             "w13_bias": deinterleaved(w1_bias) if interleaved else w1_bias, "w2_bias": w2_bias}
+
+
+def _check_4bit_sizes(hidden_states, w1, w2):
+    """The stack's 4-bit weights w1 [E, N1, H/2] and w2 [E, H, I/2] against the hidden size, in
+    the stack's names, before they are repacked for the core (which checks the mode's alignment):
+    the prepared layout takes rows in blocks of 16."""
+    H = hidden_states.shape[1]
+    for name, t, want in (("w1", w1, (w1.shape[0], w1.shape[1], H // 2)), ("w2", w2, (w1.shape[0], H, w2.shape[2]))):
+        if tuple(t.shape) != want:
+            fail(name, f"shape {tuple(t.shape)}", f"{want} (uint8 [E, N, K/2], two 4-bit values per byte along K)")
+        if t.shape[1] % quant4.FRAGMENT_ROWS:
+            fail(name, f"shape {tuple(t.shape)}", f"a multiple of {quant4.FRAGMENT_ROWS} rows (N)")
 
 
 def _same(t):

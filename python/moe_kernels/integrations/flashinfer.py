@@ -29,8 +29,11 @@ Modes, by the weights' dtype and quant_scales:
   quant_scales = [fc1, fc2] as moe_kernels.prepare.interleave_moe_scales_for_sm90_mixed_gemm
   returns them (16-bit [E, K/32, N], or that viewed as int32, as FlashInfer's callers pass
   it), or the checkpoint's E8M0 uint8 [E, N, K/32]. The weights must be as
-  moe_kernels.prepare.interleave_moe_weights_for_sm90_mixed_gemm returns them (the
-  checkpoint's packing), not FlashInfer's interleaved bytes: the two cannot be told apart.
+  moe_kernels.prepare.interleave_moe_weights_for_sm90_mixed_gemm returns them: the prepared
+  layout uint8 [E, ceil(K/128), N/16, 1024] (w31's halves swapped as whole 16-row blocks, once
+  and cached), made from the checkpoint's weights once at load time. 3-D uint8 weights (the
+  checkpoint packing, or FlashInfer's own interleaved bytes: they cannot be told apart) are
+  refused, naming that helper.
 Activations (activation_type, FlashInfer's ActivationType or its int): Swiglu, Geglu (erf),
 GegluTanh, Silu, Gelu (erf), Relu, Relu2, Identity; Swiglu (or SwigluBias) with
 swiglu_alpha/swiglu_beta/swiglu_limit (per-expert float32 [E], all experts alike, or floats)
@@ -173,7 +176,8 @@ def cutlass_fused_moe(input: torch.Tensor, token_selected_experts: torch.Tensor,
     * expert(token_selected_experts[t, slot])(input[t]). See the module docstring."""
     check_routing(input, fc1_expert_weights, fc2_expert_weights, token_final_scales, token_selected_experts,
                   ("input", "fc1_expert_weights", "fc2_expert_weights", "token_final_scales",
-                   "token_selected_experts"))
+                   "token_selected_experts"),
+                  weight_ndim=None if use_w4_group_scaling is True else 3)  # 4-bit: prepared, 4-D
     for name, v in (("enable_alltoall", enable_alltoall), ("use_mxfp8_act_scaling", use_mxfp8_act_scaling),
                     ("min_latency_mode", min_latency_mode), ("use_packed_weights", use_packed_weights),
                     ("use_wfp4afp8_humming", use_wfp4afp8_humming)):
@@ -204,7 +208,6 @@ def cutlass_fused_moe(input: torch.Tensor, token_selected_experts: torch.Tensor,
     gated = act in _GATED + ("swiglu_oai",)
     tensor_arg("fc1_expert_biases", fc1_expert_biases, 2, optional=True)
     tensor_arg("fc2_expert_biases", fc2_expert_biases, 2, optional=True)
-    w13 = cached("w31", swap_halves, fc1_expert_weights) if gated else fc1_expert_weights
     kw["w13_bias"] = cached("w31", swap_halves, fc1_expert_biases) if gated else fc1_expert_biases
     kw["w2_bias"] = fc2_expert_biases if tp_rank == 0 else None
     x = input
@@ -216,6 +219,12 @@ def cutlass_fused_moe(input: torch.Tensor, token_selected_experts: torch.Tensor,
         if w1_dtype != torch.uint8:
             fail("fc1_expert_weights", f"dtype {w1_dtype}", "torch.uint8 MXFP4 (INT4 group scaling has no "
                  "mapping; moe_kernels.fused_moe takes INT4 with quant='w4a16_int4')", NotImplementedError)
+        for name, w in (("fc1_expert_weights", fc1_expert_weights), ("fc2_expert_weights", fc2_expert_weights)):
+            tensor_arg(name, w, dtype=torch.uint8)
+            if w.dim() != 4:
+                fail(name, f"shape {tuple(w.shape)}", "MXFP4 weights in the prepared layout uint8 [E, ceil(K/128), "
+                     "N/16, 1024], as moe_kernels.prepare.interleave_moe_weights_for_sm90_mixed_gemm returns them "
+                     "from the checkpoint's [E, N, K/2] (call it once at load time, instead of FlashInfer's)")
         s1, s2 = (_w4_scale(f"quant_scales[{i}]", s, input.dtype)
                   for i, s in enumerate(_scales(quant_scales, 2, "MXFP4 (use_w4_group_scaling)")))
         kw["quant"] = "w4a16_mxfp4"
@@ -269,10 +278,15 @@ def cutlass_fused_moe(input: torch.Tensor, token_selected_experts: torch.Tensor,
         kw.update(ep_rank=ep_rank, ep_size=ep_size)
     if output is not None:
         tensor_arg("output", output, 2, output_dtype)
-        if tuple(output.shape) != (input.shape[0], fc2_expert_weights.shape[1]):
-            fail("output", f"shape {tuple(output.shape)}", f"{(input.shape[0], fc2_expert_weights.shape[1])}")
+        if tuple(output.shape) != tuple(input.shape):  # [T, H]; the core checks the weights' H
+            fail("output", f"shape {tuple(output.shape)}", f"{tuple(input.shape)}")
         if output.data_ptr() != x.data_ptr():  # the core's out must not alias its input
             kw["out"] = output
+    # w31 -> [gate; up] once the weights are checked: N is dim 1 of [E, N, K] weights, dim 2 (in
+    # 16-row blocks) of prepared 4-bit ones
+    rows = 2 if fc1_expert_weights.dim() == 4 else 1
+    w13 = cached("w31", lambda t: swap_halves(t, rows), fc1_expert_weights, extra=(rows,)) if gated \
+        else fc1_expert_weights
     res = _common.core_fused_moe(x, w13, fc2_expert_weights, token_final_scales, token_selected_experts,
                                  activation=act, **kw)
     if output is not None and res is not output:

@@ -22,7 +22,8 @@ moe_runner_config: SGLang's MoeRunnerConfig or the stand-in below (same fields);
   a slow path for debugging and for callers that combine themselves.
 Quantization keywords as vLLM's (moe_kernels.integrations.vllm): use_fp8_w8a8 (per tensor,
 per channel with per_channel_quant, or block_shape=[128, 128]) and use_int4_w4a16 (with
-optional w1_zp/w2_zp); FP8 dynamic activations are quantized per token.
+optional w1_zp/w2_zp; SGLang's uint8 [E, N, K/2], repacked once into the kernels' prepared
+layout and cached); FP8 dynamic activations are quantized per token.
 Refused, naming the field: INT8 modes, swiglu_limit (DeepSeek-V4's clamped SwiGLU),
 gemm1_beta other than 1, other activations.
 """
@@ -145,7 +146,7 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
     if no_combine:
         kw.update(core_options(apply_router_weight_on_input=on_input))
         T, k = topk_ids.shape
-        out = torch.empty((T, k, w2c.shape[1]), dtype=hidden_states.dtype, device=hidden_states.device)
+        out = torch.empty((T, k, hidden_states.shape[1]), dtype=hidden_states.dtype, device=hidden_states.device)
         for slot in range(k):  # each slot alone: its weight and id, summed over nothing
             out[:, slot] = _common.core_fused_moe(hidden_states, w13, w2c, topk_weights[:, slot:slot + 1].contiguous(),
                                                   topk_ids[:, slot:slot + 1].contiguous(), activation=act, **kw)

@@ -20,7 +20,9 @@ Mapped:
   per-tensor a1_scale/a2_scale or dynamic activations, or block_shape=[128, 128] (fp8_block);
   use_int4_w4a16 (uint8 [E, N, K/2] unsigned nibbles with the implicit zero point 8, scales
   [E, N, K/g], optional packed zero points w1_zp/w2_zp [E, N/2, K/g]: re-packed, transposed
-  and cached); use_mxfp4_w4a16 (uint8 [E, N, K/2] E2M1 with E8M0 scales [E, N, K/32]).
+  and cached); use_mxfp4_w4a16 (uint8 [E, N, K/2] E2M1 with E8M0 scales [E, N, K/32]). The
+  4-bit weights are taken in vLLM's layout and repacked once into the prepared layout the
+  kernels read (moe_kernels.quant4), cached as the other conversions are.
   FP8 weights imply use_fp8_w8a8.
 - inplace=True writes the result into hidden_states (computed apart, then copied: the core's
   out must not alias its input) and returns it.

@@ -19,11 +19,15 @@
 // all experts, tiles of 128 rows by 256 columns taken from a counter, a tile of at most 64 rows
 // split by columns between the consumer warpgroups, 16-bit output through shared memory and
 // TMA stores), with a K block of 128 bytes of tokens (128 E4M3 or 64 16-bit values) and:
-// - B arrives packed: TMA loads each 128-row weight block's packed bytes (64 or 32 per row) into
-//   the top of the block's 16 KB stage buffer, and warps 1-3 of the producer warpgroup expand it
-//   in place to the layout wgmma reads (128-byte rows, 128-byte swizzle): first the rows whose
-//   converted bytes lie below the packed ones, then the rest read into registers, a barrier
-//   among the three warps, and written. They arrive on `converted[stage]` after a proxy fence.
+// - B arrives packed in the fragment layout (decode_w4a16.cuh, quant4.py): TMA loads each
+//   128-row weight block's eight atoms (their K block's half, or all of it for W4A8) into the
+//   top of the block's 16 KB stage buffer, and warps 1-3 of the producer warpgroup expand it in
+//   place to the layout wgmma reads (128-byte rows, 128-byte swizzle), a lane's packed word at a
+//   time by stmatrix (convert_atom): first the atoms whose rows lie below the packed bytes, then
+//   the rest read into registers, a barrier among the three warps, and written. They arrive on
+//   `converted[stage]` after a proxy fence. W4A8's tokens come with each 32 columns permuted
+//   (GemmKernelOps::permuted_fp8_tokens) so that the 16-bit MMAs' fragment layout is the E4M3
+//   MMA's.
 // - The weight scales (and zero terms) come by TMA with the stage ([K/g, N] per expert: 256
 //   columns by the K block's groups).
 // - Tail rows as the fp8_block kernel has them (contig::tail_rows): an expert whose rows end at
@@ -107,10 +111,7 @@ struct Config {
   static constexpr int kTileK = kRowBytes / sizeof(In);  // K values per block: 128 or 64
   static constexpr int kPackedRowBytes = kTileK / 2;      // 64 or 32
   static constexpr int kPackedBytes = kBlockN * kPackedRowBytes;  // at the top of the block
-  // Units: (row, 16 packed bytes = 32 K values); the rows below the packed bytes go first.
-  static constexpr int kUnitsPerRow = kPackedRowBytes / 16;
-  static constexpr int kUnits = kBlockN * kUnitsPerRow;
-  static constexpr int kLowUnits = (kBlockBytes - kPackedBytes) / kRowBytes * kUnitsPerRow;
+  static constexpr int kPackedAtomBytes = 16 * kPackedRowBytes;    // 16 rows of the fragment layout
   // Scale rows per K block at most: W4A8's fixed group; W4A16's groups of 32 or more.
   static constexpr int kScaleRows = kW4A8 ? kTileK / W::kGroup : kTileK / 32;
   static constexpr int kStageBytesA = kTileM * kRowBytes, kStageBytesB = kTileN * kRowBytes;
@@ -143,12 +144,13 @@ struct Config {
 
 struct Params {
   contig::Params base;  // tma_a, tma_tail, tma_d, d, offsets, tile_counter, num_experts, n, k, max_tail
-  CUtensorMap tma_w;      // weights [E * N, K / 2] bytes, box (packed row bytes) x 128 rows
+  CUtensorMap tma_w;      // weights in the fragment layout, 5D (encode_fragments), box 8 atoms of a K block
   CUtensorMap tma_scale;  // weight scales [E, K / g, N] 16-bit, box 256 x (the K block's groups) x 1
   CUtensorMap tma_zero;   // W4A16 INT4's zero terms, the same (has_zero)
   const float* row_scale;  // W4A8: [rows], each token row's E4M3 scale
   int64_t rows;
   int group, scale_rows;  // scale group along K; scale rows a K block's box brings
+  int slices;             // K slices of 128 per expert (K padded)
   bool has_zero;
 };
 
@@ -218,76 +220,102 @@ __device__ __forceinline__ void fold_scales(Smem& smem, int stage, int t) {
   }
 }
 
-// Unit u of a weight block: row u / kUnitsPerRow, packed bytes 16c .. 16c + 15 of it (K values
-// 32c .. 32c + 31 of the block, c = u % kUnitsPerRow, inside one scale group), `v`, converted
-// and stored at its place in the block's swizzled rows.
+// Atom a (16 rows) of a 128-row weight block b: this lane's packed bytes of the K block (v[0];
+// W4A8 also v[1]: 32 bytes, the whole atom row of its 128 K values), converted to the MMA's type
+// and stored by stmatrix at their places in the block's swizzled rows. Matrix i of an x4 store:
+// rows 8 (i % 2) .. + 7 of the atom, 16-byte chunk 2c + i / 2, lanes 8i .. 8i + 7 addressing its rows.
+// - W4A16: K block of 64 = four 16-deep blocks j, word j of v[0] their A registers (the fragment
+//   layout), so a converted word is a whole x4 store (chunks 2j, 2j + 1).
+// - W4A8: K block of 128 = four 32-deep blocks c, words 2c and 2c + 1; the tokens come with each
+//   32-value block's bytes permuted (slot 4t + i of a row = value {2t, 2t + 1, 2t + 8, 2t + 9}[i],
+//   and 16 + the same, written so by the step that quantized them: GemmKernelOps::
+//   permuted_fp8_tokens), which makes a converted word pair the E4M3 A registers of a k32 block.
 template <class In, class Out, class W, class Smem>
-__device__ __forceinline__ void convert_unit(uint8_t* block, Smem& smem, const Params& p, int stage, int b, int u,
-                                             uint4 v) {
+__device__ __forceinline__ void convert_atom(uint8_t* block, Smem& smem, const Params& p, int stage, int b, int a,
+                                             const uint4 (&v)[2], int lane) {
   using C = Config<In, W>;
-  const int r = u / C::kUnitsPerRow, c = u % C::kUnitsPerRow, col = b * kBlockN + r;
-  if constexpr (C::kW4A8) {  // 32 E4M3 bytes: 16-byte pieces 2c and 2c + 1 of the row
-    uint2 pos = kInt4Pos, neg = kInt4Neg;
-    if constexpr (C::kMx) {  // the tables for group c's offset from the column's largest scale
-      pos = smem.e4m3_of[smem.scale[stage][c][col]];  // fold_scales left the offset there
-      neg = make_uint2(pos.x | 0x80808080u, pos.y | 0x80808080u);
-    }
-    const uint2 w0 = lookup8(v.x, pos, neg), w1 = lookup8(v.y, pos, neg);
-    const uint2 w2 = lookup8(v.z, pos, neg), w3 = lookup8(v.w, pos, neg);
-    *reinterpret_cast<uint4*>(block + contig::swizzled(0, r, 32 * c)) = make_uint4(w0.x, w0.y, w1.x, w1.y);
-    *reinterpret_cast<uint4*>(block + contig::swizzled(0, r, 32 * c + 16)) = make_uint4(w2.x, w2.y, w3.x, w3.y);
-  } else {  // 64 bytes of 16-bit values q x scale (+ zero term): pieces 4c .. 4c + 3 of the row
-    const int g = p.group < 64 ? c : 0;  // the unit's scale row in the stage (K blocks of 64)
-    const uint32_t sc = smem.scale[stage][g][col] * 0x10001u;
-    const uint32_t zr = p.has_zero ? smem.zero[stage][g][col] * 0x10001u : 0u;
+  const int g = lane >> 2, col = b * kBlockN + 16 * a + g;  // this lane's columns: col, col + 8
+  const int row = 16 * a + 8 * ((lane >> 3) & 1) + (lane & 7);  // the row this lane addresses
+  const uint32_t base = cast_smem_ptr_to_uint(block) + row * kRowBytes;
+  auto store = [&](int chunk, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    const uint32_t addr = base + ((chunk ^ (row % 8)) * 16);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3) : "memory");
+  };
+  if constexpr (C::kW4A8) {
+    uint2 pos = kInt4Pos, neg = kInt4Neg, pos8 = kInt4Pos, neg8 = kInt4Neg;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {  // values 8j .. 8j + 7: one 16-byte piece
+    for (int c = 0; c < 4; ++c) {
+      if constexpr (C::kMx) {  // group c's tables for each row's offset from its column's largest scale
+        pos = smem.e4m3_of[smem.scale[stage][c][col]];  // fold_scales left the offsets there
+        pos8 = smem.e4m3_of[smem.scale[stage][c][col + 8]];
+        neg = make_uint2(pos.x | 0x80808080u, pos.y | 0x80808080u);
+        neg8 = make_uint2(pos8.x | 0x80808080u, pos8.y | 0x80808080u);
+      }
+      uint32_t r[4];  // a0, a1 of word 2c; a0, a1 of word 2c + 1 (a0: row g, a1: row g + 8)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t x = decode::word(v[c >> 1], 2 * (c & 1) + h);
+        const uint2 e = lookup8(x, pos, neg);
+        if constexpr (C::kMx) {  // E2M1 without the shuffle: nibbles 0, 1, 4, 5 row g; 2, 3, 6, 7 row g + 8
+          const uint2 e8 = lookup8(x, pos8, neg8);
+          r[2 * h] = __byte_perm(e.x, e.y, 0x5410);
+          r[2 * h + 1] = __byte_perm(e8.x, e8.y, 0x7632);
+        } else {  // INT4 with the shuffle: nibbles 0, 4, 2, 6 row g; 1, 5, 3, 7 row g + 8
+          r[2 * h] = __byte_perm(e.x, e.y, 0x6240);
+          r[2 * h + 1] = __byte_perm(e.x, e.y, 0x7351);
+        }
+      }
+      store(2 * c + (lane >> 4), r[0], r[1], r[2], r[3]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int srow = p.group < 64 ? j >> 1 : 0;  // K block j's scale row in the stage (K blocks of 64)
+      const uint32_t s_lo = smem.scale[stage][srow][col] * 0x10001u, s_hi = smem.scale[stage][srow][col + 8] * 0x10001u;
+      const uint32_t z_lo = p.has_zero ? smem.zero[stage][srow][col] * 0x10001u : 0u;
+      const uint32_t z_hi = p.has_zero ? smem.zero[stage][srow][col + 8] * 0x10001u : 0u;
       uint32_t o[4];
-      decode_w4::dequant8<In, typename W::Decode>(decode::word(v, j), o);
+      decode_w4::fragment<In, typename W::Decode>(decode::word(v[0], j), o);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[e] = decode_w4::fma2<In>(o[e], sc, zr);
-      *reinterpret_cast<uint4*>(block + contig::swizzled(0, r, 64 * c + 16 * j)) = make_uint4(o[0], o[1], o[2], o[3]);
+      for (int e = 0; e < 4; ++e) o[e] = decode_w4::fma2<In>(o[e], e & 1 ? s_hi : s_lo, e & 1 ? z_hi : z_lo);
+      store(2 * j + (lane >> 4), o[0], o[1], o[2], o[3]);
     }
   }
 }
 
-// Units kFirst .. kLast - 1 of a block, kConvertThreads apart from the thread's first: all of
-// a thread's packed bytes read before any is converted (their loads in flight together, and the
-// units' conversions independent chains), then converted. kSync: a barrier among the converters
-// between the reads and the writes (the writes overwrite packed bytes other threads read).
-template <class In, class Out, class W, int kFirst, int kLast, bool kSync, class Smem>
-__device__ __forceinline__ void convert_units(uint8_t* block, const uint8_t* packed, Smem& smem, const Params& p,
-                                              int stage, int b, int t) {
-  constexpr int kPerThread = (kLast - kFirst + kConvertThreads - 1) / kConvertThreads;
-  // Whole warps in every round (no divergence): the counts are multiples of 32.
-  static_assert(kFirst % 32 == 0 && kLast % 32 == 0, "converter rounds of whole warps");
-  uint4 v[kPerThread];
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int u = kFirst + t + i * kConvertThreads;
-    if (u < kLast) v[i] = *reinterpret_cast<const uint4*>(packed + 16 * u);
-  }
-  if constexpr (kSync) asm volatile("bar.sync %0, %1;" ::"n"(kConvertBarrier), "n"(kConvertThreads) : "memory");
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int u = kFirst + t + i * kConvertThreads;
-    if (u < kLast) convert_unit<In, Out, W>(block, smem, p, stage, b, u, v[i]);
-  }
-}
-
-// One 128-row weight block of a stage (block b of the tile's columns), packed at its top,
-// expanded in place (see the top of the file): the rows below the packed bytes, then the rest.
+// One 128-row weight block of a stage (block b of the tile's columns), packed at its top (lane l
+// of atom a at kPackedAtomBytes a + 16 l; W4A8: its 32 bytes at + 32 l), expanded in place: the
+// atoms whose rows lie below the packed bytes first, then the others' packed bytes read into
+// registers, a barrier among the converter warps (their writes overwrite packed bytes), and
+// written. Converter warp w takes atoms w, w + 3, w + 6.
 template <class In, class Out, class W, class Smem>
 __device__ __forceinline__ void convert_block(uint8_t* block, Smem& smem, const Params& p, int stage, int b, int t) {
   using C = Config<In, W>;
+  constexpr int kAtoms = kBlockN / 16, kLow = (kBlockBytes - C::kPackedBytes) / (16 * kRowBytes);
   const uint8_t* packed = block + kBlockBytes - C::kPackedBytes;
-  // W4A16's units (64 output bytes each) one at a time: its producer registers hold no more.
-  if constexpr (C::kW4A8)
-    convert_units<In, Out, W, 0, C::kLowUnits, false>(block, packed, smem, p, stage, b, t);
-  else
-    for (int u = t; u < C::kLowUnits; u += kConvertThreads)
-      convert_unit<In, Out, W>(block, smem, p, stage, b, u, *reinterpret_cast<const uint4*>(packed + 16 * u));
-  convert_units<In, Out, W, C::kLowUnits, C::kUnits, true>(block, packed, smem, p, stage, b, t);
+  const int w = t >> 5, lane = t & 31;
+  auto read = [&](int a, uint4 (&v)[2]) {
+    const uint8_t* src = packed + a * C::kPackedAtomBytes + (C::kW4A8 ? 32 : 16) * lane;
+    v[0] = *reinterpret_cast<const uint4*>(src);
+    v[1] = C::kW4A8 ? *reinterpret_cast<const uint4*>(src + 16) : make_uint4(0, 0, 0, 0);
+  };
+#pragma unroll
+  for (int a = w; a < kLow; a += kConverterWarps) {
+    uint4 v[2];
+    read(a, v);
+    convert_atom<In, Out, W>(block, smem, p, stage, b, a, v, lane);
+  }
+  constexpr int kHigh = (kAtoms - kLow + kConverterWarps - 1) / kConverterWarps;  // high atoms per warp, at most
+  uint4 v[kHigh][2];
+#pragma unroll
+  for (int i = 0; i < kHigh; ++i)
+    if (kLow + w + i * kConverterWarps < kAtoms) read(kLow + w + i * kConverterWarps, v[i]);
+  asm volatile("bar.sync %0, %1;" ::"n"(kConvertBarrier), "n"(kConvertThreads) : "memory");
+#pragma unroll
+  for (int i = 0; i < kHigh; ++i)
+    if (kLow + w + i * kConverterWarps < kAtoms)
+      convert_atom<In, Out, W>(block, smem, p, stage, b, kLow + w + i * kConverterWarps, v[i], lane);
 }
 
 template <class In, class Out, class W>
@@ -356,10 +384,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
               SM90_TMA_LOAD_2D::copy(&p.base.tma_tail, &smem.full[stage], hint,
                                      smem.a_tail + stage * C::kTail * kRowBytes, kb * kRowBytes, tile.row0 + kTileM);
 #pragma unroll
-            for (int b = 0; b < kBlocksN; ++b)
-              SM90_TMA_LOAD_2D::copy(&p.tma_w, &smem.full[stage], hint,
-                                     smem.b + stage * C::kStageBytesB + (b + 1) * kBlockBytes - C::kPackedBytes,
-                                     kb * C::kPackedRowBytes, tile.expert * p.base.n + tile.n * kTileN + b * kBlockN);
+            for (int b = 0; b < kBlocksN; ++b)  // 8 atoms of the fragment layout: K slice kb (W4A8) or half of kb / 2
+              SM90_TMA_LOAD_5D::copy(&p.tma_w, &smem.full[stage], hint,
+                                     smem.b + stage * C::kStageBytesB + (b + 1) * kBlockBytes - C::kPackedBytes, 0,
+                                     C::kW4A8 ? 0 : kb & 1, 0, (tile.n * kTileN + b * kBlockN) / 16,
+                                     tile.expert * p.slices + (C::kW4A8 ? kb : kb >> 1));
             const int scale_row = kb * C::kTileK / p.group;
             SM90_TMA_LOAD_3D::copy(&p.tma_scale, &smem.full[stage], hint, &smem.scale[stage][0][0], tile.n * kTileN,
                                    scale_row, tile.expert);
@@ -585,16 +614,19 @@ inline bool encode_scales3d(CUtensorMap* map, const void* base, int64_t experts,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// A 2D tensor of bytes [rows, cols] in boxes of box_cols x box_rows, no swizzle.
-inline bool encode_bytes(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, int box_cols,
-                         int box_rows) {
+// 4-bit weights in the fragment layout (quant4.py) [E, S, N / 16, 1024] bytes as 5D (16 bytes,
+// half, lane, atom, expert x slice): the 16 bytes of a lane's atom row for K values 64h ..
+// 64h + 63 of a slice, lane l's at 32 l + 16 h. Box: 8 atoms (128 rows), all 32 lanes, one half
+// (K blocks of 64) or both (128); atoms past N read zeros.
+inline bool encode_fragments(CUtensorMap* map, const void* base, int64_t experts, int64_t slices, int64_t n,
+                             int halves) {
   auto fn = contig::encode_fn();
   if (!fn) return false;
-  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(cols)};
-  const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)};
-  const cuuint32_t elem[2] = {1, 1};
-  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, elem,
+  const cuuint64_t dims[5] = {16, 2, 32, cuuint64_t(n / 16), cuuint64_t(experts * slices)};
+  const cuuint64_t strides[4] = {16, 32, 1024, cuuint64_t(n / 16) * 1024};
+  const cuuint32_t box[5] = {16, cuuint32_t(halves), 32, cuuint32_t(kBlockN / 16), 1};
+  const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 5, const_cast<void*>(base), dims, strides, box, elem,
             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
@@ -634,8 +666,8 @@ struct ContiguousW4 {
     const int g = a.weight_group;
     const bool group_ok = Cfg::kW4A8 ? g == W::kGroup
                                      : g >= 32 && g % 32 == 0 && (g % Cfg::kTileK == 0 || Cfg::kTileK % g == 0);
-    if (!group_ok || a.k % g || a.k % 32 || a.n % 8) {
-      snprintf(err, errlen, "%s: takes scale groups of %s dividing K, K a multiple of 32 and N of 8; got group "
+    if (!group_ok || a.k % g || a.k % 32 || a.n % 16) {
+      snprintf(err, errlen, "%s: takes scale groups of %s dividing K, K a multiple of 32 and N of 16; got group "
                "%d, K=%lld, N=%lld", kWhat, Cfg::kW4A8 ? (W::kGroup == 128 ? "128" : "32") : "32, 64, 128, ...",
                g, (long long)a.k, (long long)a.n);
       return MOEK_UNSUPPORTED;
@@ -657,11 +689,12 @@ struct ContiguousW4 {
     p.group = a.weight_group;
     p.scale_rows = Cfg::kTileK > p.group ? Cfg::kTileK / p.group : 1;
     p.has_zero = a.zero_base != nullptr;
+    p.slices = static_cast<int>((a.k + 127) / 128);
     const int64_t scale_rows_total = a.k / p.group;
     if (!contig::encode(&p.base.tma_a, a.a_base, a.rows, a.k * int64_t(sizeof(In)), kHalfM) ||
         !contig::encode(&p.base.tma_tail, a.a_base, a.rows, a.k * int64_t(sizeof(In)), Cfg::kTail) ||
         !contig::encode(&p.base.tma_d, a.d_base, a.rows, 2 * a.n, kHalfM) ||
-        !encode_bytes(&p.tma_w, a.b_base, int64_t(a.num_groups) * a.n, a.k / 2, Cfg::kPackedRowBytes, kBlockN) ||
+        !encode_fragments(&p.tma_w, a.b_base, a.num_groups, p.slices, a.n, Cfg::kW4A8 ? 2 : 1) ||
         !encode_scales3d(&p.tma_scale, a.sfb_base, a.num_groups, scale_rows_total, a.n, p.scale_rows) ||
         (p.has_zero && !encode_scales3d(&p.tma_zero, a.zero_base, a.num_groups, scale_rows_total, a.n, p.scale_rows))) {
       snprintf(err, errlen, "%s: cuTensorMapEncodeTiled failed", kWhat);
@@ -682,7 +715,7 @@ struct ContiguousW4 {
 
   static size_t workspace_size(int, int) { return 0; }
 
-  static constexpr GemmKernelOps kOps{&run, &check, &workspace_size, int(sizeof(Storage)), false};
+  static constexpr GemmKernelOps kOps{&run, &check, &workspace_size, int(sizeof(Storage)), false, false, Cfg::kW4A8};
 };
 
 }  // namespace moe_kernels::sm90

@@ -9,16 +9,14 @@
 // operand, read from shared memory once per block (the mma.sync kernel's warps each re-read
 // them from L1/L2, 2-4 KB beside every 1 KB of weights).
 //
-// K order: a thread's weight piece per row and step is decode_w4a16.cuh's (values 32q .. 32q
-// + 31 of the step, q = lane % 4), and wgmma t (0..7) of the step takes its values 4t .. 4t +
-// 3 as k = {2q, 2q + 1, 2q + 8, 2q + 9}: the A fragment of wgmma's register-sourced form is
-// mma.sync m16n8k16's, warp w of the warpgroup holding rows 16w .. 16w + 15. The tokens are
-// copied into shared memory in that order: the 4-byte pair of values 2p, 2p + 1 of the step
-// (p = 16q + 2t + h) goes to k = 2q + 8h of wgmma t.
+// Weights in the fragment layout (decode_w4a16.cuh, quant4.py): a block's 64 rows of a K step
+// are four atoms in one 4 KB piece, thread i's 32 bytes at 32 i (warp w the rows 16w .. 16w + 15),
+// word j its A registers of wgmma j of the step: the A fragment of wgmma's register-sourced form
+// is mma.sync m16n8k16's. So the tokens keep their natural K order.
 //
 // Tokens in shared memory: wgmma's K-major layout without swizzle, core matrices of 8 tokens x
 // 8 k (16 bytes a token), matrix (token block nb, k block kb) at (kb * kN / 8 + nb) * 128
-// bytes: wgmma t reads k blocks 2t and 2t + 1 (LBO = kN / 8 * 128, SBO = 128).
+// bytes: wgmma j reads k blocks 2j and 2j + 1 (LBO = kN / 8 * 128, SBO = 128).
 //
 // Measured against the mma.sync kernel, and the variants dropped: docs/kernels/decode.md.
 #pragma once
@@ -53,10 +51,6 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
 }
 
-// 4 bytes global -> shared, zeros where !ok (src-size 0).
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool ok) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
@@ -123,16 +117,11 @@ __device__ __forceinline__ void copy_tokens(const TokenRows<T, T>& x, int m0, in
                                             uint32_t stage, int tid) {
   if (s < steps) {
 #pragma unroll
-    for (int id = tid; id < kN * 16; id += kThreads) {  // 16-byte chunk c of token m
-      const int m = id >> 4, c = id & 15, q = c >> 2, kk = s * kStepK + 8 * c;
+    for (int id = tid; id < kN * 16; id += kThreads) {  // 16-byte chunk c (values 8c ..) of token m
+      const int m = id >> 4, c = id & 15, kk = s * kStepK + 8 * c;
       const bool ok = m0 + m < x.m_rows && kk < k;
-      const char* src = x.a + (ok ? (m0 + m) * x.lda + int64_t(kk) * sizeof(T) : 0);
-      const uint32_t row = stage + (m >> 3) * 128 + (m & 7) * 16 + 4 * q;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {  // pair 4c + e: wgmma t = 2 (c % 4) + e / 2, k block 2t + e % 2
-        const int kb = 4 * (c & 3) + e;
-        cp_async_4(row + kb * (kN / 8) * 128, src + 4 * e, ok);
-      }
+      cp_async_16(stage + (c * (kN / 8) + (m >> 3)) * 128 + (m & 7) * 16,
+                  x.a + (ok ? (m0 + m) * x.lda + int64_t(kk) * sizeof(T) : 0), ok);
     }
   }
   cp_async_commit();
@@ -141,8 +130,8 @@ __device__ __forceinline__ void copy_tokens(const TokenRows<T, T>& x, int m0, in
 template <int kN>
 struct Smem {
   static constexpr int kTokenBytes = kN * kStepK * 2, kWeightBytes = kColumns * kStepK / 2;
-  // Per stage: tokens, weights (thread i's two 16-byte pieces at i * 16 and 2048 + i * 16), and
-  // scales and zero terms [groups in the step][64 rows] (groups of 32: four per step).
+  // Per stage: tokens, weights (thread i's 32 bytes at 32 i), and scales and zero terms [groups
+  // in the step][64 rows] (groups of 32: four per step).
   alignas(128) char tokens[kStages][kTokenBytes];
   alignas(128) char weights[kStages][kWeightBytes];
   alignas(16) unsigned short scales[kStages][4][kColumns];
@@ -155,16 +144,10 @@ __device__ __forceinline__ void copy_step(const Params& p, const WeightTile<T>& 
                                           int m0, int s, int n_block, Smem<kN>& sm, int stage) {
   const int tid = threadIdx.x & 127;
   if (s < t.steps) {
-    // Weights: this thread's rows n_block + 16 (tid / 32) + r (+ 8), values 32q .. 32q + 31 of step s.
-    const int r = (tid & 31) >> 2, q = tid & 3, kk = s * kStepK + 32 * q;
-    const char* wbase = static_cast<const char*>(p.ptr_b[t.g]);
-    const int64_t ldw = p.stride_b[t.g] / 2;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int n = n_block + 16 * (tid >> 5) + r + 8 * h;
-      const bool ok = n < t.n && kk < t.k;
-      cp_async_16(smem_addr(sm.weights[stage] + h * 2048 + tid * 16), wbase + (ok ? n * ldw + kk / 2 : 0), ok);
-    }
+    // Weights: this thread's 32 bytes of its warp's atom (WeightTile::atom).
+    const char* src = t.atom + (t.rows_ok ? s * t.step_bytes : 0);
+    cp_async_16(smem_addr(sm.weights[stage] + 32 * tid), src, t.rows_ok);
+    cp_async_16(smem_addr(sm.weights[stage] + 32 * tid + 16), src + 16, t.rows_ok);
     // Scales (and zero terms): the step's groups (1, or 128 / group), 64 rows each, 16 bytes a thread.
     const int groups = t.group >= kStepK ? 1 : kStepK / t.group;
     if (tid < 8 * groups) {
@@ -186,7 +169,6 @@ __device__ __forceinline__ void block_tile(const Params& p, const WeightTile<T>&
   const TokenRows<T, T> x_rows(p, t.g);
   const int tid = threadIdx.x & 127, lane = tid & 31, r = lane >> 2, q = lane & 3, row0 = 16 * (tid >> 5) + r;
   const int steps = t.steps;
-  const int gi = t.group >= kStepK ? 0 : (32 * q) / t.group;  // this lane's scale group within a step
 
   for (int m0 = 0; m0 < x_rows.m_rows; m0 += kN) {
     float acc[kN / 2];
@@ -200,28 +182,25 @@ __device__ __forceinline__ void block_tile(const Params& p, const WeightTile<T>&
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();  // step j landed for everyone; everyone done with step j - 1's stage
       copy_step<T, kN>(p, t, x_rows, m0, j + kStages - 1, n_block, sm, (j + kStages - 1) % kStages);
-      uint32_t wv[2][16];
+      const uint4 w[2] = {*reinterpret_cast<const uint4*>(sm.weights[stage] + 32 * tid),
+                          *reinterpret_cast<const uint4*>(sm.weights[stage] + 32 * tid + 16)};
+      uint32_t av[8][4];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint4 w = *reinterpret_cast<const uint4*>(sm.weights[stage] + h * 2048 + tid * 16);
-        const uint32_t sc = sm.scales[stage][gi][row0 + 8 * h] * 0x10001u;
-        const uint32_t zr = t.zero ? sm.zeros[stage][gi][row0 + 8 * h] * 0x10001u : 0u;
+      for (int j = 0; j < 8; ++j) {
+        const int c = j >> t.shift;
+        const uint32_t s_lo = sm.scales[stage][c][row0] * 0x10001u, s_hi = sm.scales[stage][c][row0 + 8] * 0x10001u;
+        const uint32_t z_lo = t.zero ? sm.zeros[stage][c][row0] * 0x10001u : 0u;
+        const uint32_t z_hi = t.zero ? sm.zeros[stage][c][row0 + 8] * 0x10001u : 0u;
+        decode_w4::fragment<T, W>(decode::word(w[j >> 2], j & 3), av[j]);
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          uint32_t o[4];
-          decode_w4::dequant8<T, W>(decode::word(w, c), o);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) wv[h][4 * c + e] = decode_w4::fma2<T>(o[e], sc, zr);
-        }
+        for (int e = 0; e < 4; ++e)  // a1, a3: row + 8
+          av[j][e] = decode_w4::fma2<T>(av[j][e], e & 1 ? s_hi : s_lo, e & 1 ? z_hi : z_lo);
       }
       const uint32_t tok = smem_addr(sm.tokens[stage]);
       fence_acc<kN>(acc);
       wgmma_fence();
 #pragma unroll
-      for (int tt = 0; tt < 8; ++tt) {
-        const uint32_t a[4] = {wv[0][2 * tt], wv[1][2 * tt], wv[0][2 * tt + 1], wv[1][2 * tt + 1]};
-        wgmma<T, kN>(acc, a, desc(tok + 2 * tt * kLbo, kLbo, kSbo));
-      }
+      for (int j = 0; j < 8; ++j) wgmma<T, kN>(acc, av[j], desc(tok + 2 * j * kLbo, kLbo, kSbo));
       wgmma_commit_wait();
       fence_acc<kN>(acc);
     }
@@ -255,15 +234,9 @@ template <class In, class T, class W, int kTokens>
 struct DecodeW4Wgmma {
   static size_t workspace_size(int, int) { return 0; }
 
-  // The scales come 8 columns (16 bytes) at a time and a step's 128 values in whole groups.
+  // The scales come 8 columns (16 bytes) at a time, a step's 128 values in whole groups.
   static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
-    if (int st = decode_w4::check_args<In>(a, "4-bit wgmma decode GEMM", 8, err, errlen)) return st;
-    if (a.weight_group % decode_w4::kStepK && decode_w4::kStepK % a.weight_group) {
-      snprintf(err, errlen, "4-bit wgmma decode GEMM: scale group %d neither divides nor is a multiple of 128",
-               a.weight_group);
-      return MOEK_UNSUPPORTED;
-    }
-    return MOEK_OK;
+    return decode_w4::check_args<In>(a, "4-bit wgmma decode GEMM", 16, err, errlen);
   }
 
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
