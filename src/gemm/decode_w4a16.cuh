@@ -193,25 +193,16 @@ __device__ __forceinline__ void fragment(uint32_t x, uint32_t (&a)[4]) {
 __device__ __forceinline__ int slot_shift(int group) { return group >= kStepK ? 3 : group == 64 ? 2 : 1; }
 
 // A lane's scales (and zero terms) of one K step: per slot, row r in the low half and r + 8 in
-// the high half. kSlots: 1 (groups of 128 or more) or 4; kZero: with INT4 zero terms. The kernel
-// is built for each, so that registers are held only for what the weights have.
+// the high half. kSlots: the scale groups of a step, 1 (groups of 128 or more), 2 (64) or 4
+// (32); K block j of the step is in slot j * kSlots / 8, known when the kernel is compiled. kZero:
+// with INT4 zero terms. The kernel is built for each, so that registers are held only for what
+// the weights have.
 template <int kSlots, bool kZero>
 struct StepScales {
+  static_assert(kSlots == 1 || kSlots == 2 || kSlots == 4, "one, two or four scale groups a step");
   uint32_t s[kSlots];
   uint32_t z[kZero ? kSlots : 1];
 };
-
-// v[c] for a runtime c in 0..kN - 1, by selects (an indexed register array would go to local memory).
-template <int kN>
-__device__ __forceinline__ uint32_t pick(const uint32_t (&v)[kN], int c) {
-  if constexpr (kN == 1) {
-    return v[0];
-  } else {
-    static_assert(kN == 4, "one or four scale slots");
-    const uint32_t lo = c & 1 ? v[1] : v[0], hi = c & 1 ? v[3] : v[2];
-    return c & 2 ? hi : lo;
-  }
-}
 
 // The pair of 16-bit values in the low (h = 0) or high half of v, in both halves.
 __device__ __forceinline__ uint32_t both_halves(uint32_t v, int h) { return prmt(v, 0u, h ? 0x3232u : 0x1010u); }
@@ -226,6 +217,7 @@ struct WeightTile {
   const unsigned short* scale;  // 16-bit scales [K / group, N]
   const unsigned short* zero;   // zero terms in the same layout, or null
   int group, shift;
+  int steps_per_row;             // groups of 128 or more: K steps per scale row (else 0)
 
   __device__ __forceinline__ WeightTile(const Params& p, int group_index, int first_row) : g(group_index) {
     n = p.problem_shapes[3 * g + 1];
@@ -238,6 +230,7 @@ struct WeightTile {
     scale = reinterpret_cast<const unsigned short*>(p.ptr_sfb[g]);
     group = p.group;
     shift = slot_shift(group);
+    steps_per_row = group >= kStepK ? group / kStepK : 0;
     zero = p.zero ? p.zero + int64_t(g) * (k / group) * n : nullptr;
   }
   __device__ __forceinline__ bool has_rows() const { return rows_ok; }
@@ -247,7 +240,6 @@ struct WeightTile {
   template <int kN, int kStride, int kSlots, bool kZero>
   __device__ __forceinline__ void load(int s0, uint4 (&w)[kN][2], StepScales<kSlots, kZero> (&sc)[kN]) const {
     const int r = (threadIdx.x & 31) >> 2;
-    const int slots = 8 >> shift;
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
       const int s = s0 + i * kStride;
@@ -255,11 +247,14 @@ struct WeightTile {
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         w[i][h] = ok ? decode::load_stream_l2_256(atom + s * step_bytes + 16 * h) : make_uint4(0, 0, 0, 0);
+      // The step's first scale row, with no division by the runtime group on the common paths
+      // (one a slot was a seventh of the split-K kernel's instructions for MXFP4).
+      const int row0 = kSlots > 1 ? s * kSlots : steps_per_row == 1 ? s : s / steps_per_row;
 #pragma unroll
       for (int c = 0; c < kSlots; ++c) {
-        const int kk = s * kStepK + (16 << shift) * c;  // the slot's first K value
-        const bool in = ok && c < slots && kk < k;
-        const int64_t at = int64_t(kk / group) * n + n0 + r;
+        const int kk = s * kStepK + c * (kStepK / kSlots);  // the slot's first K value
+        const bool in = ok && kk < k;
+        const int64_t at = int64_t(row0 + c) * n + n0 + r;
         sc[i].s[c] = in ? uint32_t(__ldg(scale + at)) | (uint32_t(__ldg(scale + at + 8)) << 16) : 0u;
         if constexpr (kZero) sc[i].z[c] = in ? uint32_t(__ldg(zero + at)) | (uint32_t(__ldg(zero + at + 8)) << 16) : 0u;
       }
@@ -317,8 +312,8 @@ __device__ __forceinline__ void multiply(const WeightTile<T>& t, const TokenRows
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const int c = j >> t.shift;
-      const uint32_t sv = pick(sc[i].s, c), zv = kZero ? pick(sc[i].z, c) : 0u;
+      const int c = j * kSlots / 8;  // j is unrolled: the slot is a register, not a select
+      const uint32_t sv = sc[i].s[c], zv = kZero ? sc[i].z[c] : 0u;
       const uint32_t s_lo = both_halves(sv, 0), s_hi = both_halves(sv, 1);
       const uint32_t z_lo = kZero ? both_halves(zv, 0) : 0u, z_hi = kZero ? both_halves(zv, 1) : 0u;
       uint32_t a[4];
@@ -490,17 +485,20 @@ struct DecodeW4A16 {
 
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
+    // Scale groups per K step (check_args: groups of 32, 64 or a multiple of 128).
+    if (a.weight_group == 32) return launch_slots<4>(a, err, errlen);
+    if (a.weight_group == 64) return launch_slots<2>(a, err, errlen);
+    return launch_slots<1>(a, err, errlen);
+  }
+
+  template <int kSlots>
+  static int launch_slots(const GroupedGemmArgs& a, char* err, size_t errlen) {
     using namespace decode_w4;
     constexpr int kThreads = kWarps * 32;
     const char* what = "4-bit decode GEMM";
-    if (a.weight_group < kStepK)  // MXFP4's groups of 32, INT4's of 32 or 64
-      return a.zero_base ? launch_groups(decode_w4a16_kernel<In, T, W, kTiles, kColumns, 4, kInt4>, a, kColumns,
-                                         kThreads, what, err, errlen)
-                         : launch_groups(decode_w4a16_kernel<In, T, W, kTiles, kColumns, 4, false>, a, kColumns,
-                                         kThreads, what, err, errlen);
-    return a.zero_base ? launch_groups(decode_w4a16_kernel<In, T, W, kTiles, kColumns, 1, kInt4>, a, kColumns,
+    return a.zero_base ? launch_groups(decode_w4a16_kernel<In, T, W, kTiles, kColumns, kSlots, kInt4>, a, kColumns,
                                        kThreads, what, err, errlen)
-                       : launch_groups(decode_w4a16_kernel<In, T, W, kTiles, kColumns, 1, false>, a, kColumns,
+                       : launch_groups(decode_w4a16_kernel<In, T, W, kTiles, kColumns, kSlots, false>, a, kColumns,
                                        kThreads, what, err, errlen);
   }
 
