@@ -239,16 +239,24 @@ def test_default_rule_four_bit():
     assert default_tactic(int4, num_tokens=512, **gpt_oss) == Tactic("d16", "d16")  # 16 rows
     assert default_tactic(int4, num_tokens=544, **gpt_oss) == Tactic("c64", "c64")  # 17
     # 64-column decode blocks in a GEMM whose K is at most 1024, else 16 columns with split K;
-    # on SM90 (the 64-column block is the wgmma kernel) 64 columns past one row per expert
+    # on SM90 (the 64-column block is the wgmma kernel) 64 columns past one row per expert (INT4
+    # here), and for MXFP4 at any rows
     wide = [k(f"w{m}", m, 64, "decode", "w4a16_mxfp4", 128) for m in (8, 16)]
+    mx = decode + wide + tiled
+    i4 = [dataclasses.replace(x, mode="w4a16_int4", weight_format="int4") for x in mx]
     qwen3 = dict(top_k=8, num_experts=128, hidden_size=2048, gemm1_n=1536, sm_count=132, inter_size=768)
-    assert default_tactic(decode + wide + tiled, num_tokens=1, **qwen3) == Tactic("d8", "w8")
-    assert default_tactic(decode + wide + tiled, num_tokens=96, **qwen3) == Tactic("w16", "w16")  # 6 rows
-    sm100 = [dataclasses.replace(x, arch="sm100a") for x in decode + wide + tiled]
+    assert default_tactic(i4, num_tokens=1, **qwen3) == Tactic("d8", "w8")
+    assert default_tactic(i4, num_tokens=96, **qwen3) == Tactic("w16", "w16")  # 6 rows
+    sm100 = [dataclasses.replace(x, arch="sm100a") for x in i4]
     assert default_tactic(sm100, num_tokens=96, **qwen3) == Tactic("d16", "w16")
     ds = dict(top_k=8, num_experts=256, hidden_size=7168, gemm1_n=4096, sm_count=132, inter_size=2048)
-    assert default_tactic(decode + wide + tiled, num_tokens=2, **ds) == Tactic("d8", "d8")
-    assert default_tactic(decode + wide + tiled, num_tokens=1, **gpt_oss) == Tactic("d8", "d8")  # K not given
+    assert default_tactic(i4, num_tokens=2, **ds) == Tactic("d8", "d8")
+    assert default_tactic(i4, num_tokens=1, **gpt_oss) == Tactic("d8", "d8")  # K not given
+    assert default_tactic(mx, num_tokens=1, **gpt_oss) == Tactic("w8", "w8")
+    assert default_tactic(mx, num_tokens=16, **gpt_oss) == Tactic("w8", "w8")  # one row
+    assert default_tactic(mx, num_tokens=96, **qwen3) == Tactic("w16", "w16")
+    assert default_tactic([dataclasses.replace(x, arch="sm100a") for x in mx], num_tokens=1, **gpt_oss) == \
+        Tactic("d8", "d8")
     assert default_tactic(wide + tiled, num_tokens=1, **gpt_oss) == Tactic("w8", "w8")   # only 64 built
     assert default_tactic(decode + wide, num_tokens=4096, **gpt_oss) == Tactic("d16", "d16")  # no prefill kernel
     # The contiguous wgmma kernel instead of the tiled one: W4A16 MXFP4 past 32 rows per expert,

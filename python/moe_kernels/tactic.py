@@ -98,10 +98,13 @@ CONTIG_TILE_N = 256
 # over the block's 4 warps, which a short K leaves unevenly loaded). Measured over 1-64 tokens
 # (H200) and 8-32 rows per expert (H100), Qwen3-30B-A3B, DeepSeek-V3 and DeepSeek-V4-Pro
 # (docs/performance.md, default rule). On SM90 the 64-column block is the wgmma kernel
-# (src/gemm/sm90/decode_w4_wgmma.cuh), which also wins on long K once an expert has more than
-# one row (1.04-1.37x at 16-128 tokens in two H100 runs, 0.97-1.00x on gpt-oss-120b's MXFP4 at
-# 16; at one token, with a block per 64 columns of 4-8 experts, the split-K block's 4x more
-# blocks were up to 1.46x faster; docs/kernels/decode.md).
+# (src/gemm/sm90/decode_w4_wgmma.cuh; W4A8's: sm90/decode_w4a8_wgmma.cuh), which also wins on
+# long K once an expert has more than one row (1.04-1.37x at 16-128 tokens in two H100 runs,
+# 0.97-1.00x on gpt-oss-120b's MXFP4 at 16; at one token, with a block per 64 columns of 4-8
+# experts, the split-K block's 4x more blocks were up to 1.46x faster; docs/kernels/decode.md).
+# MXFP4 takes it at one row too: on the prepared layout the split-K block's MXFP4 form is about
+# 2x slower than on the checkpoint packing (gpt-oss-120b, 1 and 16 tokens) while the wgmma
+# block's speed did not change (docs/performance.md, "The prepared 4-bit layout").
 FOUR_BIT_FORMATS = ("int4", "mxfp4")
 # W4A8 leaves the decode kernel past 8 rows (MXFP4's 32-row tiled tile 1.11-1.42x faster at
 # 12-16 rows, INT4's contiguous kernel 1.31-1.67x), W4A16 MXFP4 past 12 (level at 12, the tiled
@@ -126,7 +129,7 @@ def _pick_four_bit(kernels: list, rows_per_expert: float, k_size: int) -> Kernel
     if decode and rows_per_expert <= FOUR_BIT_DECODE_ROWS[fmt]:
         narrow, wide = min(k.tile[1] for k in decode), max(k.tile[1] for k in decode)
         wgmma = all(k.arch.startswith("sm90") for k in decode if k.tile[1] == wide)
-        use_wide = 0 < k_size <= FOUR_BIT_DECODE_WIDE_MAX_K or (wgmma and rows_per_expert > 1)
+        use_wide = 0 < k_size <= FOUR_BIT_DECODE_WIDE_MAX_K or (wgmma and (rows_per_expert > 1 or fmt[1] == "mxfp4"))
         pool = [k for k in decode if k.tile[1] == (wide if use_wide else narrow)]
         return next((k for k in pool if k.tile[0] >= DECODE_HEADROOM * rows_per_expert), pool[-1])
     pool = grouped or tiled or [k for k in decode if k.tile[1] == min(k.tile[1] for k in decode)]
