@@ -173,6 +173,18 @@ __device__ __forceinline__ uint2 lookup8(uint32_t x, uint2 pos, uint2 neg) {
   return r;
 }
 
+// Four E2M1 codes of one row of a word as its E4M3 bytes, in code order: `spread` puts the row's
+// codes in the low nibbles of four bytes (from x and xs = x >> 4), `gather` its magnitudes (from
+// xm = x & 0x77777777) in the low half as the lookup's selectors, the magnitude comes from
+// `table` (the codes of 0, 0.5, .. 6 at the row's scale offset) and the sign from bit 3. The
+// same bytes as lookup8's negative table (the positive one with bit 7 set), for half its prmts.
+__device__ __forceinline__ uint32_t e2m1_row_to_e4m3(uint32_t x, uint32_t xs, uint32_t xm, uint2 table,
+                                                     uint32_t spread, uint32_t gather) {
+  const uint32_t codes = __byte_perm(x, xs, spread);
+  const uint32_t magnitude = __byte_perm(table.x, table.y, __byte_perm(xm, 0u, gather));
+  return magnitude | ((codes << 4) & 0x80808080u);
+}
+
 // INT4 (two's complement): 0..7, then -8..-1 by the low three bits. Exact.
 constexpr uint2 kInt4Pos = {0x44403800u, 0x4E4C4A48u};  // 0, 1, 2, 3 | 4, 5, 6, 7
 constexpr uint2 kInt4Neg = {0xCACCCED0u, 0xB8C0C4C8u};  // -8, -7, -6, -5 | -4, -3, -2, -1
@@ -243,25 +255,23 @@ __device__ __forceinline__ void convert_atom(uint8_t* block, Smem& smem, const P
                  "r"(r2), "r"(r3) : "memory");
   };
   if constexpr (C::kW4A8) {
-    uint2 pos = kInt4Pos, neg = kInt4Neg, pos8 = kInt4Pos, neg8 = kInt4Neg;
+    uint2 pos = kInt4Pos, neg = kInt4Neg, pos8 = kInt4Pos;  // MXFP4: per row and group (below)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       if constexpr (C::kMx) {  // group c's tables for each row's offset from its column's largest scale
         pos = smem.e4m3_of[smem.scale[stage][c][col]];  // fold_scales left the offsets there
         pos8 = smem.e4m3_of[smem.scale[stage][c][col + 8]];
-        neg = make_uint2(pos.x | 0x80808080u, pos.y | 0x80808080u);
-        neg8 = make_uint2(pos8.x | 0x80808080u, pos8.y | 0x80808080u);
       }
       uint32_t r[4];  // a0, a1 of word 2c; a0, a1 of word 2c + 1 (a0: row g, a1: row g + 8)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t x = decode::word(v[c >> 1], 2 * (c & 1) + h);
-        const uint2 e = lookup8(x, pos, neg);
         if constexpr (C::kMx) {  // E2M1 without the shuffle: nibbles 0, 1, 4, 5 row g; 2, 3, 6, 7 row g + 8
-          const uint2 e8 = lookup8(x, pos8, neg8);
-          r[2 * h] = __byte_perm(e.x, e.y, 0x5410);
-          r[2 * h + 1] = __byte_perm(e8.x, e8.y, 0x7632);
+          const uint32_t xs = x >> 4, xm = x & 0x77777777u;
+          r[2 * h] = e2m1_row_to_e4m3(x, xs, xm, pos, 0x6240u, 0x0020u);
+          r[2 * h + 1] = e2m1_row_to_e4m3(x, xs, xm, pos8, 0x7351u, 0x0031u);
         } else {  // INT4 with the shuffle: nibbles 0, 4, 2, 6 row g; 1, 5, 3, 7 row g + 8
+          const uint2 e = lookup8(x, pos, neg);
           r[2 * h] = __byte_perm(e.x, e.y, 0x6240);
           r[2 * h + 1] = __byte_perm(e.x, e.y, 0x7351);
         }
