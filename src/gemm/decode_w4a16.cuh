@@ -248,7 +248,7 @@ struct WeightTile {
       for (int h = 0; h < 2; ++h)
         w[i][h] = ok ? decode::load_stream_l2_256(atom + s * step_bytes + 16 * h) : make_uint4(0, 0, 0, 0);
       // The step's first scale row, with no division by the runtime group on the common paths
-      // (one a slot was a seventh of the split-K kernel's instructions for MXFP4).
+      // (a division per slot was a seventh of the split-K kernel's instructions for MXFP4).
       const int row0 = kSlots > 1 ? s * kSlots : steps_per_row == 1 ? s : s / steps_per_row;
 #pragma unroll
       for (int c = 0; c < kSlots; ++c) {
