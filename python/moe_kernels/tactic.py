@@ -110,6 +110,9 @@ FOUR_BIT_FORMATS = ("int4", "mxfp4")
 # 12-16 rows, INT4's contiguous kernel 1.31-1.67x), W4A16 MXFP4 past 12 (level at 12, the tiled
 # tile 1.25x faster at 16); W4A16 INT4 against CUTLASS's tiles is not measured there.
 FOUR_BIT_DECODE_ROWS = {("fp8_row", "int4"): 8, ("fp8_row", "mxfp4"): 8, ("a16", "mxfp4"): 12, ("a16", "int4"): 16}
+# Where the decode kernels include SM90's 32-token wgmma block (catalog tile 32x64), the decode
+# kernel serves up to this many rows per expert in every 4-bit format instead.
+FOUR_BIT_WGMMA_DECODE_ROWS = 48
 FOUR_BIT_DECODE_WIDE_MAX_K = 1024
 # Past these rows per expert, by (activation, weight) format, the contiguous kernel instead of
 # the tiled one (docs/performance.md, default rule): W4A8 INT4 ahead from 8 rows on; W4A8
@@ -123,15 +126,16 @@ def _pick_four_bit(kernels: list, rows_per_expert: float, k_size: int) -> Kernel
     decode, grouped, tiled, contig = (sorted((k for k in kernels if k.kind == kind), key=lambda k: k.tile[0])
                                       for kind in ("decode", "grouped", "tiled", "contiguous"))
     fmt = (kernels[0].act_format, kernels[0].weight_format)
-    contig_rows = FOUR_BIT_CONTIG_ROWS.get(fmt) if contig else None
-    if not grouped and contig_rows is not None and rows_per_expert > contig_rows:
-        return contig[0]
-    if decode and rows_per_expert <= FOUR_BIT_DECODE_ROWS[fmt]:
+    decode_rows = FOUR_BIT_WGMMA_DECODE_ROWS if any(k.tile[0] >= 32 for k in decode) else FOUR_BIT_DECODE_ROWS[fmt]
+    if decode and rows_per_expert <= decode_rows:
         narrow, wide = min(k.tile[1] for k in decode), max(k.tile[1] for k in decode)
         wgmma = all(k.arch.startswith("sm90") for k in decode if k.tile[1] == wide)
         use_wide = 0 < k_size <= FOUR_BIT_DECODE_WIDE_MAX_K or (wgmma and (rows_per_expert > 1 or fmt[1] == "mxfp4"))
         pool = [k for k in decode if k.tile[1] == (wide if use_wide else narrow)]
         return next((k for k in pool if k.tile[0] >= DECODE_HEADROOM * rows_per_expert), pool[-1])
+    contig_rows = FOUR_BIT_CONTIG_ROWS.get(fmt) if contig else None
+    if not grouped and contig_rows is not None and rows_per_expert > contig_rows:
+        return contig[0]
     pool = grouped or tiled or [k for k in decode if k.tile[1] == min(k.tile[1] for k in decode)]
     return next((k for k in pool if k.tile[0] >= rows_per_expert), pool[-1])
 

@@ -1,6 +1,6 @@
 // The W4A8 decode GEMM on SM90's FP8 wgmma: the catalog's 64-column 4-bit decode block on 90a
 // for E4M3 tokens (w4a8_int4, w4a8_mxfp4). A block is one warpgroup and 64 output columns
-// (weight rows) of one expert over all of K, kN = 8 or 16 tokens at a time, as in
+// (weight rows) of one expert over all of K, kN = 8, 16 or 32 tokens at a time, as in
 // decode_w4_wgmma.cuh, but the tokens stay E4M3 (a scale per row, applied at the store) and
 // the weights become E4M3 in registers, exactly: INT4 by a byte lookup, E2M1 by placing its
 // sign, exponent and mantissa bits in E4M3's (the value times 2^-6, which the scale takes
@@ -85,17 +85,23 @@ __device__ __forceinline__ void e2m1_to_e4m3(uint32_t x, uint32_t& lo, uint32_t&
 template <int kN>
 __device__ __forceinline__ void wgmma_e4m3(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b, int accumulate) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(kN == 8 || kN == 16, "W4A8 wgmma decode: 8 or 16 tokens");
+  static_assert(kN == 8 || kN == 16 || kN == 32, "W4A8 wgmma decode: 8, 16 or 32 tokens");
   if constexpr (kN == 8)
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1;\n}"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-  else
+  else if constexpr (kN == 16)
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, "
                  "%12, p, 1, 1;\n}"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : MOEK_ACC8(d, 0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+  else
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,"
+                 "%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1;\n}"
+                 : MOEK_ACC8(d, 0), MOEK_ACC8(d, 8)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 #endif
 }
@@ -158,8 +164,9 @@ __device__ __forceinline__ void copy_step(const Tile& t, int m0, int s, int n_bl
 }
 
 // kGroups: scale groups per K step (4: groups of 32, 2: of 64, 1: 128 or a multiple).
+// 32 tokens a pass: three blocks an SM (a group's fp32 sums per scale group of the step).
 template <class T, class W, int kN, int kGroups>
-__global__ void __launch_bounds__(kThreads, 4) decode_w4a8_wgmma_kernel(decode_w4::Params p) {
+__global__ void __launch_bounds__(kThreads, kN >= 32 ? 3 : 4) decode_w4a8_wgmma_kernel(decode_w4::Params p) {
   __shared__ Smem<kN> sm;
   constexpr uint32_t kLbo = kN / 8 * 128, kSbo = 128;
   constexpr int kPerGroup = 4 / kGroups;  // wgmmas per group
@@ -241,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 4) decode_w4a8_wgmma_kernel(decode_w
 }  // namespace decode_w4a8_wgmma
 
 // In: E4M3 (the tokens, not widened); T: the scales' and the output's type (bf16, fp16); W: the
-// 4-bit format; kTokens: the catalog's tile_m (8 or 16); 64 columns per block.
+// 4-bit format; kTokens: the catalog's tile_m (8, 16 or 32); 64 columns per block.
 template <class In, class T, class W, int kTokens>
 struct DecodeW4A8Wgmma {
   static_assert(std::is_same_v<In, __nv_fp8_e4m3>, "W4A8 wgmma decode: E4M3 tokens");
