@@ -449,15 +449,14 @@ inline int check_args(const GroupedGemmArgs& a, const char* what, int n_multiple
 // tiles a block takes, for kernels that split them).
 template <class Kernel>
 inline int launch_groups(Kernel kernel, const GroupedGemmArgs& a, int rows_per_block, int threads,
-                         const char* what, char* err, size_t errlen, int token_splits = 1, size_t smem = 0) {
+                         const char* what, char* err, size_t errlen, int token_splits = 1) {
   const Params p{a.problem_shapes, a.active_groups, a.ptr_a, a.stride_a, a.ptr_b, a.stride_b, a.ptr_d,
                  a.stride_d, a.ptr_sfb, a.ptr_sfa, static_cast<const unsigned short*>(a.zero_base),
                  a.weight_group};
   const dim3 grid(static_cast<unsigned>((a.n + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(a.max_active_groups < 65535 ? a.max_active_groups : 65535),
                   static_cast<unsigned>(token_splits));
-  cudaError_t e = smem ? allow_smem(reinterpret_cast<const void*>(kernel), a.device, smem) : cudaSuccess;
-  if (e == cudaSuccess) e = launch(kernel, grid, threads, smem, a.stream, p);
+  const cudaError_t e = launch(kernel, grid, threads, 0, a.stream, p);
   if (e != cudaSuccess) {
     snprintf(err, errlen, "%s launch: %s", what, cudaGetErrorString(e));
     return MOEK_CUDA_ERROR;

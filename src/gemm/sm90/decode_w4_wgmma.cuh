@@ -1,15 +1,13 @@
 // The 4-bit decode GEMM on SM90's register-sourced wgmma: the catalog's 64-column "decode"
 // block on 90a. A block is one warpgroup and 64 output columns (weight rows) of one expert over
-// all of K, for kN = 8, 16 or 32 tokens at a time. Per K step of 128 values its 128 threads
-// copy, with cp.async into a ring of kRing = 5 steps in shared memory, the step's weights (each
+// all of K, for kN = 8, 16 or 32 tokens at a time. Per K step of 128 values its 128 threads copy,
+// with cp.async into a ring of kStages steps (3 for 32 tokens) in shared memory, the step's weights (each
 // thread the two 16-byte pieces it will dequantize), their scales (and zero terms) and the
-// tokens; the copies for step j + 3 are issued while step j is multiplied, so the loads in
-// flight hold no registers. A thread dequantizes its weights in registers as decode_w4a16.cuh
-// does and they are wgmma's A operand (m64nNk16); the tokens are its B operand, read from
-// shared memory once per block (the mma.sync kernel's warps each re-read them from L1/L2, 2-4
-// KB beside every 1 KB of weights). A step's eight wgmmas go in two halves of four, each
-// half's weights dequantized while the other half's wgmmas run (one group in flight, so the
-// stage of step j - 1 is still being read while step j + 3 is copied: hence five).
+// tokens; the copies for step j + kStages - 1 are issued while step j is multiplied, so the
+// loads in flight hold no registers. A thread dequantizes its weights in registers as
+// decode_w4a16.cuh does and they are wgmma's A operand (m64nNk16); the tokens are its B
+// operand, read from shared memory once per block (the mma.sync kernel's warps each re-read
+// them from L1/L2, 2-4 KB beside every 1 KB of weights).
 //
 // Weights in the fragment layout (decode_w4a16.cuh, quant4.py): a block's 64 rows of a K step
 // are four atoms in one 4 KB piece, thread i's 32 bytes at 32 i (warp w the rows 16w .. 16w + 15),
@@ -42,6 +40,10 @@ using decode_w4::WeightTile;
 
 constexpr int kThreads = 128;  // one warpgroup
 constexpr int kColumns = 64;   // weight rows per block: wgmma's M
+constexpr int kStages = 4;     // K steps in the shared-memory ring (kStagesFor: for kN tokens)
+// 32 tokens a pass keep three steps, so that a block's ring stays within 48 KB.
+template <int kN>
+constexpr int kStagesFor = kN >= 32 ? 3 : kStages;
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -106,21 +108,11 @@ __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void wgmma_commit() {
+__device__ __forceinline__ void wgmma_commit_wait() {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #endif
-}
-// Until at most kPending committed groups of this warpgroup's wgmmas are in flight.
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_commit_wait() {
-  wgmma_commit();
-  wgmma_wait<0>();
 }
 
 // Tokens m0 .. m0 + kN - 1 of K step s into stage `stage` (see the layout above), by the 128
@@ -145,7 +137,7 @@ struct Smem {
   static constexpr int kTokenBytes = kN * kStepK * 2, kWeightBytes = kColumns * kStepK / 2;
   // Per stage: tokens, weights (thread i's 32 bytes at 32 i), and scales and zero terms [groups
   // in the step][64 rows] (groups of 32: four per step).
-  static constexpr int kRing = 5;  // K steps: three copied ahead, one multiplied, one still read by wgmmas
+  static constexpr int kRing = kStagesFor<kN>;
   alignas(128) char tokens[kRing][kTokenBytes];
   alignas(128) char weights[kRing][kWeightBytes];
   alignas(16) unsigned short scales[kRing][4][kColumns];
@@ -179,7 +171,7 @@ __device__ __forceinline__ void copy_step(const Params& p, const WeightTile<T>& 
 template <class In, class T, class W, int kN>
 __device__ __forceinline__ void block_tile(const Params& p, const WeightTile<T>& t, int n_block, Smem<kN>& sm) {
   constexpr uint32_t kLbo = kN / 8 * 128, kSbo = 128;
-  constexpr int kRing = Smem<kN>::kRing, kAhead = kRing - 2;  // steps copied ahead of the one multiplied
+  constexpr int kRing = Smem<kN>::kRing;
   const TokenRows<In, T> out_rows(p, t.g);
   const TokenRows<T, T> x_rows(p, t.g);
   const int tid = threadIdx.x & 127, lane = tid & 31, r = lane >> 2, q = lane & 3, row0 = 16 * (tid >> 5) + r;
@@ -190,45 +182,35 @@ __device__ __forceinline__ void block_tile(const Params& p, const WeightTile<T>&
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
 #pragma unroll
-    for (int j = 0; j < kAhead; ++j) copy_step<T, kN>(p, t, x_rows, m0, j, n_block, sm, j);
+    for (int j = 0; j < kRing - 1; ++j) copy_step<T, kN>(p, t, x_rows, m0, j, n_block, sm, j);
     for (int j = 0; j < steps; ++j) {
       const int stage = j % kRing;
-      cp_async_wait<kAhead - 1>();
+      cp_async_wait<kRing - 2>();
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      // Step j landed for everyone; step j - 2's wgmmas, the last to read the stage the next
-      // copy overwrites, completed for everyone (the wait of step j - 1's second half).
-      __syncthreads();
-      copy_step<T, kN>(p, t, x_rows, m0, j + kAhead, n_block, sm, (j + kAhead) % kRing);
+      __syncthreads();  // step j landed for everyone; everyone done with step j - 1's stage
+      copy_step<T, kN>(p, t, x_rows, m0, j + kRing - 1, n_block, sm, (j + kRing - 1) % kRing);
       const uint4 w[2] = {*reinterpret_cast<const uint4*>(sm.weights[stage] + 32 * tid),
                           *reinterpret_cast<const uint4*>(sm.weights[stage] + 32 * tid + 16)};
-      const uint32_t tok = smem_addr(sm.tokens[stage]);
       uint32_t av[8][4];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {  // words 4h .. 4h + 3 (w[h]): dequantized while the other half multiplies
+      for (int j = 0; j < 8; ++j) {
+        const int c = j >> t.shift;
+        const uint32_t s_lo = sm.scales[stage][c][row0] * 0x10001u, s_hi = sm.scales[stage][c][row0 + 8] * 0x10001u;
+        const uint32_t z_lo = t.zero ? sm.zeros[stage][c][row0] * 0x10001u : 0u;
+        const uint32_t z_hi = t.zero ? sm.zeros[stage][c][row0 + 8] * 0x10001u : 0u;
+        decode_w4::fragment<T, W>(decode::word(w[j >> 2], j & 3), av[j]);
 #pragma unroll
-        for (int b = 4 * h; b < 4 * h + 4; ++b) {  // k16 block b of the step: wgmma b's A
-          const int c = b >> t.shift;
-          const uint32_t s_lo = sm.scales[stage][c][row0] * 0x10001u, s_hi = sm.scales[stage][c][row0 + 8] * 0x10001u;
-          const uint32_t z_lo = t.zero ? sm.zeros[stage][c][row0] * 0x10001u : 0u;
-          const uint32_t z_hi = t.zero ? sm.zeros[stage][c][row0 + 8] * 0x10001u : 0u;
-          decode_w4::fragment<T, W>(decode::word(w[h], b & 3), av[b]);
-#pragma unroll
-          for (int e = 0; e < 4; ++e)  // a1, a3: row + 8
-            av[b][e] = decode_w4::fma2<T>(av[b][e], e & 1 ? s_hi : s_lo, e & 1 ? z_hi : z_lo);
-        }
-        fence_acc<kN>(acc);
-        wgmma_fence();
-#pragma unroll
-        for (int b = 4 * h; b < 4 * h + 4; ++b) wgmma<T, kN>(acc, av[b], desc(tok + 2 * b * kLbo, kLbo, kSbo));
-        wgmma_commit();
-        // All but this half's wgmmas complete: the other half's registers (and, after the
-        // second half, every stage before this one) are free again.
-        wgmma_wait<1>();
-        fence_acc<kN>(acc);
+        for (int e = 0; e < 4; ++e)  // a1, a3: row + 8
+          av[j][e] = decode_w4::fma2<T>(av[j][e], e & 1 ? s_hi : s_lo, e & 1 ? z_hi : z_lo);
       }
+      const uint32_t tok = smem_addr(sm.tokens[stage]);
+      fence_acc<kN>(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < 8; ++j) wgmma<T, kN>(acc, av[j], desc(tok + 2 * j * kLbo, kLbo, kSbo));
+      wgmma_commit_wait();
+      fence_acc<kN>(acc);
     }
-    wgmma_wait<0>();
-    fence_acc<kN>(acc);
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) {
       const int m = m0 + 8 * (i >> 2) + 2 * q + (i & 1), col = n_block + row0 + 8 * ((i >> 1) & 1);
@@ -240,9 +222,8 @@ __device__ __forceinline__ void block_tile(const Params& p, const WeightTile<T>&
 }
 
 template <class In, class T, class W, int kN>
-__global__ void __launch_bounds__(kThreads, kN >= 32 ? 3 : 4) decode_w4_wgmma_kernel(Params p) {
-  extern __shared__ __align__(128) char smem_raw[];  // 35-65 KB: dynamic
-  Smem<kN>& sm = *reinterpret_cast<Smem<kN>*>(smem_raw);
+__global__ void __launch_bounds__(kThreads, 4) decode_w4_wgmma_kernel(Params p) {
+  __shared__ Smem<kN> sm;
   pdl_begin();
   const int active = p.active_groups[0];
   for (int y = blockIdx.y; y < active; y += gridDim.y) {
@@ -269,7 +250,7 @@ struct DecodeW4Wgmma {
     if (int st = check(a, err, errlen)) return st;
     using namespace decode_w4_wgmma;
     return decode_w4::launch_groups(decode_w4_wgmma_kernel<In, T, W, kTokens>, a, kColumns, kThreads,
-                                    "4-bit wgmma decode GEMM", err, errlen, 1, sizeof(Smem<kTokens>));
+                                    "4-bit wgmma decode GEMM", err, errlen);
   }
 
   static constexpr GemmKernelOps kOps{

@@ -48,12 +48,12 @@ using decode_w4_wgmma::cp_async_commit;
 using decode_w4_wgmma::cp_async_wait;
 using decode_w4_wgmma::desc;
 using decode_w4_wgmma::smem_addr;
-// The 16-bit wgmma block's shape: one warpgroup, 64 weight rows (wgmma's M), K steps of 128
-// values (here four wgmma k32); a ring of 4 steps.
+// The 16-bit wgmma block's shape: one warpgroup, 64 weight rows (wgmma's M), a ring of 4 steps
+// of 128 K values (here four wgmma k32).
 using decode_w4::kStepK;
 using decode_w4_wgmma::kColumns;
+using decode_w4_wgmma::kStages;
 using decode_w4_wgmma::kThreads;
-constexpr int kStages = 4;
 
 // Eight INT4 values (value v in bits 4v .. 4v + 3) as E4M3 bytes: values 0-3 in lo, 4-7 in hi.
 // The low three bits pick a byte of the positive (0..7) and the negative (-8..-1) table, the
