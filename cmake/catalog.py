@@ -157,10 +157,10 @@ class GemmConfig:
             return
         # wgmma reads 32 bytes of K per instruction: K tiles of 64 (16-bit) or 128 (8-bit).
         if mixed and self.schedule == "decode":  # src/gemm/decode_w4a16.cuh: K steps of 128 values
-            # 32 tokens a pass: SM90's 64-column wgmma block only (src/gemm/sm90/decode_w4*_wgmma.cuh).
-            wgmma = family == "sm90" and self.tile_n == 64
-            assert self.tile_n in (16, 64) and self.tile_k == 128 and self.tile_m in ((8, 16, 32) if wgmma else (8, 16)), \
-                f"{self.name}: W4 decode tile"
+            # 32 tokens a pass: SM90's 64-column W4A8 block only (src/gemm/sm90/decode_w4a8_wgmma.cuh).
+            fp8_wgmma = family == "sm90" and self.tile_n == 64 and self.act_dtype == "e4m3"
+            assert self.tile_n in (16, 64) and self.tile_k == 128 and \
+                self.tile_m in ((8, 16, 32) if fp8_wgmma else (8, 16)), f"{self.name}: W4 decode tile"
         elif self.schedule == "tiled":  # src/gemm/tiled_w4a16.cuh: 128 rows, K stages of 64 values
             assert (self.tile_n, self.tile_k) == (128, 64) and self.tile_m in (16, 32, 64) and \
                 (self.cluster_m, self.cluster_n) == (1, 1) and not self.mainloop, f"{self.name}: W4 tiled tile"
@@ -290,10 +290,11 @@ _SM90_W4A16_INT4_MINIMAL = [(64, 128, 128, 1, 1, "coop_swapab")]
 # values; both 4-bit formats, and W4A8's E4M3 tokens. The minimal set keeps one 64-row form.
 _W4_DECODE_FULL = [(m, n, 128, 1, 1, "decode") for m in (8, 16) for n in (16, 64)]
 _W4_DECODE_MINIMAL = [(m, 16, 128, 1, 1, "decode") for m in (8, 16)] + [(8, 64, 128, 1, 1, "decode")]
-# SM90's 64-column decode block (register-sourced wgmma) also takes 32 tokens a pass: the
-# weights of a 64-column block read once for up to 32 rows of an expert (1024 tokens of
-# gpt-oss-120b or DeepSeek-V3).
-_SM90_W4_DECODE_32 = [(32, 64, 128, 1, 1, "decode")]
+# SM90's 64-column W4A8 decode block (FP8 register-sourced wgmma) also takes 32 tokens a pass:
+# the weights of a 64-column block read once for up to 32 rows of an expert (1024 tokens of
+# gpt-oss-120b or DeepSeek-V3). The 16-bit block's 32-token form was slower than the tiled and
+# CUTLASS kernels there (docs/kernels/decode.md) and is not built.
+_SM90_W4A8_DECODE_32 = [(32, 64, 128, 1, 1, "decode")]
 # 4-bit weights on wgmma: our contiguous kernel with the weights converted in shared memory
 # (src/gemm/sm90/contiguous_w4.cuh): to the 16-bit type for W4A16 (K blocks of 64; any group of
 # 32 or more, AWQ's zero terms), to E4M3 for W4A8 (INT4 in groups of 128, MXFP4's scales
@@ -333,11 +334,12 @@ _SM100_16BIT_MINIMAL = [(256, 256, 0, 2, 1, "2sm")]
 _SM100_FP8_MINIMAL = [(128, 256, 128, 1, 1, "1sm"), _SM100_FP8_BLOCK_FULL[0]]
 
 
-def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4, sm90_w4, w4, w4_outs):
+def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4, sm90_w4a8, w4, w4_outs):
     """Each family's 16-bit and FP8 tiles, all built with bf16 (output); fp16: by family, the
     (16-bit, FP8) tiles also built with fp16. The decode kernels come in every form. 4-bit
-    weights: SM90's CUTLASS INT4 tiles, contiguous kernels and `sm90_w4`, and on every arch the `w4`
-    decode and tiled tiles, for the outputs `w4_outs` names per family."""
+    weights: SM90's CUTLASS INT4 tiles, contiguous kernels and W4A8's extra decode tiles
+    `sm90_w4a8`, and on every arch the `w4` decode and tiled tiles, for the outputs `w4_outs`
+    names per family."""
     fp8_decode = _DECODE + [(*t, "blockwise") for t in _DECODE]
     families = {"sm90": (sm90_16bit, sm90_fp8), "sm100": (sm100_16bit, sm100_fp8)}
     rows = []
@@ -353,8 +355,8 @@ def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4, sm90_
         # W4A8 runs the same decode and tiled kernels with E4M3 tokens (widened to 16 bits, row
         # scales on the output).
         for mode in ("w4a16_int4", "w4a16_mxfp4", "w4a8_int4", "w4a8_mxfp4"):
-            own = (sm90_int4 if mode == "w4a16_int4" else []) + sm90_w4 + \
-                (_SM90_W4A8_CONTIG if mode.startswith("w4a8") else _SM90_W4A16_CONTIG)
+            own = (sm90_int4 if mode == "w4a16_int4" else []) + \
+                (sm90_w4a8 + _SM90_W4A8_CONTIG if mode.startswith("w4a8") else _SM90_W4A16_CONTIG)
             rows += [r for out in w4_outs[v["family"]] for r in _rows(arch, mode, (own if sm90 else []) + w4, out)]
     return rows
 
@@ -363,7 +365,7 @@ _SM90_FP8_ALL = _SM90_FP8_FULL + _SM90_FP8_BLOCK_FULL + _SM90_FP8_BLOCK_SWAPAB
 CATALOG = {
     "full": _subset(_SM90_16BIT_FULL, _SM90_FP8_ALL, _SM100_FULL, _SM100_FP8_FULL,
                     {"sm90": (_SM90_16BIT_FULL, _SM90_FP8_ALL), "sm100": (_SM100_FULL, _SM100_FP8_FULL)},
-                    _SM90_W4A16_INT4_FULL, _SM90_W4_DECODE_32, _W4_DECODE_FULL + _W4_TILED_FULL,
+                    _SM90_W4A16_INT4_FULL, _SM90_W4A8_DECODE_32, _W4_DECODE_FULL + _W4_TILED_FULL,
                     {"sm90": ("bf16", "fp16"), "sm100": ("bf16", "fp16")}),
     # fp16 on SM90 in the minimal set: both 16-bit tiles, one prefill tile per FP8 mode and our
     # contiguous kernel (with the decode kernels, every routing has a kernel), so that form is

@@ -275,6 +275,17 @@ def test_default_rule_four_bit():
     assert default_tactic(w4a8_mx, num_tokens=288, **gpt_oss) == Tactic("t32", "t32")  # 9
     assert default_tactic(w4a8_mx, num_tokens=768, **gpt_oss) == Tactic("t32", "t32")  # 24
     assert default_tactic(w4a8_mx, num_tokens=800, **gpt_oss) == Tactic("g", "g")  # 25
+    # SM90's W4A8 block with 32 tokens a pass: W4A8 MXFP4 stays on the 64-column decode block
+    # up to 64 rows per expert (the tile that holds 1.5x the rows, else 32); INT4 keeps its bound
+    wide32 = [k(f"w{m}", m, 64, "decode", "w4a8_mxfp4", 128) for m in (8, 16, 32)]
+    w4a8_mx32 = w4a8_mx + [dataclasses.replace(x, act_format="fp8_row") for x in wide32]
+    assert default_tactic(w4a8_mx32, num_tokens=256, **gpt_oss) == Tactic("w16", "w16")  # 8 rows
+    assert default_tactic(w4a8_mx32, num_tokens=288, **gpt_oss) == Tactic("w16", "w16")  # 9
+    assert default_tactic(w4a8_mx32, num_tokens=352, **gpt_oss) == Tactic("w32", "w32")  # 11
+    assert default_tactic(w4a8_mx32, num_tokens=2048, **gpt_oss) == Tactic("w32", "w32")  # 64
+    assert default_tactic(w4a8_mx32, num_tokens=2080, **gpt_oss) == Tactic("g", "g")  # 65
+    w4a8_i32 = [dataclasses.replace(x, mode="w4a8_int4", weight_format="int4") for x in w4a8_mx32]
+    assert default_tactic(w4a8_i32, num_tokens=288, **gpt_oss) == Tactic("g", "g")  # 9
     int4_contig = int4 + [dataclasses.replace(contig[0], mode="w4a16_int4", weight_format="int4")]
     assert default_tactic(int4_contig, num_tokens=4096, **gpt_oss) == Tactic("c128", "c128")
     awq = [x for x in int4_contig if x.kind != "grouped"]  # CUTLASS's kernels filtered out: not yet measured

@@ -110,9 +110,12 @@ FOUR_BIT_FORMATS = ("int4", "mxfp4")
 # 12-16 rows, INT4's contiguous kernel 1.31-1.67x), W4A16 MXFP4 past 12 (level at 12, the tiled
 # tile 1.25x faster at 16); W4A16 INT4 against CUTLASS's tiles is not measured there.
 FOUR_BIT_DECODE_ROWS = {("fp8_row", "int4"): 8, ("fp8_row", "mxfp4"): 8, ("a16", "mxfp4"): 12, ("a16", "int4"): 16}
-# Where the decode kernels include SM90's 32-token wgmma block (catalog tile 32x64), the decode
-# kernel serves up to this many rows per expert in every 4-bit format instead.
-FOUR_BIT_WGMMA_DECODE_ROWS = 48
+# Where the decode kernels include SM90's 32-token W4A8 block (catalog tile 32x64, FP8 wgmma),
+# the decode kernel serves W4A8 MXFP4 up to 64 rows per expert instead: on gpt-oss-120b (H100)
+# the forward was 1.54x faster than with the contiguous kernel in GEMM1 at 32 rows and 1.07x
+# faster than the contiguous pair at 64 (docs/performance.md, "... W4A8 decode at 32 tokens a
+# pass"). W4A8 INT4 there is not measured yet.
+FOUR_BIT_DECODE_ROWS_32 = {("fp8_row", "mxfp4"): 64}
 FOUR_BIT_DECODE_WIDE_MAX_K = 1024
 # Past these rows per expert, by (activation, weight) format, the contiguous kernel instead of
 # the tiled one (docs/performance.md, default rule): W4A8 INT4 ahead from 8 rows on; W4A8
@@ -126,7 +129,9 @@ def _pick_four_bit(kernels: list, rows_per_expert: float, k_size: int) -> Kernel
     decode, grouped, tiled, contig = (sorted((k for k in kernels if k.kind == kind), key=lambda k: k.tile[0])
                                       for kind in ("decode", "grouped", "tiled", "contiguous"))
     fmt = (kernels[0].act_format, kernels[0].weight_format)
-    decode_rows = FOUR_BIT_WGMMA_DECODE_ROWS if any(k.tile[0] >= 32 for k in decode) else FOUR_BIT_DECODE_ROWS[fmt]
+    decode_rows = FOUR_BIT_DECODE_ROWS[fmt]
+    if any(k.tile[0] >= 32 for k in decode):
+        decode_rows = FOUR_BIT_DECODE_ROWS_32.get(fmt, decode_rows)
     if decode and rows_per_expert <= decode_rows:
         narrow, wide = min(k.tile[1] for k in decode), max(k.tile[1] for k in decode)
         wgmma = all(k.arch.startswith("sm90") for k in decode if k.tile[1] == wide)

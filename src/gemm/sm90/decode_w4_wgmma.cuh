@@ -1,7 +1,7 @@
 // The 4-bit decode GEMM on SM90's register-sourced wgmma: the catalog's 64-column "decode"
 // block on 90a. A block is one warpgroup and 64 output columns (weight rows) of one expert over
-// all of K, for kN = 8, 16 or 32 tokens at a time. Per K step of 128 values its 128 threads copy,
-// with cp.async into a ring of kStages steps (3 for 32 tokens) in shared memory, the step's weights (each
+// all of K, for kN = 8 or 16 tokens at a time. Per K step of 128 values its 128 threads copy,
+// with cp.async into a ring of kStages steps in shared memory, the step's weights (each
 // thread the two 16-byte pieces it will dequantize), their scales (and zero terms) and the
 // tokens; the copies for step j + kStages - 1 are issued while step j is multiplied, so the
 // loads in flight hold no registers. A thread dequantizes its weights in registers as
@@ -40,10 +40,7 @@ using decode_w4::WeightTile;
 
 constexpr int kThreads = 128;  // one warpgroup
 constexpr int kColumns = 64;   // weight rows per block: wgmma's M
-constexpr int kStages = 4;     // K steps in the shared-memory ring (kStagesFor: for kN tokens)
-// 32 tokens a pass keep three steps, so that a block's ring stays within 48 KB.
-template <int kN>
-constexpr int kStagesFor = kN >= 32 ? 3 : kStages;
+constexpr int kStages = 4;     // K steps in the shared-memory ring
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -71,37 +68,35 @@ __device__ __forceinline__ void fence_acc(float (&acc)[kN / 2]) {
 }
 
 // acc (64 x kN, fp32) += a (64 x 16, registers) x b (16 x kN, shared memory).
-// Eight accumulators v[i] .. v[i + 7] as "+f" asm operands.
-#define MOEK_ACC8(v, i)                                                                                     \
-  "+f"(v[i]), "+f"(v[i + 1]), "+f"(v[i + 2]), "+f"(v[i + 3]), "+f"(v[i + 4]), "+f"(v[i + 5]), "+f"(v[i + 6]), \
-      "+f"(v[i + 7])
-#define MOEK_WGMMA_BF16_F16(shape, acc_regs, a_regs, b_reg, ...)                                                   \
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)                                                                 \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned." shape                      \
-                 ".f32.bf16.bf16 {" acc_regs "}, {" a_regs "}, " b_reg ", p, 1, 1, 0;\n}"                            \
-                 : __VA_ARGS__                                                                                     \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                            \
-  else                                                                                                             \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned." shape                      \
-                 ".f32.f16.f16 {" acc_regs "}, {" a_regs "}, " b_reg ", p, 1, 1, 0;\n}"                              \
-                 : __VA_ARGS__                                                                                     \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 template <class T, int kN>
 __device__ __forceinline__ void wgmma(float (&acc)[kN / 2], const uint32_t (&a)[4], uint64_t b) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(kN == 8 || kN == 16 || kN == 32, "4-bit wgmma decode: 8, 16 or 32 tokens");
+  static_assert(kN == 8 || kN == 16, "4-bit wgmma decode: 8 or 16 tokens");
   if constexpr (kN == 8) {
-    MOEK_WGMMA_BF16_F16("m64n8k16", "%0,%1,%2,%3", "%4,%5,%6,%7", "%8", "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]),
-                        "+f"(acc[3]))
-  } else if constexpr (kN == 16) {
-    MOEK_WGMMA_BF16_F16("m64n16k16", "%0,%1,%2,%3,%4,%5,%6,%7", "%8,%9,%10,%11", "%12", MOEK_ACC8(acc, 0))
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}"
+                   : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+    else
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}"
+                   : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
   } else {
-    MOEK_WGMMA_BF16_F16("m64n32k16", "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15", "%16,%17,%18,%19",
-                        "%20", MOEK_ACC8(acc, 0), MOEK_ACC8(acc, 8))
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, "
+                   "{%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}"
+                   : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]),
+                     "+f"(acc[6]), "+f"(acc[7])
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+    else
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, "
+                   "{%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}"
+                   : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]),
+                     "+f"(acc[6]), "+f"(acc[7])
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
   }
 #endif
 }
-#undef MOEK_WGMMA_BF16_F16
 
 __device__ __forceinline__ void wgmma_fence() {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -137,11 +132,10 @@ struct Smem {
   static constexpr int kTokenBytes = kN * kStepK * 2, kWeightBytes = kColumns * kStepK / 2;
   // Per stage: tokens, weights (thread i's 32 bytes at 32 i), and scales and zero terms [groups
   // in the step][64 rows] (groups of 32: four per step).
-  static constexpr int kRing = kStagesFor<kN>;
-  alignas(128) char tokens[kRing][kTokenBytes];
-  alignas(128) char weights[kRing][kWeightBytes];
-  alignas(16) unsigned short scales[kRing][4][kColumns];
-  alignas(16) unsigned short zeros[kRing][4][kColumns];
+  alignas(128) char tokens[kStages][kTokenBytes];
+  alignas(128) char weights[kStages][kWeightBytes];
+  alignas(16) unsigned short scales[kStages][4][kColumns];
+  alignas(16) unsigned short zeros[kStages][4][kColumns];
 };
 
 // Step s's copies into ring stage `stage`, as one commit group (empty past the last step).
@@ -171,7 +165,6 @@ __device__ __forceinline__ void copy_step(const Params& p, const WeightTile<T>& 
 template <class In, class T, class W, int kN>
 __device__ __forceinline__ void block_tile(const Params& p, const WeightTile<T>& t, int n_block, Smem<kN>& sm) {
   constexpr uint32_t kLbo = kN / 8 * 128, kSbo = 128;
-  constexpr int kRing = Smem<kN>::kRing;
   const TokenRows<In, T> out_rows(p, t.g);
   const TokenRows<T, T> x_rows(p, t.g);
   const int tid = threadIdx.x & 127, lane = tid & 31, r = lane >> 2, q = lane & 3, row0 = 16 * (tid >> 5) + r;
@@ -182,13 +175,13 @@ __device__ __forceinline__ void block_tile(const Params& p, const WeightTile<T>&
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
 #pragma unroll
-    for (int j = 0; j < kRing - 1; ++j) copy_step<T, kN>(p, t, x_rows, m0, j, n_block, sm, j);
+    for (int j = 0; j < kStages - 1; ++j) copy_step<T, kN>(p, t, x_rows, m0, j, n_block, sm, j);
     for (int j = 0; j < steps; ++j) {
-      const int stage = j % kRing;
-      cp_async_wait<kRing - 2>();
+      const int stage = j % kStages;
+      cp_async_wait<kStages - 2>();
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();  // step j landed for everyone; everyone done with step j - 1's stage
-      copy_step<T, kN>(p, t, x_rows, m0, j + kRing - 1, n_block, sm, (j + kRing - 1) % kRing);
+      copy_step<T, kN>(p, t, x_rows, m0, j + kStages - 1, n_block, sm, (j + kStages - 1) % kStages);
       const uint4 w[2] = {*reinterpret_cast<const uint4*>(sm.weights[stage] + 32 * tid),
                           *reinterpret_cast<const uint4*>(sm.weights[stage] + 32 * tid + 16)};
       uint32_t av[8][4];
@@ -236,7 +229,7 @@ __global__ void __launch_bounds__(kThreads, 4) decode_w4_wgmma_kernel(Params p) 
 }  // namespace decode_w4_wgmma
 
 // In: the tokens' element type (T, or E4M3 for W4A8, whose inputs come widened); T: the
-// MMAs' and the output's; kTokens: the catalog's tile_m (8, 16 or 32); 64 columns per block.
+// MMAs' and the output's; kTokens: the catalog's tile_m (8 or 16); 64 columns per block.
 template <class In, class T, class W, int kTokens>
 struct DecodeW4Wgmma {
   static size_t workspace_size(int, int) { return 0; }

@@ -80,6 +80,11 @@ __device__ __forceinline__ void e2m1_to_e4m3(uint32_t x, uint32_t& lo, uint32_t&
   hi = e2m1_bytes_to_e4m3(prmt(x, xs, 0x7362u));  // values 4, 5, 6, 7
 }
 
+// Eight accumulators v[i] .. v[i + 7] as "+f" asm operands.
+#define MOEK_ACC8(v, i)                                                                                     \
+  "+f"(v[i]), "+f"(v[i + 1]), "+f"(v[i + 2]), "+f"(v[i + 3]), "+f"(v[i + 4]), "+f"(v[i + 5]), "+f"(v[i + 6]), \
+      "+f"(v[i + 7])
+
 // d (64 x kN, fp32) = a (64 x 32, E4M3 registers) x b (32 x kN, E4M3 in shared memory) (+ d
 // where accumulate).
 template <int kN>
@@ -105,6 +110,7 @@ __device__ __forceinline__ void wgmma_e4m3(float (&d)[kN / 2], const uint32_t (&
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 #endif
 }
+#undef MOEK_ACC8
 
 template <int kN>
 struct Smem {
