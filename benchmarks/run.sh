@@ -19,7 +19,8 @@ PY=${PYTHON:-python3}
 OUT_DIR=${OUT_DIR:-benchmarks/results}
 ALL="bf16 fp8 fp8_block w4a16_int4 w4a16_mxfp4 w4a16_mxfp4_deepseek w4a8_int4 w4a8_mxfp4"
 ALL="$ALL w4a8_mxfp4_deepseek w4a16_int4_v4_pro w4a8_int4_v4_pro decode decode_fp16 decode_fp8 decode_fp8_block"
-ALL="$ALL w4a16_int4_decode w4a16_mxfp4_decode w4a8_int4_decode w4a8_mxfp4_decode w4_decode_widths host transformers"
+ALL="$ALL w4a16_int4_decode w4a16_mxfp4_decode w4a8_int4_decode w4a8_mxfp4_decode w4_decode_widths"
+ALL="$ALL w4a8_mxfp4_decode32_rows w4a8_int4_decode32_rows host transformers"
 WIDE="--tokens 1,16,128,1024,4096,16384"
 
 args_for() {
@@ -51,6 +52,12 @@ args_for() {
     # (docs/kernels/decode.md: the width rule is the 16-bit one until this is measured)
     w4_decode_widths) echo "--preset qwen3-30b-a3b --preset deepseek-v3 --quant w4a16_int4 --tokens 1,2,4,8,16,64 \
                            --sweep-only _decode --sweep-rounds 3 --no-peers" ;;
+    # SM90's 32-token W4A8 decode block against the contiguous kernel at 8-128 rows per expert
+    # (these presets: tokens / 32), for the rule's FOUR_BIT_DECODE_ROWS_32 (python/moe_kernels/tactic.py)
+    w4a8_mxfp4_decode32_rows) echo "--preset gpt-oss-120b --preset deepseek-v3 --quant w4a8_mxfp4 \
+                           --tokens 256,512,1024,2048,4096 --sweep-only 32x64|contig --no-peers" ;;
+    w4a8_int4_decode32_rows) echo "--preset deepseek-v3 --quant w4a8_int4 \
+                           --tokens 256,512,1024,2048,4096 --sweep-only 32x64|contig --no-peers" ;;
     # Host time per eager call through the registered op (a signature seen before), beside the graph time
     host)            echo "--preset qwen3-30b-a3b --tokens 1,64,1024 --host --no-peers" ;;
     # Qwen3-30B-A3B and gpt-oss-20b shaped models, 2 layers, with grouped_mm, batched_mm and ours

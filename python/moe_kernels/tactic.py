@@ -114,7 +114,7 @@ FOUR_BIT_DECODE_ROWS = {("fp8_row", "int4"): 8, ("fp8_row", "mxfp4"): 8, ("a16",
 # the decode kernel serves W4A8 MXFP4 up to 64 rows per expert instead: on gpt-oss-120b (H100)
 # the forward was 1.54x faster than with the contiguous kernel in GEMM1 at 32 rows and 1.07x
 # faster than the contiguous pair at 64 (docs/performance.md, "... W4A8 decode at 32 tokens a
-# pass"). W4A8 INT4 there is not measured yet.
+# pass"). W4A8 INT4 there is not measured yet (`benchmarks/run.sh w4a8_int4_decode32_rows`).
 FOUR_BIT_DECODE_ROWS_32 = {("fp8_row", "mxfp4"): 64}
 FOUR_BIT_DECODE_WIDE_MAX_K = 1024
 # Past these rows per expert, by (activation, weight) format, the contiguous kernel instead of
