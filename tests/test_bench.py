@@ -605,6 +605,18 @@ def test_tiny_bench_transformers_run(tmp_path):
     assert (tmp_path / "t.md").read_text().count("| moe_kernels |") == 2
 
 
+def test_peers_that_need_the_most_memory_run_first():
+    """humming-kernels builds its layers with an int32 per weight value: it runs before the
+    peers that keep copies of the weights; the others keep their order (and the columns theirs)."""
+    from moe_kernels.cli import bench as b
+    humming = b.HummingMoE("int4")
+    listed = [("copy", b.DequantizedGroupedMM("int4"), None), ("fp8", b.OwnFp8("int4"), None),
+              ("missing", None, "not installed"), ("humming-kernels", humming, None)]
+    assert [n for n, _, _ in b.run_order(listed)] == ["humming-kernels", "copy", "fp8", "missing"]
+    assert [n for n, _, _ in listed][-1] == "humming-kernels"  # the list itself is left as it was
+    assert b.run_order(b.peers("swiglu", "bf16")) == b.peers("swiglu", "bf16")
+
+
 def test_free_other_peers_keeps_the_peer_and_the_copy_it_reads():
     """A peer whose weights do not fit beside the others' gets the others' copies dropped (bench
     retries it once so): each other peer with a release() loses its copy, the peer itself and the
