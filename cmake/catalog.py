@@ -49,7 +49,10 @@ DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cut
 # rows per expert. "decode": our own kernel for a few rows per expert
 # (src/gemm/decode_gemm.cuh: mma.sync with the weights as the 16-row operand, tile_m tokens
 # per pass; tile_n output columns per block: 16 with K split over its 4 warps, or 64, 16 per
-# warp), the same source for both families. "contiguous": our own TMA + wgmma kernel for
+# warp), the same source for both families. "ring": the decode kind's other form, vLLM's
+# Triton MoE's decomposition (src/gemm/decode_ring.cuh: 64 weight rows by tile_m tokens per
+# block, both operands through a cp.async ring of K steps of tile_k values, mma.sync), 16-bit
+# and per-channel fp8. "contiguous": our own TMA + wgmma kernel for
 # fp8_block at many rows per expert (src/gemm/sm90/contiguous_gemm.cuh: one descriptor per
 # operand for all experts, tiles taken from a counter, an expert's last M tile cut to the
 # 64-row half with rows in it), and in that frame for 4-bit weights converted in shared memory
@@ -60,11 +63,11 @@ DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cut
 # or more, zero terms), for what CUTLASS's mixed-input mainloop cannot take (MXFP4's groups of 32).
 SCHEDULE_KINDS = {"pingpong": ("grouped", False), "coop": ("grouped", False),
                   "coop_swapab": ("grouped", True), "1sm": ("grouped", False),
-                  "2sm": ("grouped", False), "decode": ("decode", False),
+                  "2sm": ("grouped", False), "decode": ("decode", False), "ring": ("decode", False),
                   "contig": ("contiguous", False), "one_token": ("forward", False), "tiled": ("tiled", False)}
 KINDS = ("grouped", "decode", "contiguous", "forward", "tiled")  # C codes: positions here
-SCHEDULES = {"sm90": ("pingpong", "coop", "coop_swapab", "decode", "contig", "one_token", "tiled"),
-             "sm100": ("1sm", "2sm", "decode", "one_token", "tiled")}
+SCHEDULES = {"sm90": ("pingpong", "coop", "coop_swapab", "decode", "ring", "contig", "one_token", "tiled"),
+             "sm100": ("1sm", "2sm", "decode", "ring", "one_token", "tiled")}
 DECODE_TILE_N = (16, 64)
 
 # FP8 mainloops (SM90). "": partial sums promoted to fp32 every few k-blocks (accurate for
@@ -154,6 +157,12 @@ class GemmConfig:
         if self.kind == "forward":
             assert self.mode in ("fp8", "fp8_block") and (self.tile_m, self.tile_n, self.tile_k) == (0, 0, 0), \
                 f"{self.name}: one_token is an fp8/fp8_block forward without tiles"
+            return
+        if self.schedule == "ring":  # src/gemm/decode_ring.cuh: 16 tokens per mma, 64 weight rows
+            assert not mixed and self.mainloop == "" and self.tile_n == 64 and self.tile_m in (16, 64) and \
+                (self.cluster_m, self.cluster_n) == (1, 1), f"{self.name}: ring tile"
+            # K steps of 128 or 256 bytes: whole rows of the 8-chunk swizzle.
+            assert self.tile_k * (1 if self.act_dtype == "e4m3" else 2) in (128, 256), f"{self.name}: ring tile_k"
             return
         # wgmma reads 32 bytes of K per instruction: K tiles of 64 (16-bit) or 128 (8-bit).
         if mixed and self.schedule == "decode":  # src/gemm/decode_w4a16.cuh: K steps of 128 values
@@ -311,6 +320,12 @@ _W4_TILED_MINIMAL = [(64, 128, 64, 1, 1, "tiled")]
 # more passes, so these are for a few rows per expert only. K steps of 128 bytes. On SM100
 # too (mma.sync is there; compiled, not yet run on a B200), for every mode.
 _DECODE = [(m, n, 128, 1, 1, "decode") for m in (8, 16) for n in DECODE_TILE_N]
+# The ring form (16-bit and per-channel fp8, every arch as mma.sync is): 16 tokens with K steps
+# of 256 bytes (vLLM's tuned H100 configs at 4-128 tokens are 16 tokens by 32-128 weight rows
+# by 128-256 values of K, 4-5 stages), and 64 tokens with steps of 128 bytes. tile_k in values
+# of the 16-bit type; _RING8 doubles it for E4M3.
+_RING = [(16, 64, 128, 1, 1, "ring"), (64, 64, 64, 1, 1, "ring")]
+_RING8 = [(m, n, 2 * k, *rest) for (m, n, k, *rest) in _RING]
 
 # SM100: 1-CTA tiles for decode and moderate M, 2-CTA (256-row) tiles for prefill. A first,
 # untuned set (no B200 to measure on yet), for bf16/fp16 (K=64) and fp8 (K=128).
@@ -336,7 +351,7 @@ _SM100_FP8_MINIMAL = [(128, 256, 128, 1, 1, "1sm"), _SM100_FP8_BLOCK_FULL[0]]
 
 def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4, sm90_w4a8, w4, w4_outs):
     """Each family's 16-bit and FP8 tiles, all built with bf16 (output); fp16: by family, the
-    (16-bit, FP8) tiles also built with fp16. The decode kernels come in every form. 4-bit
+    (16-bit, FP8) tiles also built with fp16. The decode kernels (both forms) come in every form. 4-bit
     weights: SM90's CUTLASS INT4 tiles, contiguous kernels and W4A8's extra decode tiles
     `sm90_w4a8`, and on every arch the `w4` decode and tiled tiles, for the outputs `w4_outs`
     names per family."""
@@ -345,10 +360,10 @@ def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4, sm90_
     rows = []
     for arch, v in ARCHS.items():
         (bf16_16bit, bf16_fp8), (fp16_16bit, fp16_fp8) = families[v["family"]], fp16[v["family"]]
-        rows += _rows(arch, "fp8", bf16_fp8 + fp8_decode, out="bf16")
-        rows += _rows(arch, "fp8", fp16_fp8 + fp8_decode, out="fp16")
-        rows += _rows(arch, "bf16", _k(bf16_16bit + _DECODE, 64), out="bf16")
-        rows += _rows(arch, "fp16", _k(fp16_16bit + _DECODE, 64), out="fp16")
+        rows += _rows(arch, "fp8", bf16_fp8 + fp8_decode + _RING8, out="bf16")
+        rows += _rows(arch, "fp8", fp16_fp8 + fp8_decode + _RING8, out="fp16")
+        rows += _rows(arch, "bf16", _k(bf16_16bit + _DECODE, 64) + _RING, out="bf16")
+        rows += _rows(arch, "fp16", _k(fp16_16bit + _DECODE, 64) + _RING, out="fp16")
         rows += [GemmConfig(arch, mode, 0, 0, 0, 1, 1, "one_token", out, "blockwise" if mode == "fp8_block" else "")
                  for mode in ("fp8", "fp8_block") for out in ("bf16", "fp16")]
         sm90 = v["family"] == "sm90"

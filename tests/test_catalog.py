@@ -95,6 +95,7 @@ _E4M3 = dict(mode="fp8", out="bf16")
 _BLOCK = dict(mode="fp8_block", out="bf16", tile_k=128, mainloop="blockwise")
 _DECODE_ROW = dict(_SM90_ROW, tile_m=8, tile_n=16, schedule="decode")
 _SWAP_ROW = dict(_SM90_ROW, **_BLOCK, tile_m=8, tile_n=128, schedule="coop_swapab")
+_RING_ROW = dict(_SM90_ROW, tile_m=16, tile_n=64, tile_k=128, schedule="ring")
 _FORWARD_ROW = dict(_SM90_ROW, mode="fp8", tile_m=0, tile_n=0, tile_k=0, schedule="one_token")
 
 
@@ -122,6 +123,12 @@ _FORWARD_ROW = dict(_SM90_ROW, mode="fp8", tile_m=0, tile_n=0, tile_k=0, schedul
     (_DECODE_ROW, dict(_E4M3, tile_k=128, mainloop="fastaccum")),  # it accumulates in fp32
     (_SM100_ROW, dict(_E4M3, tile_k=128, mainloop="fastaccum")),  # an SM90 mainloop
     (_SM100_ROW, dict(_BLOCK, tile_n=64)),                   # splits a block
+    (_RING_ROW, dict(tile_n=128)),                           # 64 weight rows, 16 per warp
+    (_RING_ROW, dict(tile_m=32)),                            # 16 or 64 tokens a pass
+    (_RING_ROW, dict(tile_k=96)),                            # steps of 128 or 256 bytes
+    (_RING_ROW, dict(_E4M3, tile_k=64)),                     # ... so E4M3's tile_k is 256 or 128
+    (_RING_ROW, dict(_BLOCK, tile_k=256)),                   # no block scales
+    (_RING_ROW, dict(mode="w4a16_int4")),                    # 16-bit or E4M3 weights only
     (_SWAP_ROW, dict(tile_n=64)),                            # wgmma M = tile_n: coop needs 128
     (_SWAP_ROW, dict(tile_m=12)),                            # wgmma N = tile_m: multiples of 8
     (_SM100_ROW, dict(_E4M3, tile_k=128, tile_m=8, tile_n=128, schedule="coop_swapab")),  # SM90 only
@@ -213,6 +220,12 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
                 assert '#include "gemm/decode_gemm.cuh"' in text
                 assert f"DecodeGemm<{generate.CUDA_TYPES[c.act_dtype]}, " in text
                 assert f", {blockwise}, {c.tile_m}, {c.tile_n}>::kOps" in text
+                continue
+            if c.schedule == "ring":
+                step_bytes = c.tile_k * (1 if c.act_dtype == "e4m3" else 2)
+                assert '#include "gemm/decode_ring.cuh"' in text
+                assert (f"DecodeRing<{generate.CUDA_TYPES[c.act_dtype]}, {generate.CUDA_TYPES[c.out]}, "
+                        f"{c.tile_m}, {step_bytes}>::kOps") in text
                 continue
             if c.schedule == "contig":
                 if c.weight_dtype != c.act_dtype:

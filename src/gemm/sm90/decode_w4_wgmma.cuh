@@ -26,6 +26,7 @@
 
 #include <type_traits>
 
+#include "gemm/cp_async.cuh"
 #include "gemm/decode_w4a16.cuh"  // Params, WeightTile, TokenRows, dequant8, check_args, launch_groups
 #include "gemm/grouped_gemm.h"
 #include "launch.cuh"
@@ -42,18 +43,7 @@ constexpr int kThreads = 128;  // one warpgroup
 constexpr int kColumns = 64;   // weight rows per block: wgmma's M
 constexpr int kStages = 4;     // K steps in the shared-memory ring
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared (bypassing L1), zeros where !ok.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
+using cp_async::smem_addr;
 
 // Shared-memory descriptor, K-major without swizzle (byte offsets in units of 16).
 __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
@@ -120,11 +110,11 @@ __device__ __forceinline__ void copy_tokens(const TokenRows<T, T>& x, int m0, in
     for (int id = tid; id < kN * 16; id += kThreads) {  // 16-byte chunk c (values 8c ..) of token m
       const int m = id >> 4, c = id & 15, kk = s * kStepK + 8 * c;
       const bool ok = m0 + m < x.m_rows && kk < k;
-      cp_async_16(stage + (c * (kN / 8) + (m >> 3)) * 128 + (m & 7) * 16,
+      cp_async::copy_16(stage + (c * (kN / 8) + (m >> 3)) * 128 + (m & 7) * 16,
                   x.a + (ok ? (m0 + m) * x.lda + int64_t(kk) * sizeof(T) : 0), ok);
     }
   }
-  cp_async_commit();
+  cp_async::commit();
 }
 
 template <int kN>
@@ -146,16 +136,16 @@ __device__ __forceinline__ void copy_step(const Params& p, const WeightTile<T>& 
   if (s < t.steps) {
     // Weights: this thread's 32 bytes of its warp's atom (WeightTile::atom).
     const char* src = t.atom + (t.rows_ok ? s * t.step_bytes : 0);
-    cp_async_16(smem_addr(sm.weights[stage] + 32 * tid), src, t.rows_ok);
-    cp_async_16(smem_addr(sm.weights[stage] + 32 * tid + 16), src + 16, t.rows_ok);
+    cp_async::copy_16(smem_addr(sm.weights[stage] + 32 * tid), src, t.rows_ok);
+    cp_async::copy_16(smem_addr(sm.weights[stage] + 32 * tid + 16), src + 16, t.rows_ok);
     // Scales (and zero terms): the step's groups (1, or 128 / group), 64 rows each, 16 bytes a thread.
     const int groups = t.group >= kStepK ? 1 : kStepK / t.group;
     if (tid < 8 * groups) {
       const int gi = tid >> 3, n = n_block + 8 * (tid & 7), kg = (s * kStepK) / t.group + gi;
       const bool ok = n < t.n && kg * t.group < t.k;
       const int64_t at = ok ? int64_t(kg) * t.n + n : 0;
-      cp_async_16(smem_addr(&sm.scales[stage][gi][8 * (tid & 7)]), t.scale + at, ok);
-      if (t.zero) cp_async_16(smem_addr(&sm.zeros[stage][gi][8 * (tid & 7)]), t.zero + at, ok);
+      cp_async::copy_16(smem_addr(&sm.scales[stage][gi][8 * (tid & 7)]), t.scale + at, ok);
+      if (t.zero) cp_async::copy_16(smem_addr(&sm.zeros[stage][gi][8 * (tid & 7)]), t.zero + at, ok);
     }
   }
   copy_tokens<T, kN>(x, m0, t.k, t.steps, s, smem_addr(sm.tokens[stage]), tid);  // commits the group
@@ -178,7 +168,7 @@ __device__ __forceinline__ void block_tile(const Params& p, const WeightTile<T>&
     for (int j = 0; j < kStages - 1; ++j) copy_step<T, kN>(p, t, x_rows, m0, j, n_block, sm, j);
     for (int j = 0; j < steps; ++j) {
       const int stage = j % kStages;
-      cp_async_wait<kStages - 2>();
+      cp_async::wait<kStages - 2>();
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();  // step j landed for everyone; everyone done with step j - 1's stage
       copy_step<T, kN>(p, t, x_rows, m0, j + kStages - 1, n_block, sm, (j + kStages - 1) % kStages);
@@ -209,7 +199,7 @@ __device__ __forceinline__ void block_tile(const Params& p, const WeightTile<T>&
       const int m = m0 + 8 * (i >> 2) + 2 * q + (i & 1), col = n_block + row0 + 8 * ((i >> 1) & 1);
       if (m < x_rows.m_rows && col < t.n) out_rows.store(m, col, acc[i]);
     }
-    cp_async_wait<0>();
+    cp_async::wait<0>();
     __syncthreads();
   }
 }

@@ -43,11 +43,8 @@ namespace moe_kernels {
 namespace decode_w4a8_wgmma {
 
 using decode_w4::prmt;
-using decode_w4_wgmma::cp_async_16;
-using decode_w4_wgmma::cp_async_commit;
-using decode_w4_wgmma::cp_async_wait;
 using decode_w4_wgmma::desc;
-using decode_w4_wgmma::smem_addr;
+using cp_async::smem_addr;
 // The 16-bit wgmma block's shape: one warpgroup, 64 weight rows (wgmma's M), a ring of 4 steps
 // of 128 K values (here four wgmma k32).
 using decode_w4::kStepK;
@@ -151,22 +148,22 @@ __device__ __forceinline__ void copy_step(const Tile& t, int m0, int s, int n_bl
   const int tid = threadIdx.x;
   if (s < t.steps) {
     const uint8_t* src = t.w + (t.w_ok ? s * t.step_bytes : 0);
-    cp_async_16(smem_addr(sm.weights[stage] + 32 * tid), src, t.w_ok);
-    cp_async_16(smem_addr(sm.weights[stage] + 32 * tid + 16), src + 16, t.w_ok);
+    cp_async::copy_16(smem_addr(sm.weights[stage] + 32 * tid), src, t.w_ok);
+    cp_async::copy_16(smem_addr(sm.weights[stage] + 32 * tid + 16), src + 16, t.w_ok);
     if (tid < 8 * kGroups) {  // the step's groups, 64 rows each, 16 bytes a thread
       const int gi = tid >> 3, n = n_block + 8 * (tid & 7), kg = (s * kStepK) / t.group + gi;
       const bool ok = n < t.n && kg * t.group < t.k;
-      cp_async_16(smem_addr(&sm.scales[stage][gi][8 * (tid & 7)]), t.scale + (ok ? int64_t(kg) * t.n + n : 0), ok);
+      cp_async::copy_16(smem_addr(&sm.scales[stage][gi][8 * (tid & 7)]), t.scale + (ok ? int64_t(kg) * t.n + n : 0), ok);
     }
     const uint32_t tok = smem_addr(sm.tokens[stage]);
 #pragma unroll
     for (int id = tid; id < kN * 8; id += kThreads) {  // 16-byte k block c of token m
       const int m = id >> 3, c = id & 7, kk = s * kStepK + 16 * c;
       const bool ok = m0 + m < t.m_rows && kk < t.k;
-      cp_async_16(tok + c * (kN / 8) * 128 + (m >> 3) * 128 + (m & 7) * 16, t.x + (ok ? (m0 + m) * t.ldx + kk : 0), ok);
+      cp_async::copy_16(tok + c * (kN / 8) * 128 + (m >> 3) * 128 + (m & 7) * 16, t.x + (ok ? (m0 + m) * t.ldx + kk : 0), ok);
     }
   }
-  cp_async_commit();
+  cp_async::commit();
 }
 
 // kGroups: scale groups per K step (4: groups of 32, 2: of 64, 1: 128 or a multiple).
@@ -207,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, kN >= 32 ? 3 : 4) decode_w4a8_wgmma_
       for (int j = 0; j < kStages - 1; ++j) copy_step<kN, kGroups>(t, m0, j, n_block, sm, j);
       for (int j = 0; j < t.steps; ++j) {
         const int stage = j % kStages;
-        cp_async_wait<kStages - 2>();
+        cp_async::wait<kStages - 2>();
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads();  // step j landed for everyone; everyone done with step j - 1's stage
         copy_step<kN, kGroups>(t, m0, j + kStages - 1, n_block, sm, (j + kStages - 1) % kStages);
@@ -245,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, kN >= 32 ? 3 : 4) decode_w4a8_wgmma_
         const int m = m0 + 8 * (i >> 2) + 2 * q + (i & 1), col = n_block + row0 + 8 * ((i >> 1) & 1);
         if (m < t.m_rows && col < t.n) d[int64_t(m) * ldd + col] = decode::to_out<T>(acc[i] * sfa[m]);
       }
-      cp_async_wait<0>();
+      cp_async::wait<0>();
       __syncthreads();  // the ring is reused by the next pass
     }
   }
