@@ -73,13 +73,11 @@ DECODE_HEADROOM = 1.5
 # occupancy), else 16 columns with K split over the 4 warps so that a few experts' weights still
 # reach every SM; 16-bit 64-column blocks take 16 tokens a pass (docs/performance.md, default rule).
 DECODE_WIDE_BLOCKS_PER_SM = 4
-# 16-bit modes from 2 tokens up to RING_ROWS rows per expert: the ring form of the decode kernel
-# (catalog "ring", src/gemm/decode_ring.cuh: vLLM's tuned Triton MoE's decomposition, 64 weight
-# rows by 16 tokens per block, both operands through a cp.async ring), its 16-token tile. Alone
-# on one H100 it streamed DeepSeek-V3's and Mixtral-8x7B's GEMMs at 16 and 128 tokens 4-7%
-# faster than the mma.sync kernel's best tile (3.10 TB/s); at one token the mma.sync kernel's
-# split-K blocks were ahead on short GEMMs (docs/kernels/decode.md).
-RING_ROWS = 16
+# The ring form of the decode kernel (catalog "ring", src/gemm/decode_ring.cuh: vLLM's tuned Triton
+# MoE's decomposition) is built for callers and tuned tables; the rule does not pick it until the
+# library's form has passed the GPU suite (alone on one H100 the harness's form streamed DeepSeek-V3's
+# and Mixtral-8x7B's GEMMs at 16 and 128 tokens 4-7% faster than the mma.sync kernel's best tile;
+# docs/kernels/decode.md).
 # fp8_block: CUTLASS's swap-AB kernels (catalog "coop_swapab") are the default up to this many rows
 # per expert (GEMM1, GEMM2), before the decode kernel, with the narrowest tile that holds
 # SWAP_AB_HEADROOM times the rows. Past 1 row GEMM1 was faster on the 64-row ping-pong tile;
@@ -157,15 +155,12 @@ def _sixteen_bit(kernels: list) -> bool:
 
 
 def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_count: int,
-          decode_pairs: int, swap_rows: float, ring_ok: bool) -> KernelInfo:
+          decode_pairs: int, swap_rows: float) -> KernelInfo:
     swap = sorted((k for k in kernels if k.swap_ab and k.tile[0] <= SWAP_AB_DECODE_TILE),
                   key=lambda k: k.tile[0])
     if swap and rows_per_expert <= swap_rows:
         return next((k for k in swap if k.tile[0] >= SWAP_AB_HEADROOM * rows_per_expert), swap[-1])
-    ring = sorted((k for k in kernels if k.schedule == "ring"), key=lambda k: k.tile[0])
-    if ring and ring_ok and _sixteen_bit(ring) and rows_per_expert <= RING_ROWS:
-        return ring[0]
-    decode = [k for k in kernels if k.schedule == "decode"]
+    decode = [k for k in kernels if k.schedule == "decode"]  # the mma.sync tiles, not the ring form
     if decode and rows_per_expert * experts_hit <= decode_pairs:
         narrow, wide = min(k.tile[1] for k in decode), max(k.tile[1] for k in decode)
         use_wide = wide > narrow and math.ceil(n / wide) * experts_hit >= DECODE_WIDE_BLOCKS_PER_SM * sm_count
@@ -217,9 +212,8 @@ def default_tactic(kernels: list, *, num_tokens: int, top_k: int, num_experts: i
     decode1 = DECODE_PAIRS[0]
     if _sixteen_bit(kernels) and hidden_size >= DECODE_LONG_K:  # GEMM1's K
         decode1 = DECODE_PAIRS_16BIT_LONG_K
-    ring = num_tokens > 1
-    return Tactic(_pick(kernels, rows, gemm1_n, experts_hit, sm_count, decode1, SWAP_AB_ROWS[0], ring).name,
-                  _pick(kernels, rows, hidden_size, experts_hit, sm_count, DECODE_PAIRS[1], SWAP_AB_ROWS[1], ring).name)
+    return Tactic(_pick(kernels, rows, gemm1_n, experts_hit, sm_count, decode1, SWAP_AB_ROWS[0]).name,
+                  _pick(kernels, rows, hidden_size, experts_hit, sm_count, DECODE_PAIRS[1], SWAP_AB_ROWS[1]).name)
 
 
 # ---- resolution ----------------------------------------------------------------------------
