@@ -73,11 +73,9 @@ DECODE_HEADROOM = 1.5
 # occupancy), else 16 columns with K split over the 4 warps so that a few experts' weights still
 # reach every SM; 16-bit 64-column blocks take 16 tokens a pass (docs/performance.md, default rule).
 DECODE_WIDE_BLOCKS_PER_SM = 4
-# The ring form of the decode kernel (catalog "ring", src/gemm/decode_ring.cuh: vLLM's tuned Triton
-# MoE's decomposition) is built for callers and tuned tables; the rule does not pick it until the
-# library's form has passed the GPU suite (alone on one H100 the harness's form streamed DeepSeek-V3's
-# and Mixtral-8x7B's GEMMs at 16 and 128 tokens 4-7% faster than the mma.sync kernel's best tile;
-# docs/kernels/decode.md).
+# The ring form of the decode kernel (catalog "ring", src/gemm/decode_ring.cuh) is for callers and
+# tuned tables: the rule does not pick it until its library form has run the GPU suite
+# (docs/kernels/decode.md, its status and measurements).
 # fp8_block: CUTLASS's swap-AB kernels (catalog "coop_swapab") are the default up to this many rows
 # per expert (GEMM1, GEMM2), before the decode kernel, with the narrowest tile that holds
 # SWAP_AB_HEADROOM times the rows. Past 1 row GEMM1 was faster on the 64-row ping-pong tile;
