@@ -16,7 +16,8 @@
 // The first group's weight copies are issued before the wait for the previous kernel (PDL):
 // weights and routing's shapes are complete then (launch.cuh); the tokens are not.
 //
-// Measured against the mma.sync kernel, and the rule that picks it: docs/kernels/decode.md.
+// Its status (not yet the default rule's), measurements and the rule it is meant for:
+// docs/kernels/decode.md.
 #pragma once
 
 #include <cuda_bf16.h>
