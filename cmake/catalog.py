@@ -321,8 +321,8 @@ _W4_TILED_MINIMAL = [(64, 128, 64, 1, 1, "tiled")]
 # too (mma.sync is there; compiled, not yet run on a B200), for every mode.
 _DECODE = [(m, n, 128, 1, 1, "decode") for m in (8, 16) for n in DECODE_TILE_N]
 # The ring form (16-bit and per-channel fp8, every arch as mma.sync is): 16 tokens with K steps
-# of 256 bytes (vLLM's tuned H100 configs at 4-128 tokens are 16 tokens by 32-128 weight rows
-# by 128-256 values of K, 4-5 stages), and 64 tokens with steps of 128 bytes. tile_k in values
+# of 256 bytes (vLLM's tuned H100 configs at 4-128 tokens are mostly 16 tokens by 32-256 weight rows
+# by 64-256 values of K, 2-5 stages), and 64 tokens with steps of 128 bytes. tile_k in values
 # of the 16-bit type; _RING8 doubles it for E4M3.
 _RING = [(16, 64, 128, 1, 1, "ring"), (64, 64, 64, 1, 1, "ring")]
 _RING8 = [(m, n, 2 * k, *rest) for (m, n, k, *rest) in _RING]
@@ -351,7 +351,8 @@ _SM100_FP8_MINIMAL = [(128, 256, 128, 1, 1, "1sm"), _SM100_FP8_BLOCK_FULL[0]]
 
 def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4, sm90_w4a8, w4, w4_outs):
     """Each family's 16-bit and FP8 tiles, all built with bf16 (output); fp16: by family, the
-    (16-bit, FP8) tiles also built with fp16. The decode kernels (both forms) come in every form. 4-bit
+    (16-bit, FP8) tiles also built with fp16. The decode kernels, the mma.sync tiles and the ring
+    form, come in every 16-bit and FP8 form. 4-bit
     weights: SM90's CUTLASS INT4 tiles, contiguous kernels and W4A8's extra decode tiles
     `sm90_w4a8`, and on every arch the `w4` decode and tiled tiles, for the outputs `w4_outs`
     names per family."""
