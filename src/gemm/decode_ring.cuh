@@ -73,37 +73,35 @@ struct Group {
   }
 };
 
-// Step s's weight rows n0 .. n0 + 63 into ring stage s % kStages (nothing past the last step).
-// k_bytes % 16 == 0 (check), so a chunk lies wholly inside K or wholly past it.
-template <int kTokens, int kStepBytes, int kStages>
-__device__ __forceinline__ void copy_weights(const Group& t, int n0, int s, Stage<kTokens, kStepBytes>* ring) {
+// Rows row0 .. row0 + kCount - 1 of K step s (of `rows` rows at `src`, ld bytes apart) into the
+// operand at dst, zeros past `rows` and past K. k_bytes % 16 == 0 (check), so a chunk lies wholly
+// inside K or wholly past it.
+template <int kCount, int kStepBytes>
+__device__ __forceinline__ void copy_rows(uint32_t dst, const char* src, int64_t ld, int row0, int rows,
+                                          int64_t k_bytes, int s) {
   constexpr int kChunks = kStepBytes / 16;
-  if (s >= t.steps) return;
-  const uint32_t dst = cp_async::smem_addr(ring[s % kStages].w);
 #pragma unroll
-  for (int id = threadIdx.x; id < kRows * kChunks; id += kThreads) {
+  for (int id = threadIdx.x; id < kCount * kChunks; id += kThreads) {
     const int r = id / kChunks, c = id % kChunks;
     const int64_t kb = int64_t(s) * kStepBytes + 16 * c;
-    const bool ok = n0 + r < t.n && kb < t.k_bytes;
-    cp_async::copy_16(dst + slot<kStepBytes>(r, c), t.w + (ok ? (n0 + r) * t.ldw + kb : 0), ok);
+    const bool ok = row0 + r < rows && kb < k_bytes;
+    cp_async::copy_16(dst + slot<kStepBytes>(r, c), src + (ok ? (row0 + r) * ld + kb : 0), ok);
   }
 }
 
-// Step s's token rows m0 .. m0 + kTokens - 1 (zeros past the group's rows), then the commit that
-// closes the step's group of copies (an empty group past the last step keeps the count).
+// Step s's weight rows n0 .. n0 + 63 into ring stage s % kStages (nothing past the last step).
+template <int kTokens, int kStepBytes, int kStages>
+__device__ __forceinline__ void copy_weights(const Group& t, int n0, int s, Stage<kTokens, kStepBytes>* ring) {
+  if (s < t.steps)
+    copy_rows<kRows, kStepBytes>(cp_async::smem_addr(ring[s % kStages].w), t.w, t.ldw, n0, t.n, t.k_bytes, s);
+}
+
+// Step s's token rows m0 .. m0 + kTokens - 1, then the commit that closes the step's group of
+// copies (an empty group past the last step keeps the count).
 template <int kTokens, int kStepBytes, int kStages>
 __device__ __forceinline__ void copy_tokens(const Group& t, int m0, int s, Stage<kTokens, kStepBytes>* ring) {
-  constexpr int kChunks = kStepBytes / 16;
-  if (s < t.steps) {
-    const uint32_t dst = cp_async::smem_addr(ring[s % kStages].x);
-#pragma unroll
-    for (int id = threadIdx.x; id < kTokens * kChunks; id += kThreads) {
-      const int r = id / kChunks, c = id % kChunks;
-      const int64_t kb = int64_t(s) * kStepBytes + 16 * c;
-      const bool ok = m0 + r < t.m_rows && kb < t.k_bytes;
-      cp_async::copy_16(dst + slot<kStepBytes>(r, c), t.x + (ok ? (m0 + r) * t.ldx + kb : 0), ok);
-    }
-  }
+  if (s < t.steps)
+    copy_rows<kTokens, kStepBytes>(cp_async::smem_addr(ring[s % kStages].x), t.x, t.ldx, m0, t.m_rows, t.k_bytes, s);
   cp_async::commit();
 }
 
