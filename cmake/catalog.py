@@ -159,10 +159,12 @@ class GemmConfig:
                 f"{self.name}: one_token is an fp8/fp8_block forward without tiles"
             return
         if self.schedule == "ring":  # src/gemm/decode_ring.cuh: 16 tokens per mma, 64 weight rows
-            assert not mixed and self.mainloop == "" and self.tile_n == 64 and self.tile_m in (16, 64) and \
+            assert not mixed and self.tile_n == 64 and self.tile_m in (16, 64) and \
                 (self.cluster_m, self.cluster_n) == (1, 1), f"{self.name}: ring tile"
             # K steps of 128 or 256 bytes: whole rows of the 8-chunk swizzle.
             assert self.tile_k * (1 if self.act_dtype == "e4m3" else 2) in (128, 256), f"{self.name}: ring tile_k"
+            # With block scales a 64-token pass needs 255 registers and spills.
+            assert self.mainloop == "" or self.tile_m == 16, f"{self.name}: block-scaled ring passes are 16 tokens"
             return
         # wgmma reads 32 bytes of K per instruction: K tiles of 64 (16-bit) or 128 (8-bit).
         if mixed and self.schedule == "decode":  # src/gemm/decode_w4a16.cuh: K steps of 128 values
@@ -320,12 +322,14 @@ _W4_TILED_MINIMAL = [(64, 128, 64, 1, 1, "tiled")]
 # more passes, so these are for a few rows per expert only. K steps of 128 bytes. On SM100
 # too (mma.sync is there; compiled, not yet run on a B200), for every mode.
 _DECODE = [(m, n, 128, 1, 1, "decode") for m in (8, 16) for n in DECODE_TILE_N]
-# The ring form (16-bit and per-channel fp8, every arch as mma.sync is): 16 tokens with K steps
+# The ring form (16-bit, per-channel fp8 and fp8_block, every arch as mma.sync is): 16 tokens with K steps
 # of 256 bytes (vLLM's tuned H100 configs at 4-128 tokens are mostly 16 tokens by 32-256 weight rows
 # by 64-256 values of K, 2-5 stages), and 64 tokens with steps of 128 bytes. tile_k in values
 # of the 16-bit type; _RING8 doubles it for E4M3.
 _RING = [(16, 64, 128, 1, 1, "ring"), (64, 64, 64, 1, 1, "ring")]
 _RING8 = [(m, n, 2 * k, *rest) for (m, n, k, *rest) in _RING]
+# fp8_block: the 16-token form only (GemmConfig.check says why).
+_RING8_BLOCK = _RING8[:1]
 
 # SM100: 1-CTA tiles for decode and moderate M, 2-CTA (256-row) tiles for prefill. A first,
 # untuned set (no B200 to measure on yet), for bf16/fp16 (K=64) and fp8 (K=128).
@@ -356,7 +360,7 @@ def _subset(sm90_16bit, sm90_fp8, sm100_16bit, sm100_fp8, fp16, sm90_int4, sm90_
     weights: SM90's CUTLASS INT4 tiles, contiguous kernels and W4A8's extra decode tiles
     `sm90_w4a8`, and on every arch the `w4` decode and tiled tiles, for the outputs `w4_outs`
     names per family."""
-    fp8_decode = _DECODE + [(*t, "blockwise") for t in _DECODE]
+    fp8_decode = _DECODE + [(*t, "blockwise") for t in _DECODE + _RING8_BLOCK]
     families = {"sm90": (sm90_16bit, sm90_fp8), "sm100": (sm100_16bit, sm100_fp8)}
     rows = []
     for arch, v in ARCHS.items():

@@ -87,7 +87,7 @@ def kernel_source(c: catalog.GemmConfig) -> str:
                 '#include "gemm/decode_ring.cuh"\n\n'
                 f"namespace moe_kernels::{ns} {{\n"
                 f"extern const GemmKernelOps kOps_{c.name} = DecodeRing<{CUDA_TYPES[c.act_dtype]}, "
-                f"{CUDA_TYPES[c.out]}, {c.tile_m}, {step_bytes}>::kOps;\n"
+                f"{CUDA_TYPES[c.out]}, {str(c.mainloop == 'blockwise').lower()}, {c.tile_m}, {step_bytes}>::kOps;\n"
                 f"}}  // namespace moe_kernels::{ns}\n")
     if c.schedule == "contig" and c.weight_dtype != c.act_dtype:  # 4-bit weights
         weight = WEIGHT_TAGS[c.weight_dtype]

@@ -127,7 +127,7 @@ _FORWARD_ROW = dict(_SM90_ROW, mode="fp8", tile_m=0, tile_n=0, tile_k=0, schedul
     (_RING_ROW, dict(tile_m=32)),                            # 16 or 64 tokens a pass
     (_RING_ROW, dict(tile_k=96)),                            # steps of 128 or 256 bytes
     (_RING_ROW, dict(_E4M3, tile_k=64)),                     # ... so E4M3's tile_k is 256 or 128
-    (_RING_ROW, dict(_BLOCK, tile_k=256)),                   # no block scales
+    (_RING_ROW, dict(_BLOCK, tile_m=64)),                    # block scales: 16 tokens a pass
     (_RING_ROW, dict(mode="w4a16_int4")),                    # 16-bit or E4M3 weights only
     (_SWAP_ROW, dict(tile_n=64)),                            # wgmma M = tile_n: coop needs 128
     (_SWAP_ROW, dict(tile_m=12)),                            # wgmma N = tile_m: multiples of 8
@@ -224,8 +224,9 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
             if c.schedule == "ring":
                 step_bytes = c.tile_k * (1 if c.act_dtype == "e4m3" else 2)
                 assert '#include "gemm/decode_ring.cuh"' in text
+                blockwise = "true" if c.mainloop == "blockwise" else "false"
                 assert (f"DecodeRing<{generate.CUDA_TYPES[c.act_dtype]}, {generate.CUDA_TYPES[c.out]}, "
-                        f"{c.tile_m}, {step_bytes}>::kOps") in text
+                        f"{blockwise}, {c.tile_m}, {step_bytes}>::kOps") in text
                 continue
             if c.schedule == "contig":
                 if c.weight_dtype != c.act_dtype:

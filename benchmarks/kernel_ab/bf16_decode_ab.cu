@@ -82,8 +82,8 @@ int main(int argc, char** argv) {
     auto m8x64 = [&] { return DecodeGemm<bf16, bf16, false, 8, 64>::run(a, err, sizeof err); };
     auto m16x16 = [&] { return DecodeGemm<bf16, bf16, false, 16, 16>::run(a, err, sizeof err); };
     auto m16x64 = [&] { return DecodeGemm<bf16, bf16, false, 16, 64>::run(a, err, sizeof err); };
-    auto ring16 = [&] { return DecodeRing<bf16, bf16, 16, 256>::run(a, err, sizeof err); };
-    auto ring64 = [&] { return DecodeRing<bf16, bf16, 64, 128>::run(a, err, sizeof err); };
+    auto ring16 = [&] { return DecodeRing<bf16, bf16, false, 16, 256>::run(a, err, sizeof err); };
+    auto ring64 = [&] { return DecodeRing<bf16, bf16, false, 64, 128>::run(a, err, sizeof err); };
     std::vector<std::pair<int, int>> samples;
     for (int i = 0; i < 256; ++i) samples.push_back({int(rng() % rows), int(rng() % N)});
     std::vector<uint16_t> hd(size_t(rows) * N), wrow(K);

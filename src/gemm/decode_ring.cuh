@@ -1,7 +1,8 @@
 // A grouped GEMM for a few to a few dozen rows per expert, shaped as vLLM's tuned Triton MoE
-// decomposes decode: the catalog's "ring" schedule (cmake/catalog.py), bf16, fp16 and fp8
-// (per-channel or per-tensor E4M3 weights, per-row E4M3 tokens). Same interface as the other
-// GEMM kernels.
+// decomposes decode: the catalog's "ring" schedule (cmake/catalog.py), bf16, fp16, fp8
+// (per-channel or per-tensor E4M3 weights, per-row E4M3 tokens) and fp8_block (128x128 weight
+// blocks, 1x128 token groups, each 128-byte partial sum scaled as it is added). Same interface
+// as the other GEMM kernels.
 //
 // A block is 4 warps and 64 output columns (weight rows) of one expert, for kTokens of its
 // rows at a time. Both operands stream through a ring of kStages K steps of kStepBytes in shared
@@ -107,10 +108,13 @@ __device__ __forceinline__ void copy_tokens(const Group& t, int m0, int s, Stage
 
 // Grid: (N / 64 weight blocks, active groups, capped at 65535); a block walks its expert's rows
 // kTokens at a time, re-streaming its 64 weight rows for each pass.
-template <class In, class Out, int kTokens, int kStepBytes, int kStages>
+// kBlockScaled (fp8_block): token scales [M, K / 128] (ptr_sfa[g]), weight scales
+// [N / 128, K / 128] (ptr_sfb[g]); a 64-row block lies in one 128-row weight block.
+template <class In, class Out, bool kBlockScaled, int kTokens, int kStepBytes, int kStages>
 __global__ void __launch_bounds__(kThreads) ring_kernel(decode::Params p) {
   constexpr int kTiles = kTokens / 16;  // mma M tiles
-  constexpr bool kScaledOutput = std::is_same_v<In, __nv_fp8_e4m3>;
+  constexpr bool kScaledOutput = std::is_same_v<In, __nv_fp8_e4m3> && !kBlockScaled;
+  constexpr int kBlocksPerStep = kStepBytes / 128;  // fp8_block: scale blocks per K step
   using StageT = Stage<kTokens, kStepBytes>;
   extern __shared__ __align__(128) char smem[];
   StageT* ring = reinterpret_cast<StageT*>(smem);
@@ -130,7 +134,9 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(decode::Params p) {
   for (int y = blockIdx.y; y < active; y += gridDim.y) {
     const Group t = Group::of<kStepBytes, In>(p, p.active_groups[1 + y]);
     if (n0 >= t.n) continue;  // N is the same for every group: the whole block skips
-    const float* sfa = kScaledOutput ? p.ptr_sfa[t.g] : nullptr;
+    const float* sfa = kScaledOutput || kBlockScaled ? p.ptr_sfa[t.g] : nullptr;
+    const int k_blocks = static_cast<int>((t.k_bytes + 127) / 128);
+    const float* sfb = kBlockScaled ? p.ptr_sfb[t.g] + int64_t(n0 / 128) * k_blocks : nullptr;
     for (int m0 = 0; m0 < t.m_rows; m0 += kTokens) {
       // The first kStages - 1 steps; preloaded weights join the first step's group.
 #pragma unroll
@@ -141,11 +147,29 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(decode::Params p) {
       preloaded = false;
       float acc[kTiles][2][4] = {};
       for (int j = 0; j < t.steps; ++j) {
+        // fp8_block: step j's scales, [block][tile][token lane / 4, + 8], requested before the
+        // wait for its operands so that they arrive with them (zeros past M and past K).
+        float sa[kBlockScaled ? kBlocksPerStep : 1][kTiles][2], sw[kBlockScaled ? kBlocksPerStep : 1];
+        if constexpr (kBlockScaled) {
+#pragma unroll
+          for (int b = 0; b < kBlocksPerStep; ++b) {
+            const int kb = j * kBlocksPerStep + b;
+            sw[b] = kb < k_blocks ? __ldg(sfb + kb) : 0.f;
+#pragma unroll
+            for (int u = 0; u < kTiles; ++u)
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                const int m = m0 + 16 * u + (lane >> 2) + 8 * half;
+                sa[b][u][half] = kb < k_blocks && m < t.m_rows ? __ldg(sfa + int64_t(m) * k_blocks + kb) : 0.f;
+              }
+          }
+        }
         cp_async::wait<kStages - 2>();
         __syncthreads();  // step j landed for every thread; every thread is done with step j - 1
         copy_weights<kTokens, kStepBytes, kStages>(t, n0, j + kStages - 1, ring);
         copy_tokens<kTokens, kStepBytes, kStages>(t, m0, j + kStages - 1, ring);
         const uint32_t xs = cp_async::smem_addr(ring[j % kStages].x), ws = cp_async::smem_addr(ring[j % kStages].w);
+        float part[kTiles][2][4] = {};  // fp8_block: one 128-byte scale block's sums
 #pragma unroll
         for (int ks = 0; ks < kStepBytes / 32; ++ks) {
           uint32_t b[4];  // weight rows 16w + 0-7 (bytes 0-15, 16-31 of the slice), then 16w + 8-15
@@ -154,8 +178,22 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(decode::Params p) {
           for (int u = 0; u < kTiles; ++u) {
             uint32_t a[4];  // tokens 16u + 0-7, + 8-15 (bytes 0-15), then the same (bytes 16-31)
             cp_async::ldmatrix_x4(a, xs + slot<kStepBytes>(16 * u + r8 + 8 * (mat & 1), 2 * ks + (mat >> 1)));
-            decode::mma<In>(acc[u][0], a, b[0], b[1]);
-            decode::mma<In>(acc[u][1], a, b[2], b[3]);
+            decode::mma<In>(kBlockScaled ? part[u][0] : acc[u][0], a, b[0], b[1]);
+            decode::mma<In>(kBlockScaled ? part[u][1] : acc[u][1], a, b[2], b[3]);
+          }
+          if constexpr (kBlockScaled) {
+            if (ks % 4 == 3) {  // the end of a 128-byte block: scale its sums into acc
+              const int blk = ks / 4;
+#pragma unroll
+              for (int u = 0; u < kTiles; ++u)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                  for (int i = 0; i < 4; ++i) {
+                    acc[u][h][i] += part[u][h][i] * (sa[blk][u][i >> 1] * sw[blk]);
+                    part[u][h][i] = 0.f;
+                  }
+            }
           }
         }
       }
@@ -200,11 +238,13 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(decode::Params p) {
 
 }  // namespace decode_ring
 
-// kTokens, kStepBytes: the catalog's tile_m and tile_k (in bytes: tile_k times the element size).
-template <class In, class Out, int kTokens, int kStepBytes>
+// kBlockScaled: fp8_block (the catalog's "blockwise" mainloop). kTokens, kStepBytes: the
+// catalog's tile_m and tile_k (in bytes: tile_k times the element size).
+template <class In, class Out, bool kBlockScaled, int kTokens, int kStepBytes>
 struct DecodeRing {
   static_assert(kTokens % 16 == 0, "ring decode GEMM: tokens per pass in multiples of 16 (mma M)");
   static_assert(kStepBytes % 128 == 0, "ring decode GEMM: K steps of whole 8-chunk swizzle rows");
+  static_assert(!kBlockScaled || std::is_same_v<In, __nv_fp8_e4m3>, "ring decode GEMM: block scales are E4M3's");
   static constexpr int kStages = 4;
   static constexpr int kSmem = kStages * int(sizeof(decode_ring::Stage<kTokens, kStepBytes>));
 
@@ -220,8 +260,12 @@ struct DecodeRing {
                static_cast<long long>(a.k), static_cast<long long>(a.n));
       return MOEK_INVALID_ARGUMENT;
     }
-    if (std::is_same_v<In, __nv_fp8_e4m3> && (!a.ptr_sfa || !a.sfb_base)) {
+    if (std::is_same_v<In, __nv_fp8_e4m3> && !kBlockScaled && (!a.ptr_sfa || !a.sfb_base)) {
       snprintf(err, errlen, "ring decode GEMM (fp8): needs the row scales and the weight scales");
+      return MOEK_INVALID_ARGUMENT;
+    }
+    if (kBlockScaled && (!a.ptr_sfa || !a.ptr_sfb)) {
+      snprintf(err, errlen, "ring decode GEMM (fp8_block): needs the token and weight block scales");
       return MOEK_INVALID_ARGUMENT;
     }
     return MOEK_OK;
@@ -229,7 +273,7 @@ struct DecodeRing {
 
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
-    auto* kernel = decode_ring::ring_kernel<In, Out, kTokens, kStepBytes, kStages>;
+    auto* kernel = decode_ring::ring_kernel<In, Out, kBlockScaled, kTokens, kStepBytes, kStages>;
     if (cudaError_t e = allow_smem(reinterpret_cast<const void*>(kernel), a.device, kSmem); e != cudaSuccess) {
       snprintf(err, errlen, "ring decode GEMM: %s", cudaGetErrorString(e));
       return MOEK_CUDA_ERROR;
