@@ -6,6 +6,14 @@
 // first) checked against a host reference on the checkpoint packing at 256 sampled entries:
 // |error| over the typical size of the dot product's terms. Medians of interleaved rounds of
 // back-to-back launches.
+//
+// For MXFP4 also the same two wgmma blocks on a candidate layout ("placed", columns wgmma8p and
+// wgmma16p): each 32-bit word's eight E2M1 codes stored bit by bit where a mask, or one shift or
+// rotate and a mask, puts each pair of codes in bf16's sign, lowest two exponent bits and top
+// mantissa bit (9 instructions for the word's four registers, against about 17 for the byte
+// lookup); a value so placed is the E2M1 value times 2^-126 (E2M1's subnormal 0.5 too, as a bf16
+// subnormal), so the scales are stored times 2^126. The gpt-oss "int4" rows run the INT4 path on
+// the same shapes and groups of 32: the same bytes with INT4's cheaper conversion.
 // Build and run (docs/kernels/decode.md):
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I src -I include -I <build>/generated/include \
 //        benchmarks/kernel_ab/w4_decode_ab.cu -o w4_decode_ab && ./w4_decode_ab [rounds [gemm [T [reps]]]]
@@ -24,8 +32,33 @@
 #include "gemm/sm90/decode_w4_wgmma.cuh"
 #include "harness.cuh"
 
-using namespace moe_kernels;
 using bf16 = __nv_bfloat16;
+
+// The placed layout: register r's pair of codes (element 0 in its low half) from these bits of
+// the word, [r][element][m, e0, e1, s]. Registers 0, 1 and 2 are the word masked, shifted left by
+// 4, and rotated left by 10; register 3 the word shifted left by 6 (m, e0, s) and right by 2 (e1).
+namespace placed {
+__device__ constexpr int kBit[4][2][4] = {
+    {{6, 7, 8, 15}, {22, 23, 24, 31}},
+    {{2, 3, 4, 11}, {18, 19, 20, 27}},
+    {{28, 29, 30, 5}, {12, 13, 14, 21}},
+    {{0, 1, 10, 9}, {16, 17, 26, 25}},
+};
+struct Tag {};
+}  // namespace placed
+
+namespace moe_kernels::decode_w4 {
+// The placed word -> the four A registers in bf16, each value the E2M1 value times 2^-126.
+template <>
+__device__ __forceinline__ void fragment<__nv_bfloat16, placed::Tag>(uint32_t x, uint32_t (&a)[4]) {
+  a[0] = x & 0x81C081C0u;
+  a[1] = (x << 4) & 0x81C081C0u;
+  a[2] = __funnelshift_l(x, x, 10) & 0x81C081C0u;
+  a[3] = ((x << 6) & 0x80C080C0u) | ((x >> 2) & 0x01000100u);
+}
+}  // namespace moe_kernels::decode_w4
+
+using namespace moe_kernels;
 
 static float e2m1(int v) {
   static const float t[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
@@ -71,6 +104,29 @@ __global__ void prepare(const uint8_t* w, uint8_t* out, int E, int N, int K, int
     out[i] = byte;
   }
 }
+
+// The MXFP4 prepared copy (nibble 2r + e of a word: register r's element e) rewritten in the
+// placed layout, word by word.
+__global__ void to_placed(uint32_t* w, size_t words) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x) {
+    const uint32_t x = w[i];
+    uint32_t y = 0;
+    for (int r = 0; r < 4; ++r)
+      for (int e = 0; e < 2; ++e) {
+        const uint32_t code = (x >> (4 * (2 * r + e))) & 15u;
+        for (int b = 0; b < 4; ++b) y |= ((code >> b) & 1u) << placed::kBit[r][e][b];
+      }
+    w[i] = y;
+  }
+}
+
+// bf16 scales times 2^126 (exact: the harness's scales are 0.01-0.02).
+__global__ void scales_placed(const uint16_t* s, uint16_t* out, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const bf16 v = __float2bfloat16(__bfloat162float(reinterpret_cast<const bf16&>(s[i])) * 0x1p126f);
+    out[i] = reinterpret_cast<const uint16_t&>(v);
+  }
+}
 }  // namespace layout
 
 int main(int argc, char** argv) {
@@ -79,14 +135,17 @@ int main(int argc, char** argv) {
   for (int T : {1, 16, 128}) {
     cases.push_back({"gpt-oss-120b mxfp4 g1", 128, 4, T, 5760, 2880, 32, true});
     cases.push_back({"gpt-oss-120b mxfp4 g2", 128, 4, T, 2880, 2880, 32, true});
+    cases.push_back({"gpt-oss-120b int4 g1", 128, 4, T, 5760, 2880, 32, false});
+    cases.push_back({"gpt-oss-120b int4 g2", 128, 4, T, 2880, 2880, 32, false});
     cases.push_back({"deepseek-v3 int4 g1", 256, 8, T, 4096, 7168, 128, false});
     cases.push_back({"deepseek-v3 int4 g2", 256, 8, T, 7168, 2048, 128, false});
     cases.push_back({"qwen3-30b int4 g1", 128, 8, T, 1536, 2048, 128, false});
     cases.push_back({"qwen3-30b int4 g2", 128, 8, T, 2048, 768, 128, false});
   }
   std::mt19937 rng(0);
-  printf("%-22s %4s %6s | %9s %9s | %9s %9s | %7s %7s | %s\n", "gemm", "T", "active", "mma16 us", "mma64 us",
-         "wgmma8 us", "wgmma16 us", "speedup", "TB/s", "error: mma16 mma64 wgmma8 wgmma16");
+  printf("%-22s %4s %6s | %9s %9s | %9s %9s | %7s %7s | %9s %9s | %s\n", "gemm", "T", "active", "mma16 us", "mma64 us",
+         "wgmma8 us", "wgmma16 us", "speedup", "TB/s", "wgmma8p", "wgmma16p",
+         "error: mma16 mma64 wgmma8 wgmma16 (wgmma8p wgmma16p)");
   const std::string only = argc > 2 ? argv[2] : "";
   const int only_t = argc > 3 ? atoi(argv[3]) : 0;
   const int reps_override = argc > 4 ? atoi(argv[4]) : 0;
@@ -125,6 +184,23 @@ int main(int argc, char** argv) {
     }
     GroupedGemmArgs a = grouped_args(mem, routing, N, K, gp);
     a.weight_group = G; a.zero_base = nullptr;
+    // MXFP4: the placed copy of the weights and its scales.
+    GroupedGemmArgs ap = a;
+    if (cs.mx) {
+      uint8_t* dwp = mem.alloc<uint8_t>(size_t(E) * N * kp / 2);
+      uint16_t* dsp = mem.alloc<uint16_t>(ns);
+      CK(cudaMemcpy(dwp, dwf, size_t(E) * N * kp / 2, cudaMemcpyDeviceToDevice));
+      layout::to_placed<<<1024, 256>>>(reinterpret_cast<uint32_t*>(dwp), size_t(E) * N * kp / 8);
+      layout::scales_placed<<<1024, 256>>>(ds, dsp, ns);
+      CK(cudaDeviceSynchronize());
+      GroupPointers gq = gp;
+      for (int e = 0; e < E; ++e) {
+        gq.b[e] = dwp + size_t(e) * N * kp / 2;
+        gq.sfb[e] = reinterpret_cast<const float*>(dsp + size_t(e) * (K / G) * N);
+      }
+      ap = grouped_args(mem, routing, N, K, gq);
+      ap.weight_group = G; ap.zero_base = nullptr;
+    }
     char err[256];
     using D = decode_w4::E2M1;
     using I = decode_w4::Int4;
@@ -132,6 +208,8 @@ int main(int argc, char** argv) {
     auto mma64 = [&] { return cs.mx ? DecodeW4A16<bf16, bf16, D, 8, 64>::run(a, err, sizeof err) : DecodeW4A16<bf16, bf16, I, 8, 64>::run(a, err, sizeof err); };
     auto wg8 = [&] { return cs.mx ? DecodeW4Wgmma<bf16, bf16, D, 8>::run(a, err, sizeof err) : DecodeW4Wgmma<bf16, bf16, I, 8>::run(a, err, sizeof err); };
     auto wg16 = [&] { return cs.mx ? DecodeW4Wgmma<bf16, bf16, D, 16>::run(a, err, sizeof err) : DecodeW4Wgmma<bf16, bf16, I, 16>::run(a, err, sizeof err); };
+    auto wg8p = [&] { return DecodeW4Wgmma<bf16, bf16, placed::Tag, 8>::run(ap, err, sizeof err); };
+    auto wg16p = [&] { return DecodeW4Wgmma<bf16, bf16, placed::Tag, 16>::run(ap, err, sizeof err); };
     // Host reference on sampled entries.
     std::vector<std::pair<int, int>> samples;
     for (int i = 0; i < 256; ++i) samples.push_back({int(rng() % rows), int(rng() % N)});
@@ -163,21 +241,28 @@ int main(int argc, char** argv) {
     };
     const double e16 = check("mma16", mma16), e64 = check("mma64", mma64), ew8 = check("wgmma8", wg8),
                  ew16 = check("wgmma16", wg16);
-    std::vector<float> t16, t64, tw8, tw16;
+    const double ep8 = cs.mx ? check("wgmma8p", wg8p) : 0, ep16 = cs.mx ? check("wgmma16p", wg16p) : 0;
+    std::vector<float> t16, t64, tw8, tw16, tp8, tp16;
     const int reps = reps_override ? reps_override : cs.T >= 128 ? 20 : 100;
     for (int r = 0; r < rounds; ++r) {  // interleaved
       t16.push_back(time_it(mma16, reps));
       t64.push_back(time_it(mma64, reps));
       tw8.push_back(time_it(wg8, reps));
       tw16.push_back(time_it(wg16, reps));
+      if (cs.mx) {
+        tp8.push_back(time_it(wg8p, reps));
+        tp16.push_back(time_it(wg16p, reps));
+      }
     }
-    auto med = [](std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+    auto med = [](std::vector<float> v) { std::sort(v.begin(), v.end()); return v.empty() ? 0.f : v[v.size() / 2]; };
     const float m16 = med(t16), m64 = med(t64), mw8 = med(tw8), mw16 = med(tw16), mw = std::min(mw8, mw16);
+    const float mp8 = med(tp8), mp16 = med(tp16);
     const double bytes = double(routing.active.size()) * N * (K / 2 + 2.0 * K / G);
     // speedup: the best mma.sync block over the best wgmma one; TB/s: the best wgmma one's (the
     // weight and scale bytes of the active experts over the unpadded K)
-    printf("%-22s %4d %6zu | %9.1f %9.1f | %9.1f %9.1f | %7.3f %7.2f | %.3g %.3g %.3g %.3g\n", cs.name.c_str(), cs.T,
-           routing.active.size(), m16, m64, mw8, mw16, std::min(m16, m64) / mw, bytes / mw * 1e-6, e16, e64, ew8, ew16);
+    printf("%-22s %4d %6zu | %9.1f %9.1f | %9.1f %9.1f | %7.3f %7.2f | %9.1f %9.1f | %.3g %.3g %.3g %.3g (%.3g %.3g)\n",
+           cs.name.c_str(), cs.T, routing.active.size(), m16, m64, mw8, mw16, std::min(m16, m64) / mw,
+           bytes / mw * 1e-6, mp8, mp16, e16, e64, ew8, ew16, ep8, ep16);
     fflush(stdout);
   }
   return 0;
