@@ -7,8 +7,8 @@
 // |error| over the typical size of the dot product's terms. Medians of interleaved rounds of
 // back-to-back launches.
 //
-// For MXFP4 also the same two wgmma blocks on a candidate layout ("placed", columns wgmma8p and
-// wgmma16p): each 32-bit word's eight E2M1 codes stored bit by bit where a mask, or one shift or
+// For MXFP4 also the 16-column mma.sync block and the two wgmma blocks on a candidate layout
+// ("placed", columns mma16p, wgmma8p and wgmma16p): each 32-bit word's eight E2M1 codes stored bit by bit where a mask, or one shift or
 // rotate and a mask, puts each pair of codes in bf16's sign, lowest two exponent bits and top
 // mantissa bit (9 instructions for the word's four registers, against about 17 for the byte
 // lookup); a value so placed is the E2M1 value times 2^-126 (E2M1's subnormal 0.5 too, as a bf16
@@ -143,9 +143,9 @@ int main(int argc, char** argv) {
     cases.push_back({"qwen3-30b int4 g2", 128, 8, T, 2048, 768, 128, false});
   }
   std::mt19937 rng(0);
-  printf("%-22s %4s %6s | %9s %9s | %9s %9s | %7s %7s | %9s %9s | %s\n", "gemm", "T", "active", "mma16 us", "mma64 us",
-         "wgmma8 us", "wgmma16 us", "speedup", "TB/s", "wgmma8p", "wgmma16p",
-         "error: mma16 mma64 wgmma8 wgmma16 (wgmma8p wgmma16p)");
+  printf("%-22s %4s %6s | %9s %9s | %9s %9s | %7s %7s | %9s %9s %9s | %s\n", "gemm", "T", "active", "mma16 us",
+         "mma64 us", "wgmma8 us", "wgmma16 us", "speedup", "TB/s", "mma16p", "wgmma8p", "wgmma16p",
+         "error: mma16 mma64 wgmma8 wgmma16 (mma16p wgmma8p wgmma16p)");
   const std::string only = argc > 2 ? argv[2] : "";
   const int only_t = argc > 3 ? atoi(argv[3]) : 0;
   const int reps_override = argc > 4 ? atoi(argv[4]) : 0;
@@ -208,6 +208,7 @@ int main(int argc, char** argv) {
     auto mma64 = [&] { return cs.mx ? DecodeW4A16<bf16, bf16, D, 8, 64>::run(a, err, sizeof err) : DecodeW4A16<bf16, bf16, I, 8, 64>::run(a, err, sizeof err); };
     auto wg8 = [&] { return cs.mx ? DecodeW4Wgmma<bf16, bf16, D, 8>::run(a, err, sizeof err) : DecodeW4Wgmma<bf16, bf16, I, 8>::run(a, err, sizeof err); };
     auto wg16 = [&] { return cs.mx ? DecodeW4Wgmma<bf16, bf16, D, 16>::run(a, err, sizeof err) : DecodeW4Wgmma<bf16, bf16, I, 16>::run(a, err, sizeof err); };
+    auto mma16p = [&] { return DecodeW4A16<bf16, bf16, placed::Tag, 8, 16>::run(ap, err, sizeof err); };
     auto wg8p = [&] { return DecodeW4Wgmma<bf16, bf16, placed::Tag, 8>::run(ap, err, sizeof err); };
     auto wg16p = [&] { return DecodeW4Wgmma<bf16, bf16, placed::Tag, 16>::run(ap, err, sizeof err); };
     // Host reference on sampled entries.
@@ -241,8 +242,9 @@ int main(int argc, char** argv) {
     };
     const double e16 = check("mma16", mma16), e64 = check("mma64", mma64), ew8 = check("wgmma8", wg8),
                  ew16 = check("wgmma16", wg16);
-    const double ep8 = cs.mx ? check("wgmma8p", wg8p) : 0, ep16 = cs.mx ? check("wgmma16p", wg16p) : 0;
-    std::vector<float> t16, t64, tw8, tw16, tp8, tp16;
+    const double em16p = cs.mx ? check("mma16p", mma16p) : 0, ep8 = cs.mx ? check("wgmma8p", wg8p) : 0,
+                 ep16 = cs.mx ? check("wgmma16p", wg16p) : 0;
+    std::vector<float> t16, t64, tw8, tw16, tm16p, tp8, tp16;
     const int reps = reps_override ? reps_override : cs.T >= 128 ? 20 : 100;
     for (int r = 0; r < rounds; ++r) {  // interleaved
       t16.push_back(time_it(mma16, reps));
@@ -250,19 +252,20 @@ int main(int argc, char** argv) {
       tw8.push_back(time_it(wg8, reps));
       tw16.push_back(time_it(wg16, reps));
       if (cs.mx) {
+        tm16p.push_back(time_it(mma16p, reps));
         tp8.push_back(time_it(wg8p, reps));
         tp16.push_back(time_it(wg16p, reps));
       }
     }
     auto med = [](std::vector<float> v) { std::sort(v.begin(), v.end()); return v.empty() ? 0.f : v[v.size() / 2]; };
     const float m16 = med(t16), m64 = med(t64), mw8 = med(tw8), mw16 = med(tw16), mw = std::min(mw8, mw16);
-    const float mp8 = med(tp8), mp16 = med(tp16);
+    const float mm16p = med(tm16p), mp8 = med(tp8), mp16 = med(tp16);
     const double bytes = double(routing.active.size()) * N * (K / 2 + 2.0 * K / G);
     // speedup: the best mma.sync block over the best wgmma one; TB/s: the best wgmma one's (the
     // weight and scale bytes of the active experts over the unpadded K)
-    printf("%-22s %4d %6zu | %9.1f %9.1f | %9.1f %9.1f | %7.3f %7.2f | %9.1f %9.1f | %.3g %.3g %.3g %.3g (%.3g %.3g)\n",
+    printf("%-22s %4d %6zu | %9.1f %9.1f | %9.1f %9.1f | %7.3f %7.2f | %9.1f %9.1f %9.1f | %.3g %.3g %.3g %.3g (%.3g %.3g %.3g)\n",
            cs.name.c_str(), cs.T, routing.active.size(), m16, m64, mw8, mw16, std::min(m16, m64) / mw,
-           bytes / mw * 1e-6, mp8, mp16, e16, e64, ew8, ew16, ep8, ep16);
+           bytes / mw * 1e-6, mm16p, mp8, mp16, e16, e64, ew8, ew16, em16p, ep8, ep16);
     fflush(stdout);
   }
   return 0;
