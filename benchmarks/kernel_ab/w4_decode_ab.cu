@@ -12,7 +12,9 @@
 // rotate and a mask, puts each pair of codes in bf16's sign, lowest two exponent bits and top
 // mantissa bit (9 instructions for the word's four registers, against about 17 for the byte
 // lookup); a value so placed is the E2M1 value times 2^-126 (E2M1's subnormal 0.5 too, as a bf16
-// subnormal), so the scales are stored times 2^126. The gpt-oss "int4" rows run the INT4 path on
+// subnormal), so the scales are stored times 2^126, which bf16 holds for scales up to 2 only;
+// "unfolded" (columns wgmma8u, wgmma16u): the same layout with the scales as they are, each
+// register multiplied by 2^126 first (4 instructions more a word; any E8M0 scale). The gpt-oss "int4" rows run the INT4 path on
 // the same shapes and groups of 32: the same bytes with INT4's cheaper conversion.
 // Build and run (docs/kernels/decode.md):
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I src -I include -I <build>/generated/include \
@@ -44,7 +46,8 @@ __device__ constexpr int kBit[4][2][4] = {
     {{28, 29, 30, 5}, {12, 13, 14, 21}},
     {{0, 1, 10, 9}, {16, 17, 26, 25}},
 };
-struct Tag {};
+struct Tag {};       // scales stored times 2^126
+struct Unfolded {};  // scales as they are
 }  // namespace placed
 
 namespace moe_kernels::decode_w4 {
@@ -55,6 +58,13 @@ __device__ __forceinline__ void fragment<__nv_bfloat16, placed::Tag>(uint32_t x,
   a[1] = (x << 4) & 0x81C081C0u;
   a[2] = __funnelshift_l(x, x, 10) & 0x81C081C0u;
   a[3] = ((x << 6) & 0x80C080C0u) | ((x >> 2) & 0x01000100u);
+}
+// The same, times 2^126 (bf16 0x7E80): each value the E2M1 value itself.
+template <>
+__device__ __forceinline__ void fragment<__nv_bfloat16, placed::Unfolded>(uint32_t x, uint32_t (&a)[4]) {
+  fragment<__nv_bfloat16, placed::Tag>(x, a);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) a[e] = mul2<__nv_bfloat16>(a[e], 0x7E807E80u);
 }
 }  // namespace moe_kernels::decode_w4
 
@@ -143,9 +153,9 @@ int main(int argc, char** argv) {
     cases.push_back({"qwen3-30b int4 g2", 128, 8, T, 2048, 768, 128, false});
   }
   std::mt19937 rng(0);
-  printf("%-22s %4s %6s | %9s %9s | %9s %9s | %7s %7s | %9s %9s %9s | %s\n", "gemm", "T", "active", "mma16 us",
-         "mma64 us", "wgmma8 us", "wgmma16 us", "speedup", "TB/s", "mma16p", "wgmma8p", "wgmma16p",
-         "error: mma16 mma64 wgmma8 wgmma16 (mma16p wgmma8p wgmma16p)");
+  printf("%-22s %4s %6s | %9s %9s | %9s %9s | %7s %7s | %9s %9s %9s | %9s %9s | %s\n", "gemm", "T", "active",
+         "mma16 us", "mma64 us", "wgmma8 us", "wgmma16 us", "speedup", "TB/s", "mma16p", "wgmma8p", "wgmma16p",
+         "wgmma8u", "wgmma16u", "error: mma16 mma64 wgmma8 wgmma16 (mma16p wgmma8p wgmma16p wgmma8u wgmma16u)");
   const std::string only = argc > 2 ? argv[2] : "";
   const int only_t = argc > 3 ? atoi(argv[3]) : 0;
   const int reps_override = argc > 4 ? atoi(argv[4]) : 0;
@@ -185,7 +195,7 @@ int main(int argc, char** argv) {
     GroupedGemmArgs a = grouped_args(mem, routing, N, K, gp);
     a.weight_group = G; a.zero_base = nullptr;
     // MXFP4: the placed copy of the weights and its scales.
-    GroupedGemmArgs ap = a;
+    GroupedGemmArgs ap = a, au = a;
     if (cs.mx) {
       uint8_t* dwp = mem.alloc<uint8_t>(size_t(E) * N * kp / 2);
       uint16_t* dsp = mem.alloc<uint16_t>(ns);
@@ -200,6 +210,9 @@ int main(int argc, char** argv) {
       }
       ap = grouped_args(mem, routing, N, K, gq);
       ap.weight_group = G; ap.zero_base = nullptr;
+      gq.sfb = gp.sfb;  // the placed weights with the scales as they are
+      au = grouped_args(mem, routing, N, K, gq);
+      au.weight_group = G; au.zero_base = nullptr;
     }
     char err[256];
     using D = decode_w4::E2M1;
@@ -211,6 +224,8 @@ int main(int argc, char** argv) {
     auto mma16p = [&] { return DecodeW4A16<bf16, bf16, placed::Tag, 8, 16>::run(ap, err, sizeof err); };
     auto wg8p = [&] { return DecodeW4Wgmma<bf16, bf16, placed::Tag, 8>::run(ap, err, sizeof err); };
     auto wg16p = [&] { return DecodeW4Wgmma<bf16, bf16, placed::Tag, 16>::run(ap, err, sizeof err); };
+    auto wg8u = [&] { return DecodeW4Wgmma<bf16, bf16, placed::Unfolded, 8>::run(au, err, sizeof err); };
+    auto wg16u = [&] { return DecodeW4Wgmma<bf16, bf16, placed::Unfolded, 16>::run(au, err, sizeof err); };
     // Host reference on sampled entries.
     std::vector<std::pair<int, int>> samples;
     for (int i = 0; i < 256; ++i) samples.push_back({int(rng() % rows), int(rng() % N)});
@@ -244,7 +259,8 @@ int main(int argc, char** argv) {
                  ew16 = check("wgmma16", wg16);
     const double em16p = cs.mx ? check("mma16p", mma16p) : 0, ep8 = cs.mx ? check("wgmma8p", wg8p) : 0,
                  ep16 = cs.mx ? check("wgmma16p", wg16p) : 0;
-    std::vector<float> t16, t64, tw8, tw16, tm16p, tp8, tp16;
+    const double eu8 = cs.mx ? check("wgmma8u", wg8u) : 0, eu16 = cs.mx ? check("wgmma16u", wg16u) : 0;
+    std::vector<float> t16, t64, tw8, tw16, tm16p, tp8, tp16, tu8, tu16;
     const int reps = reps_override ? reps_override : cs.T >= 128 ? 20 : 100;
     for (int r = 0; r < rounds; ++r) {  // interleaved
       t16.push_back(time_it(mma16, reps));
@@ -255,17 +271,20 @@ int main(int argc, char** argv) {
         tm16p.push_back(time_it(mma16p, reps));
         tp8.push_back(time_it(wg8p, reps));
         tp16.push_back(time_it(wg16p, reps));
+        tu8.push_back(time_it(wg8u, reps));
+        tu16.push_back(time_it(wg16u, reps));
       }
     }
     auto med = [](std::vector<float> v) { std::sort(v.begin(), v.end()); return v.empty() ? 0.f : v[v.size() / 2]; };
     const float m16 = med(t16), m64 = med(t64), mw8 = med(tw8), mw16 = med(tw16), mw = std::min(mw8, mw16);
-    const float mm16p = med(tm16p), mp8 = med(tp8), mp16 = med(tp16);
+    const float mm16p = med(tm16p), mp8 = med(tp8), mp16 = med(tp16), mu8 = med(tu8), mu16 = med(tu16);
     const double bytes = double(routing.active.size()) * N * (K / 2 + 2.0 * K / G);
     // speedup: the best mma.sync block over the best wgmma one; TB/s: the best wgmma one's (the
     // weight and scale bytes of the active experts over the unpadded K)
-    printf("%-22s %4d %6zu | %9.1f %9.1f | %9.1f %9.1f | %7.3f %7.2f | %9.1f %9.1f %9.1f | %.3g %.3g %.3g %.3g (%.3g %.3g %.3g)\n",
+    printf("%-22s %4d %6zu | %9.1f %9.1f | %9.1f %9.1f | %7.3f %7.2f | %9.1f %9.1f %9.1f | %9.1f %9.1f | "
+           "%.3g %.3g %.3g %.3g (%.3g %.3g %.3g %.3g %.3g)\n",
            cs.name.c_str(), cs.T, routing.active.size(), m16, m64, mw8, mw16, std::min(m16, m64) / mw,
-           bytes / mw * 1e-6, mm16p, mp8, mp16, e16, e64, ew8, ew16, em16p, ep8, ep16);
+           bytes / mw * 1e-6, mm16p, mp8, mp16, mu8, mu16, e16, e64, ew8, ew16, em16p, ep8, ep16, eu8, eu16);
     fflush(stdout);
   }
   return 0;
