@@ -371,18 +371,33 @@ def test_default_rule_decode_kernels():
     assert default_tactic(wide, num_tokens=16, **dict(mixtral, hidden_size=2880)).gemm1 == "d16w"
 
 
-def test_default_rule_leaves_the_ring_kernels_out():
-    """The ring form (kind "decode", schedule "ring") is for callers and tuned tables: a build with
-    it picks what a build without it picks, at every size (it is not one of the mma.sync tiles)."""
+def test_default_rule_ring_kernels():
+    """The ring form's 16-token tile in both GEMMs from RING_MIN_TOKENS tokens while 1.5x the rows
+    per expert fit one pass (bf16, fp16, fp8_block); else what a build without it picks."""
     base = [_k("p64x128", 64, 128), _k("c128x256", 128, 256, "coop"), _k("d8", 8, 16, "decode"),
             _k("d16", 16, 16, "decode"), _k("d16w", 16, 64, "decode")]
     ring = [_info("r16", "bf16", (16, 64, 128), "ring"), _info("r64", "bf16", (64, 64, 64), "ring")]
-    shapes = [dict(top_k=8, num_experts=256, hidden_size=7168, gemm1_n=4096, sm_count=132),
-              dict(top_k=2, num_experts=8, hidden_size=4096, gemm1_n=28672, sm_count=132),
-              dict(top_k=8, num_experts=128, hidden_size=2048, gemm1_n=1536, sm_count=132)]
-    for shape in shapes:
-        for T in (1, 2, 4, 16, 64, 128, 512, 1024, 4096):
+    dsv3 = dict(top_k=8, num_experts=256, hidden_size=7168, gemm1_n=4096, sm_count=132)
+    mixtral = dict(top_k=2, num_experts=8, hidden_size=4096, gemm1_n=28672, sm_count=132)
+    qwen3 = dict(top_k=8, num_experts=128, hidden_size=2048, gemm1_n=1536, sm_count=132)
+    for shape in (dsv3, mixtral, qwen3):
+        for T in (1, 2, 4, 8):  # below RING_MIN_TOKENS
             assert default_tactic(base + ring, num_tokens=T, **shape) == default_tactic(base, num_tokens=T, **shape)
+    for T in (16, 64, 128):     # 1, 2, 4 rows per expert
+        assert default_tactic(base + ring, num_tokens=T, **dsv3) == Tactic("r16", "r16")
+    assert default_tactic(base + ring, num_tokens=16, **mixtral) == Tactic("r16", "r16")  # 4 rows
+    assert default_tactic(base + ring, num_tokens=128, **qwen3) == Tactic("r16", "r16")   # 8 rows
+    for shape, T in ((mixtral, 64), (dsv3, 512), (qwen3, 512), (dsv3, 4096)):  # 16+ rows: never the ring
+        assert default_tactic(base + ring, num_tokens=T, **shape) == default_tactic(base, num_tokens=T, **shape)
+    # fp8_block takes it before its swap-AB tiles; per-channel fp8 (unmeasured) does not.
+    block = [_info("s8", "fp8_block", (8, 128, 128), "coop_swapab", mainloop="blockwise"),
+             _info("b128", "fp8_block", (128, 128, 128), "coop", mainloop="blockwise"),
+             _info("rb16", "fp8_block", (16, 64, 256), "ring", mainloop="blockwise")]
+    assert default_tactic(block, num_tokens=64, **dsv3) == Tactic("rb16", "rb16")
+    assert default_tactic(block, num_tokens=4, **dsv3) == default_tactic(block[:2], num_tokens=4, **dsv3)
+    fp8 = [_info("f128", "fp8", (128, 128, 128), "coop"), _info("f8", "fp8", (8, 16, 128), "decode"),
+           _info("fr16", "fp8", (16, 64, 256), "ring")]
+    assert default_tactic(fp8, num_tokens=64, **dsv3) == default_tactic(fp8[:2], num_tokens=64, **dsv3)
 
 
 def naive_moe(x, w13, w2, wts, ids, act, b13=None, b2=None):

@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
     GroupedGemmArgs ap = a, au = a;
     if (cs.mx) {
       uint8_t* dwp = mem.alloc<uint8_t>(size_t(E) * N * kp / 2);
-      uint16_t* dsp = mem.alloc<uint16_t>(ns);
+      uint16_t* dsp = mem.alloc<uint16_t>(ns * 2);  // bytes
       CK(cudaMemcpy(dwp, dwf, size_t(E) * N * kp / 2, cudaMemcpyDeviceToDevice));
       layout::to_placed<<<1024, 256>>>(reinterpret_cast<uint32_t*>(dwp), size_t(E) * N * kp / 8);
       layout::scales_placed<<<1024, 256>>>(ds, dsp, ns);

@@ -73,9 +73,16 @@ DECODE_HEADROOM = 1.5
 # occupancy), else 16 columns with K split over the 4 warps so that a few experts' weights still
 # reach every SM; 16-bit 64-column blocks take 16 tokens a pass (docs/performance.md, default rule).
 DECODE_WIDE_BLOCKS_PER_SM = 4
-# The ring form of the decode kernel (catalog "ring", src/gemm/decode_ring.cuh) is for callers and
-# tuned tables: the rule does not pick it until its library form has run the GPU suite
-# (docs/kernels/decode.md, its status and measurements).
+# The ring form of the decode kernel (catalog "ring", src/gemm/decode_ring.cuh: vLLM's tuned Triton
+# MoE's decomposition), its 16-token tile in both GEMMs, from RING_MIN_TOKENS tokens while
+# DECODE_HEADROOM times the rows per expert fit one 16-token pass, for the modes of RING_MODES.
+# On one H100, whole forward: 1-3.4% faster than this rule's mma.sync and CUTLASS tiles at 16-128
+# tokens of DeepSeek-V3, gpt-oss-120b, Qwen3-30B-A3B and Mixtral-8x7B (bf16) and at 16-128 tokens
+# of DeepSeek-V3 fp8_block; at 4 tokens (one row per expert) 0.5-6% slower on Qwen3 and Mixtral;
+# an expert past 16 rows takes a second pass (docs/performance.md, default rule). fp8 per channel
+# is unmeasured and keeps the older tiles.
+RING_MIN_TOKENS = 16
+RING_MODES = ("bf16", "fp16", "fp8_block")
 # fp8_block: CUTLASS's swap-AB kernels (catalog "coop_swapab") are the default up to this many rows
 # per expert (GEMM1, GEMM2), before the decode kernel, with the narrowest tile that holds
 # SWAP_AB_HEADROOM times the rows. Past 1 row GEMM1 was faster on the 64-row ping-pong tile;
@@ -153,12 +160,15 @@ def _sixteen_bit(kernels: list) -> bool:
 
 
 def _pick(kernels: list, rows_per_expert: float, n: int, experts_hit: int, sm_count: int,
-          decode_pairs: int, swap_rows: float) -> KernelInfo:
+          decode_pairs: int, swap_rows: float, ring_ok: bool) -> KernelInfo:
+    ring = sorted((k for k in kernels if k.schedule == "ring" and k.mode in RING_MODES), key=lambda k: k.tile[0])
+    if ring_ok and ring and DECODE_HEADROOM * rows_per_expert <= ring[0].tile[0]:
+        return ring[0]
     swap = sorted((k for k in kernels if k.swap_ab and k.tile[0] <= SWAP_AB_DECODE_TILE),
                   key=lambda k: k.tile[0])
     if swap and rows_per_expert <= swap_rows:
         return next((k for k in swap if k.tile[0] >= SWAP_AB_HEADROOM * rows_per_expert), swap[-1])
-    decode = [k for k in kernels if k.schedule == "decode"]  # the mma.sync tiles, not the ring form
+    decode = [k for k in kernels if k.schedule == "decode"]  # the mma.sync tiles
     if decode and rows_per_expert * experts_hit <= decode_pairs:
         narrow, wide = min(k.tile[1] for k in decode), max(k.tile[1] for k in decode)
         use_wide = wide > narrow and math.ceil(n / wide) * experts_hit >= DECODE_WIDE_BLOCKS_PER_SM * sm_count
@@ -210,8 +220,9 @@ def default_tactic(kernels: list, *, num_tokens: int, top_k: int, num_experts: i
     decode1 = DECODE_PAIRS[0]
     if _sixteen_bit(kernels) and hidden_size >= DECODE_LONG_K:  # GEMM1's K
         decode1 = DECODE_PAIRS_16BIT_LONG_K
-    return Tactic(_pick(kernels, rows, gemm1_n, experts_hit, sm_count, decode1, SWAP_AB_ROWS[0]).name,
-                  _pick(kernels, rows, hidden_size, experts_hit, sm_count, DECODE_PAIRS[1], SWAP_AB_ROWS[1]).name)
+    ring = num_tokens >= RING_MIN_TOKENS
+    return Tactic(_pick(kernels, rows, gemm1_n, experts_hit, sm_count, decode1, SWAP_AB_ROWS[0], ring).name,
+                  _pick(kernels, rows, hidden_size, experts_hit, sm_count, DECODE_PAIRS[1], SWAP_AB_ROWS[1], ring).name)
 
 
 # ---- resolution ----------------------------------------------------------------------------
