@@ -76,9 +76,9 @@ DECODE_WIDE_BLOCKS_PER_SM = 4
 # The ring form of the decode kernel (catalog "ring", src/gemm/decode_ring.cuh: vLLM's tuned Triton
 # MoE's decomposition), its 16-token tile in both GEMMs, from RING_MIN_TOKENS tokens while
 # DECODE_HEADROOM times the rows per expert fit one 16-token pass, for the modes of RING_MODES.
-# On one H100, whole forward: 1-3.4% faster than this rule's mma.sync and CUTLASS tiles at 16-128
+# On one H100, whole forward: 0.5-3.5% faster than this rule's mma.sync and CUTLASS tiles at 16-128
 # tokens of DeepSeek-V3, gpt-oss-120b, Qwen3-30B-A3B and Mixtral-8x7B (bf16) and at 16-128 tokens
-# of DeepSeek-V3 fp8_block; at 4 tokens (one row per expert) 0.5-6% slower on Qwen3 and Mixtral;
+# of DeepSeek-V3 fp8_block; at 4 tokens (one row per expert) 1.5-6% slower on Qwen3 and Mixtral;
 # an expert past 16 rows takes a second pass (docs/performance.md, default rule). fp8 per channel
 # is unmeasured and keeps the older tiles.
 RING_MIN_TOKENS = 16
