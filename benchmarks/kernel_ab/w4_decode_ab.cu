@@ -8,14 +8,15 @@
 // back-to-back launches.
 //
 // For MXFP4 also the 16-column mma.sync block and the two wgmma blocks on a candidate layout
-// ("placed", columns mma16p, wgmma8p and wgmma16p): each 32-bit word's eight E2M1 codes stored bit by bit where a mask, or one shift or
-// rotate and a mask, puts each pair of codes in bf16's sign, lowest two exponent bits and top
-// mantissa bit (9 instructions for the word's four registers, against about 17 for the byte
-// lookup); a value so placed is the E2M1 value times 2^-126 (E2M1's subnormal 0.5 too, as a bf16
-// subnormal), so the scales are stored times 2^126, which bf16 holds for scales up to 2 only;
-// "unfolded" (columns wgmma8u, wgmma16u): the same layout with the scales as they are, each
-// register multiplied by 2^126 first (4 instructions more a word; any E8M0 scale). The gpt-oss "int4" rows run the INT4 path on
-// the same shapes and groups of 32: the same bytes with INT4's cheaper conversion.
+// ("placed", columns mma16p, wgmma8p and wgmma16p): each 32-bit word's eight E2M1 codes stored
+// bit by bit where a mask, or one shift or rotate and a mask, puts each pair of codes in bf16's
+// sign, lowest two exponent bits and top mantissa bit (9 instructions for the word's four
+// registers, against about 17 for the byte lookup); a value so placed is the E2M1 value times
+// 2^-126 (E2M1's subnormal 0.5 too, as a bf16 subnormal), so the scales are stored times 2^126,
+// which bf16 holds for scales up to 2 only; "unfolded" (columns wgmma8u, wgmma16u): the same
+// layout with the scales as they are, each register multiplied by 2^126 first (4 instructions
+// more a word; any E8M0 scale). The gpt-oss "int4" rows run the INT4 path on the same shapes and
+// groups of 32: the same bytes with INT4's cheaper conversion.
 // Build and run (docs/kernels/decode.md):
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I src -I include -I <build>/generated/include \
 //        benchmarks/kernel_ab/w4_decode_ab.cu -o w4_decode_ab && ./w4_decode_ab [rounds [gemm [T [reps]]]]

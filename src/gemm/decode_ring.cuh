@@ -17,8 +17,7 @@
 // The first group's weight copies are issued before the wait for the previous kernel (PDL):
 // weights and routing's shapes are complete then (launch.cuh); the tokens are not.
 //
-// Its status (not yet the default rule's), measurements and the rule it is meant for:
-// docs/kernels/decode.md.
+// Its measurements and the default rule's use of it: docs/kernels/decode.md.
 #pragma once
 
 #include <cuda_bf16.h>
