@@ -80,7 +80,7 @@ DECODE_WIDE_BLOCKS_PER_SM = 4
 # tokens of DeepSeek-V3, gpt-oss-120b, Qwen3-30B-A3B and Mixtral-8x7B (bf16) and at 16-128 tokens
 # of DeepSeek-V3 fp8_block; at 4 tokens (one row per expert) 1.5-6% slower on Qwen3 and Mixtral;
 # an expert past 16 rows takes a second pass (docs/performance.md, default rule). fp8 per channel
-# is unmeasured and keeps the older tiles.
+# keeps the older tiles: on the ring it won one of eight cells (by 2%) and lost the rest.
 RING_MIN_TOKENS = 16
 RING_MODES = ("bf16", "fp16", "fp8_block")
 # fp8_block: CUTLASS's swap-AB kernels (catalog "coop_swapab") are the default up to this many rows
