@@ -54,6 +54,11 @@ CUDA_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half", "e4m3": "__nv_fp8_e4m3"
 WEIGHT_TAGS = {"int4": "Int4", "e2m1": "E2M1"}
 
 
+def weight_tag(c: catalog.GemmConfig) -> str:
+    """The 4-bit weight tag of a kernel: E2M1 for 16-bit tensor cores reads quant4's placed layout."""
+    return "E2M1Placed" if c.spec.e2m1_placed else WEIGHT_TAGS[c.weight_dtype]
+
+
 def kernel_source(c: catalog.GemmConfig) -> str:
     ns = catalog.ARCHS[c.arch]["family"]
     if c.schedule in ("decode", "tiled") and c.weight_dtype != c.act_dtype:  # 4-bit weights
@@ -65,7 +70,7 @@ def kernel_source(c: catalog.GemmConfig) -> str:
         if wgmma:
             header, template = (("sm90/decode_w4a8_wgmma", "DecodeW4A8Wgmma") if c.act_dtype == "e4m3"
                                 else ("sm90/decode_w4_wgmma", "DecodeW4Wgmma"))
-        weight = WEIGHT_TAGS[c.weight_dtype]
+        weight = weight_tag(c)
         return (HEADER +
                 f'#include "gemm/{header}.cuh"\n\n'
                 f"namespace moe_kernels::{ns} {{\n"
@@ -90,7 +95,7 @@ def kernel_source(c: catalog.GemmConfig) -> str:
                 f"{CUDA_TYPES[c.out]}, {str(c.mainloop == 'blockwise').lower()}, {c.tile_m}, {step_bytes}>::kOps;\n"
                 f"}}  // namespace moe_kernels::{ns}\n")
     if c.schedule == "contig" and c.weight_dtype != c.act_dtype:  # 4-bit weights
-        weight = WEIGHT_TAGS[c.weight_dtype]
+        weight = weight_tag(c)
         return (HEADER +
                 f'#include "gemm/{ns}/contiguous_w4.cuh"\n\n'
                 f"namespace moe_kernels::{ns} {{\n"

@@ -66,7 +66,7 @@ def fill_w13_rows(p, rows, byte):
     """Expert 0's w13 rows `rows` of a 4-bit problem set to `byte` in every byte of the checkpoint
     packing (both nibbles one code), then prepared again: p["w13"] is in the prepared layout."""
     from moe_kernels import QuantMode, quant4
-    fmt = QuantMode.parse(p["quant"]).spec.weight
+    fmt = quant4.prepared_layout(QuantMode.parse(p["quant"]).spec)
     w13 = quant4.unprepare(p["w13"], p["hidden_states"].shape[1], fmt)
     w13[0, rows] = byte
     p["w13"] = quant4.prepare_packed(w13, fmt)

@@ -487,7 +487,7 @@ def test_layer_prepares_four_bit_weights_once():
     layer = FusedMoE(E, H, I, quant="w4a16_mxfp4", activation="swiglu_oai", ep_rank=1, ep_size=2)
     layer.load_weights(q13, q2, w13_scale=e13, w2_scale=e2)
     assert layer.weights["w13"].shape == (2, 23, 8, 1024) and layer.weights["w2"].shape == (2, 1, 180, 1024)
-    assert torch.equal(quant4.unprepare(layer.weights["w13"], H, "mxfp4"), q13[2:])
+    assert torch.equal(quant4.unprepare(layer.weights["w13"], H, quant4.PLACED), q13[2:])
     p = prepare_weights(q13, q2, quant="w4a16_mxfp4", w13_scale=e13, w2_scale=e2)
     layer.load_weights(p["w13"], p["w2"], w13_scale=e13, w2_scale=e2)  # prepared, all experts: sliced
     assert torch.equal(layer.weights["w13"], p["w13"][2:]) and torch.equal(layer.weights["w2"], p["w2"][2:])

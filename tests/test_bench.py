@@ -351,7 +351,7 @@ def test_dequantized_peer_unprepares_to_the_unpadded_k():
     p = prepare_weights(q13, q2, quant="w4a16_mxfp4", w13_scale=e13, w2_scale=e2)
     assert p["w13"].shape == (E, 2, 2 * I // 16, 1024) and p["w2"].shape == (E, 1, H // 16, 1024)
     assert bench.unpadded_ks(p["w13"], p["w2"], p["w13_scale"], p["w2_scale"]) == (H, I)
-    b13, b2 = bench.DequantizedGroupedMM("mxfp4").weights(p["w13"], p["w2"], p["w13_scale"], p["w2_scale"])
+    b13, b2 = bench.DequantizedGroupedMM(quant4.PLACED).weights(p["w13"], p["w2"], p["w13_scale"], p["w2_scale"])
     assert torch.equal(b13, quant4.dequantize_mxfp4(q13, e13).bfloat16())
     assert torch.equal(b2, quant4.dequantize_mxfp4(q2, e2).bfloat16())
 

@@ -77,14 +77,17 @@ def test_humming_mxfp4_tensors_keep_the_values():
         shifts = torch.arange(0, 32, 4, dtype=torch.int64)
         return ((words.long()[..., None] >> shifts) & 15).flatten(-2)
 
-    p = quantize_weights(w, w[:, :, :128], quant="w4a16_mxfp4")
-    packed = quant4.unprepare(p["w13"], K, "mxfp4")
-    config, t = bench._humming_tensors(packed, p["w13_scale"], "mxfp4")
+    p = quantize_weights(w, w[:, :, :128], quant="w4a16_mxfp4")  # the placed layout, scales folded
+    packed = quant4.unprepare(p["w13"], K, quant4.PLACED)
+    q, e = quant4.quantize_mxfp4(w)  # the checkpoint's codes and E8M0 exponents
+    assert torch.equal(packed, q)
+    config, t = bench._humming_tensors(packed, p["w13_scale"], quant4.PLACED)
     assert config == {"dtype": "float4e2m1", "group_size": 32, "scale_dtype": "float8e8m0"}
-    assert torch.equal(nibbles(t["weight"]), quant4.unpack_nibbles(packed).long())
-    e8m0 = t["weight_scale"].view(torch.uint8)
-    assert e8m0.shape == (E, N, K // 32)
-    assert torch.equal(torch.exp2(e8m0.float() - 127), p["w13_scale"].transpose(1, 2).float())
+    assert torch.equal(nibbles(t["weight"]), quant4.unpack_nibbles(q).long())
+    assert torch.equal(t["weight_scale"].view(torch.uint8), e)
+    q8 = quantize_weights(w, w[:, :, :128], quant="w4a8_mxfp4")  # the fragment layout, scales as they are
+    _, t8 = bench._humming_tensors(quant4.unprepare(q8["w13"], K, "mxfp4"), q8["w13_scale"], "mxfp4")
+    assert torch.equal(t8["weight_scale"].view(torch.uint8), e)
 
 
 def test_forward_glue_with_an_indexed_gemm_stand_in(monkeypatch):

@@ -186,6 +186,14 @@ def test_generator_output(tmp_path):
     assert mtimes == {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
 
 
+def _weight_tag(c) -> str:
+    """The 4-bit weight tag a kernel's source must name: E2M1 read with 16-bit tokens (W4A16) is
+    the placed layout's, with E4M3 tokens (W4A8) the fragment layout's."""
+    if c.weight_dtype == "int4":
+        return "Int4"
+    return "E2M1Placed" if c.act_dtype in ("bf16", "fp16") else "E2M1"
+
+
 def test_generator_covers_every_arch_and_schedule(tmp_path):
     archs = list(catalog.ARCHS)
     assert generate.main(["--archs", ";".join(archs), "--catalog", "full", "--out", str(tmp_path)]) == 0
@@ -197,7 +205,7 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
                 continue
             text = (tmp_path / arch / f"{c.name}.cu").read_text()
             if c.schedule == "decode" and c.weight_dtype in ("int4", "e2m1"):
-                weight = generate.WEIGHT_TAGS[c.weight_dtype]
+                weight = _weight_tag(c)
                 types = f"{generate.CUDA_TYPES[c.act_dtype]}, {generate.CUDA_TYPES[c.out]}, decode_w4::{weight}"
                 if family == "sm90" and c.tile_n == 64 and c.act_dtype == "e4m3":  # FP8 wgmma (W4A8)
                     assert '#include "gemm/sm90/decode_w4a8_wgmma.cuh"' in text
@@ -211,7 +219,7 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
                 continue
             if c.schedule == "tiled":
                 assert '#include "gemm/tiled_w4a16.cuh"' in text
-                weight = generate.WEIGHT_TAGS[c.weight_dtype]
+                weight = _weight_tag(c)
                 assert (f"TiledW4A16<{generate.CUDA_TYPES[c.act_dtype]}, {generate.CUDA_TYPES[c.out]}, "
                         f"decode_w4::{weight}, {c.tile_m}>::kOps") in text
                 continue
@@ -230,7 +238,7 @@ def test_generator_covers_every_arch_and_schedule(tmp_path):
                 continue
             if c.schedule == "contig":
                 if c.weight_dtype != c.act_dtype:
-                    weight = generate.WEIGHT_TAGS[c.weight_dtype]
+                    weight = _weight_tag(c)
                     assert '#include "gemm/sm90/contiguous_w4.cuh"' in text
                     assert (f"ContiguousW4<{generate.CUDA_TYPES[c.act_dtype]}, {generate.CUDA_TYPES[c.out]}, "
                             f"contig_w4::{weight}>::kOps") in text

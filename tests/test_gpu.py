@@ -928,7 +928,7 @@ def test_w4a16_refusals():
         run({**m, "w13_scale": torch.zeros(4, 256, 8, dtype=torch.uint8, device="cuda")})
     with pytest.raises(ValueError, match=r"w13: got shape \(4, 256, 128\) \(4-bit weights in the checkpoint packing.*"
                                          r"prepare_weights"):  # the checkpoint packing: prepare first
-        run({**m, "w13": moe_kernels.quant4.unprepare(m["w13"], 256, "mxfp4")})
+        run({**m, "w13": moe_kernels.quant4.unprepare(m["w13"], 256, moe_kernels.quant4.PLACED)})
 
 
 @pytest.mark.parametrize("T", [1, 7, 300])

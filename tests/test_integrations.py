@@ -871,9 +871,10 @@ def test_gpu_vllm_int4(act):
 def test_gpu_vllm_mxfp4():
     p = gpu_problem(H=256, I=256)
     (q1, e1), (q2, e2) = quant4.quantize_mxfp4(p["w1"]), quant4.quantize_mxfp4(p["w2"])
-    ref = moe_kernels.fused_moe(p["x"], quant4.prepare_packed(q1, "mxfp4"), quant4.prepare_packed(q2, "mxfp4"),
-                                p["wts"], p["ids"], quant="w4a16_mxfp4",
-                                w13_scale=quant4.mxfp4_scales(e1, BF16), w2_scale=quant4.mxfp4_scales(e2, BF16))
+    ref = moe_kernels.fused_moe(p["x"], quant4.prepare_packed(q1, quant4.PLACED),
+                                quant4.prepare_packed(q2, quant4.PLACED), p["wts"], p["ids"], quant="w4a16_mxfp4",
+                                w13_scale=quant4.mxfp4_scales(e1, BF16, placed=True),
+                                w2_scale=quant4.mxfp4_scales(e2, BF16, placed=True))
     out = vl.fused_experts(p["x"], q1, q2, p["wts"], p["ids"], use_mxfp4_w4a16=True, w1_scale=e1, w2_scale=e2)
     same(out, ref)
 

@@ -36,7 +36,7 @@ CASES = [("w4a16_int4", 2, 384, 128), ("w4a8_int4", 1, 128, 384), ("w4a16_mxfp4"
 @pytest.mark.parametrize("quant,E,H,I", CASES)
 def test_prepared_weights_dequantize_exactly_as_the_checkpoint(quant, E, H, I):
     q13, q2, kw, dense = _checkpoint(quant, E, H, I)
-    fmt = QuantMode.parse(quant).spec.weight
+    fmt = quant4.prepared_layout(QuantMode.parse(quant).spec)  # w4a16_mxfp4: the placed layout
     p = prepare_weights(q13, q2, quant=quant, **kw)
     assert p["w13"].shape == (E, -(-H // 128), 2 * I // 16, 1024) == quant4.prepared_shape(E, 2 * I, H)
     assert p["w2"].shape == (E, -(-I // 128), H // 16, 1024)

@@ -189,9 +189,9 @@ def test_gpt_oss_importer_deinterleaves_gate_and_up():
     g = _gen(7)
     E, I, H = 2, 64, 128
     codes13 = torch.randint(0, 16, (E, 2 * I, H), generator=g)
-    e13 = torch.randint(120, 130, (E, 2 * I, H // 32), generator=g).to(torch.uint8)
+    e13 = torch.randint(119, 129, (E, 2 * I, H // 32), generator=g).to(torch.uint8)
     codes2 = torch.randint(0, 16, (E, H, I), generator=g)
-    e2 = torch.randint(120, 130, (E, H, I // 32), generator=g).to(torch.uint8)
+    e2 = torch.randint(119, 129, (E, H, I // 32), generator=g).to(torch.uint8)
     lut = torch.tensor(E2M1)
 
     def dense(codes, e):  # independent decode: the LUT times 2^(e - 127) per 32
@@ -205,12 +205,20 @@ def test_gpt_oss_importer_deinterleaves_gate_and_up():
     torch.testing.assert_close(quant4.dequantize_mxfp4(out["w2"], out["w2_scale"]), dense(codes2, e2))
     assert torch.equal(out["w13_bias"], torch.cat([bias13[:, 0::2], bias13[:, 1::2]], 1))
     p = prepare_weights(quant="w4a16_mxfp4", activation="swiglu_oai", **out)
-    # the kernels' weights prepared, [E, ceil(K/128), N/16, 1024]; their scales 2^(e - 127) in the
-    # hidden dtype, [E, K/32, N]
+    # the kernels' weights prepared, [E, ceil(K/128), N/16, 1024], in the placed layout; their
+    # scales 2^(e - 127 + 126) in the hidden dtype, [E, K/32, N]
     assert p["w13"].shape == (E, 1, 2 * I // 16, 1024) and p["w13_scale"].dtype == torch.bfloat16
     assert p["w13_scale"].shape == (E, H // 32, 2 * I)
-    torch.testing.assert_close(quant4.dequantize_mxfp4(quant4.unprepare(p["w13"], H, "mxfp4"), p["w13_scale"]),
+    torch.testing.assert_close(quant4.dequantize_mxfp4(quant4.unprepare(p["w13"], H, quant4.PLACED),
+                                                       p["w13_scale"], placed=True), torch.cat([gate, up], 1))
+    # W4A8 reads the fragment layout with the scales as they are; scales past 2 only it takes
+    p8 = prepare_weights(quant="w4a8_mxfp4", activation="swiglu_oai", **out)
+    torch.testing.assert_close(quant4.dequantize_mxfp4(quant4.unprepare(p8["w13"], H, "mxfp4"), p8["w13_scale"]),
                                torch.cat([gate, up], 1))
+    big = dict(out, w2_scale=torch.full_like(out["w2_scale"], 129))
+    prepare_weights(quant="w4a8_mxfp4", activation="swiglu_oai", **big)
+    with pytest.raises(ValueError, match=r"w2_scale: got E8M0 exponents 2\^2 .. 2\^2, expected at most 2\^1"):
+        prepare_weights(quant="w4a16_mxfp4", activation="swiglu_oai", **big)
     with pytest.raises(ValueError, match=r"gate_up_blocks/gate_up_scales: got \(2, 128, 4, 16\) and \(2, 128, 3\)"):
         from_gpt_oss(blocks13, e13[:, :, :3], blocks2, e2)
 
@@ -263,8 +271,13 @@ def test_prepare_validates_four_bit_weights():
     huge = e2.clone()
     huge[0, 0, 0] = 127 + 16
     with pytest.raises(ValueError, match=r"w2_scale: got E8M0 exponents .*2\^16, expected 2\^-24 .. 2\^15"):
+        prepare_weights(q13, q2, w2_scale=huge, dtype=torch.float16, **{**kw, "quant": "w4a8_mxfp4"})
+    assert prepare_weights(q13, q2, w2_scale=huge, **{**kw, "quant": "w4a8_mxfp4"})["w2_scale"].max() == 2.0 ** 16
+    # w4a16_mxfp4's scales are stored times 2^126 (bfloat16) or 2^14 (float16): at most 2^1
+    with pytest.raises(ValueError, match=r"w2_scale: got E8M0 exponents .*2\^16, expected 2\^-38 .. 2\^1 for float16"):
         prepare_weights(q13, q2, w2_scale=huge, dtype=torch.float16, **kw)
-    assert prepare_weights(q13, q2, w2_scale=huge, **kw)["w2_scale"].max() == 2.0 ** 16  # bfloat16 holds it
+    with pytest.raises(ValueError, match=r"w2_scale: got E8M0 exponents .*2\^16, expected at most 2\^1 for bfloat16"):
+        prepare_weights(q13, q2, w2_scale=huge, **kw)
 
 
 @pytest.mark.parametrize("quant", ["w4a16_int4", "w4a16_mxfp4"])
@@ -280,7 +293,7 @@ def test_reference_dequantizes_as_the_format_says(quant):
     wts = torch.rand(T, k, generator=g)
     out = reference.fused_moe(x, p["w13"], p["w2"], wts, ids, quant=quant, w13_scale=p["w13_scale"],
                               w2_scale=p["w2_scale"], **extra)
-    fmt = QuantMode.parse(quant).spec.weight
+    fmt = quant4.prepared_layout(QuantMode.parse(quant).spec)
 
     def dequantized(w):
         zero = p.get(f"{w}_zero")
@@ -330,14 +343,21 @@ def test_flashinfer_named_interleave_helpers():
     g = _gen(11)
     E, N, K = 2, 64, 256
     q, e = quant4.quantize_mxfp4(torch.randn(E, N, K, generator=g))
-    prepared = interleave_moe_weights_for_sm90_mixed_gemm(q, "fp4")  # the fragment layout, no value shuffle
-    assert torch.equal(prepared, quant4.to_fragment_layout(q, shuffle=False))
+    prepared = interleave_moe_weights_for_sm90_mixed_gemm(q, "fp4")  # w4a16_mxfp4: the placed layout
+    assert torch.equal(prepared, quant4.place_e2m1(quant4.to_fragment_layout(q, shuffle=False)))
     assert torch.equal(interleave_moe_weights_for_sm90_mixed_gemm(prepared, "fp4"), prepared)  # prepared once
     s = interleave_moe_scales_for_sm90_mixed_gemm(e)
     assert s.dtype == torch.bfloat16 and s.shape == (E, K // 32, N)
-    torch.testing.assert_close(quant4.dequantize_mxfp4(q, s), quant4.dequantize_mxfp4(q, e))
-    torch.testing.assert_close(interleave_moe_scales_for_sm90_mixed_gemm(e, dtype=torch.float16).float(), s.float())
-    assert torch.equal(interleave_moe_weights_for_sm90_mixed_gemm(q, "fp4_fp8"), prepared)  # W4A8 reads the same
+    assert torch.equal(s, quant4.mxfp4_scales(e, torch.bfloat16, placed=True))
+    torch.testing.assert_close(quant4.dequantize_mxfp4(q, s, placed=True), quant4.dequantize_mxfp4(q, e))
+    s16 = interleave_moe_scales_for_sm90_mixed_gemm(e, dtype=torch.float16)
+    torch.testing.assert_close(quant4.dequantize_mxfp4(q, s16, placed=True), quant4.dequantize_mxfp4(q, e))
+    s8 = interleave_moe_scales_for_sm90_mixed_gemm(e, quant_type="fp4_fp8")  # w4a8_mxfp4: as they are
+    torch.testing.assert_close(quant4.dequantize_mxfp4(q, s8), quant4.dequantize_mxfp4(q, e))
+    assert torch.equal(interleave_moe_weights_for_sm90_mixed_gemm(q, "fp4_fp8"),  # W4A8: the fragment layout
+                       quant4.to_fragment_layout(q, shuffle=False))
+    with pytest.raises(ValueError, match=r"quant_type: got 'int4', expected 'fp4' or 'fp4_fp8'"):
+        interleave_moe_scales_for_sm90_mixed_gemm(e, quant_type="int4")
     q128 = quant4.pack_nibbles(torch.randint(0, 16, (E, 128, K), generator=g))
     assert torch.equal(interleave_moe_weights_for_sm90_mixed_gemm(q128, "int4"),  # CUTLASS's value shuffle
                        quant4.to_fragment_layout(q128, shuffle=True))

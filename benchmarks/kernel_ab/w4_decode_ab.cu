@@ -7,8 +7,8 @@
 // |error| over the typical size of the dot product's terms. Medians of interleaved rounds of
 // back-to-back launches.
 //
-// For MXFP4 also the 16-column mma.sync block and the two wgmma blocks on a candidate layout
-// ("placed", columns mma16p, wgmma8p and wgmma16p): each 32-bit word's eight E2M1 codes stored
+// For MXFP4 also the 16-column mma.sync block and the two wgmma blocks on the placed layout
+// (w4a16_mxfp4's since, columns mma16p, wgmma8p and wgmma16p): each 32-bit word's eight E2M1 codes stored
 // bit by bit where a mask, or one shift or rotate and a mask, puts each pair of codes in bf16's
 // sign, lowest two exponent bits and top mantissa bit (9 instructions for the word's four
 // registers, against about 17 for the byte lookup); a value so placed is the E2M1 value times
@@ -37,9 +37,8 @@
 
 using bf16 = __nv_bfloat16;
 
-// The placed layout: register r's pair of codes (element 0 in its low half) from these bits of
-// the word, [r][element][m, e0, e1, s]. Registers 0, 1 and 2 are the word masked, shifted left by
-// 4, and rotated left by 10; register 3 the word shifted left by 6 (m, e0, s) and right by 2 (e1).
+// The placed layout (quant4.PLACED_BITS, decode_w4::E2M1Placed): register r's pair of codes
+// (element 0 in its low half) from these bits of the word, [r][element][m, e0, e1, s].
 namespace placed {
 __device__ constexpr int kBit[4][2][4] = {
     {{6, 7, 8, 15}, {22, 23, 24, 31}},
@@ -47,23 +46,15 @@ __device__ constexpr int kBit[4][2][4] = {
     {{28, 29, 30, 5}, {12, 13, 14, 21}},
     {{0, 1, 10, 9}, {16, 17, 26, 25}},
 };
-struct Tag {};       // scales stored times 2^126
-struct Unfolded {};  // scales as they are
+using Tag = moe_kernels::decode_w4::E2M1Placed;  // scales stored times 2^126 (the library's form)
+struct Unfolded {};                              // scales as they are
 }  // namespace placed
 
 namespace moe_kernels::decode_w4 {
-// The placed word -> the four A registers in bf16, each value the E2M1 value times 2^-126.
-template <>
-__device__ __forceinline__ void fragment<__nv_bfloat16, placed::Tag>(uint32_t x, uint32_t (&a)[4]) {
-  a[0] = x & 0x81C081C0u;
-  a[1] = (x << 4) & 0x81C081C0u;
-  a[2] = __funnelshift_l(x, x, 10) & 0x81C081C0u;
-  a[3] = ((x << 6) & 0x80C080C0u) | ((x >> 2) & 0x01000100u);
-}
-// The same, times 2^126 (bf16 0x7E80): each value the E2M1 value itself.
+// The library's placed conversion times 2^126 (bf16 0x7E80): each value the E2M1 value itself.
 template <>
 __device__ __forceinline__ void fragment<__nv_bfloat16, placed::Unfolded>(uint32_t x, uint32_t (&a)[4]) {
-  fragment<__nv_bfloat16, placed::Tag>(x, a);
+  fragment<__nv_bfloat16, E2M1Placed>(x, a);
 #pragma unroll
   for (int e = 0; e < 4; ++e) a[e] = mul2<__nv_bfloat16>(a[e], 0x7E807E80u);
 }

@@ -113,6 +113,12 @@ class Mode:
     def weight_code(self) -> int:
         return list(WEIGHT_FORMATS).index(self.weight)
 
+    @property
+    def e2m1_placed(self) -> bool:
+        """This mode's E2M1 weights go to 16-bit tensor cores: prepared in quant4's placed layout,
+        their scales folded (quant4.PLACED_FOLD)."""
+        return self.weight_format.element == "e2m1" and not self.act_format.quantized
+
     def element_names(self, out: str) -> tuple:
         """(activation, weight) element names as kernel names spell them ("bf16", "e4m3", ...)."""
         return (self.act_format.element or out, self.weight_format.element or out)

@@ -68,9 +68,11 @@ def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None
       optional zero terms w13_zero/w2_zero in the same layout (dequantized = q * scale + zero).
     - mxfp4 (w4a16_mxfp4, w4a8_mxfp4): uint8 [E, N, K/2] E2M1, E8M0 uint8 scales [E, N, K/32],
       returned as the kernels take them: 2^(e - 127) in `dtype` (the hidden states' dtype:
-      torch.bfloat16 by default, or the biases'), [E, K/32, N] (quant4.mxfp4_scales).
+      torch.bfloat16 by default, or the biases'), [E, K/32, N] (quant4.mxfp4_scales), for
+      w4a16_mxfp4 times 2^126 (bfloat16) or 2^14 (float16), which holds scales up to 2.
     4-bit weights are returned in the prepared layout, uint8 [E, ceil(K/128), N/16, 1024]
-    (quant4.prepare_packed: K zero-padded to a multiple of 128, then the fragment layout),
+    (quant4.prepare_packed: K zero-padded to a multiple of 128, then the fragment layout;
+    w4a16_mxfp4's words then placed bit by bit for its conversion, quant4.place_e2m1),
     which is what fused_moe takes; weights already in it (4-D, of exactly that shape, as
     returned here or by interleave_moe_weights_for_sm90_mixed_gemm) are taken as they are.
     Scales and zero terms are not repacked. Checkpoints' own layouts go through the
@@ -119,7 +121,7 @@ def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None
             if hidden_dtype not in hidden:
                 raise TypeError(f"dtype: got {hidden_dtype}, expected one of {list(hidden)}")
             for name in ("w13_scale", "w2_scale"):
-                scales[name] = quant4.mxfp4_scales(scales[name], hidden_dtype, name)
+                scales[name] = quant4.mxfp4_scales(scales[name], hidden_dtype, name, placed=spec.e2m1_placed)
         elif dtype is not None:
             raise ValueError(f"dtype: got {dtype}, expected None for quant={mode.value!r} (only MXFP4's "
                              f"scales are converted to the hidden dtype)")
@@ -144,7 +146,7 @@ def prepare_weights(w13, w2, *, quant="bf16", activation="swiglu", w13_bias=None
 
     out = {"w13": place(w13), "w2": place(w2), "w13_bias": place(w13_bias), "w2_bias": place(w2_bias)}
     if fmt.fragment_layout and not prepared:  # repacked on the device, once
-        out["w13"], out["w2"] = (quant4.prepare_packed(out[k], fmt) for k in ("w13", "w2"))
+        out["w13"], out["w2"] = (quant4.prepare_packed(out[k], quant4.prepared_layout(spec)) for k in ("w13", "w2"))
     out.update({k: place(v) for k, v in scales.items()})
     return out
 
@@ -386,9 +388,9 @@ def interleave_moe_weights_for_sm90_mixed_gemm(weight, quant_type: str = "fp4") 
 
     FlashInfer's kernels read its own interleaved layout and these the fragment layout, so
     pass the checkpoint's weights here (not FlashInfer's output) once at load time.
-    quant_type: "fp4" (MXFP4) and "fp4_fp8" (MXFP4 x FP8), repacked without a value shuffle,
-    or "int4" (INT4, with 16-bit or FP8 activations), with CUTLASS's. Weights already
-    prepared (4-D) are returned as they are."""
+    quant_type: "fp4" (MXFP4 x 16-bit, w4a16_mxfp4: the placed layout) and "fp4_fp8" (MXFP4 x
+    FP8, w4a8_mxfp4), repacked without a value shuffle, or "int4" (INT4, with 16-bit or FP8
+    activations), with CUTLASS's. Weights already prepared (4-D) are returned as they are."""
     if quant_type not in _INTERLEAVE_QUANT_TYPES:
         raise ValueError(f"quant_type: got {quant_type!r}, expected one of {list(_INTERLEAVE_QUANT_TYPES)}")
     mode = QuantMode.parse(_INTERLEAVE_QUANT_TYPES[quant_type]).spec
@@ -403,16 +405,22 @@ def interleave_moe_weights_for_sm90_mixed_gemm(weight, quant_type: str = "fp4") 
     if N % mode.align or K % mode.align:
         raise ValueError(f"weight: got N={N} rows and K={K} values per row, expected both multiples of "
                          f"{mode.align} for quant_type={quant_type!r} ({mode.why_align})")
-    return quant4.prepare_packed(weight.contiguous(), mode.weight_format)
+    return quant4.prepare_packed(weight.contiguous(), quant4.prepared_layout(mode))
 
 
-def interleave_moe_scales_for_sm90_mixed_gemm(scales, group_size: int = 32, dtype=torch.bfloat16) -> torch.Tensor:
+def interleave_moe_scales_for_sm90_mixed_gemm(scales, group_size: int = 32, dtype=torch.bfloat16, *,
+                                              quant_type: str = "fp4") -> torch.Tensor:
     """MXFP4 E8M0 scales uint8 [E, N, K/group_size] (as checkpoints store them) as this package's
-    kernels read them: 2^(e - 127) in the hidden dtype `dtype`, [E, K/32, N] (what
-    prepare_weights returns; quant4.mxfp4_scales). group_size must be 32 (OCP MX)."""
+    kernels read them: 2^(e - 127) in the hidden dtype `dtype`, [E, K/32, N], for quant_type
+    "fp4" (w4a16_mxfp4) times 2^126 (bfloat16) or 2^14 (float16), for "fp4_fp8" (w4a8_mxfp4)
+    as they are (what prepare_weights returns; quant4.mxfp4_scales). group_size must be 32
+    (OCP MX)."""
     if group_size != quant4.MX_GROUP:  # checked before anything is computed from it
         raise ValueError(f"group_size: got {group_size!r}, expected {quant4.MX_GROUP} (MXFP4's scale group)")
+    if quant_type not in ("fp4", "fp4_fp8"):
+        raise ValueError(f"quant_type: got {quant_type!r}, expected 'fp4' or 'fp4_fp8' (MXFP4's)")
     _importer_tensor("scales", scales, torch.uint8, 3)
     if bool((scales == quant4.E8M0_NAN).any()):
         raise ValueError(f"scales: got NaN (E8M0 {quant4.E8M0_NAN}), expected usable scales")
-    return quant4.mxfp4_scales(scales, dtype, "scales")
+    placed = QuantMode.parse(_INTERLEAVE_QUANT_TYPES[quant_type]).spec.e2m1_placed
+    return quant4.mxfp4_scales(scales, dtype, "scales", placed=placed)

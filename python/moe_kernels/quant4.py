@@ -13,7 +13,10 @@ Two layouts of the weights [E, N, K] (the weight formats `int4` and `mxfp4` of m
   a_i in nibbles i and i + 4 for INT4 (CUTLASS's value shuffle), 2i and 2i + 1 for MXFP4
   (the format's `fragment_shuffle`). Why: each GPU thread's 16-byte loads are exactly its
   MMA A-fragment registers, and a 64-row block's K step of 128 is 4 KB in one piece.
-  `unprepare` is the inverse; the layout's details are below.
+  `unprepare` is the inverse; the layout's details are below. MXFP4 weights for 16-bit tokens
+  (w4a16_mxfp4) go one step further, each word's codes placed bit by bit for a mask-and-shift
+  conversion (PLACED, `place_e2m1`, below), their scales folded; `prepared_layout` names a
+  mode's.
 The 3-D storage and the 4-D prepared shape are what tell the two apart (`is_prepared`).
 
 Values and scales (scales and zero terms are not repacked, and count the unpadded K):
@@ -24,7 +27,8 @@ Values and scales (scales and zero terms are not repacked, and count the unpadde
 - MXFP4 (OCP MX): E2M1 values (sign bit 3; magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6) with one
   E8M0 exponent per 32 along K ([E, N, K/32] uint8): dequantized = e2m1 * 2^(e - 127);
   e = 255 is NaN and is refused by `prepare`. The kernels take the scales as 16-bit powers
-  of two in INT4's layout ([E, K/32, N], `mxfp4_scales`), which `prepare_weights` makes.
+  of two in INT4's layout ([E, K/32, N], `mxfp4_scales`), which `prepare_weights` makes
+  (w4a16_mxfp4: times 2^126 for bf16, 2^14 for fp16, PLACED_FOLD).
 """
 from __future__ import annotations
 
@@ -121,28 +125,37 @@ def quantize_int4(w: torch.Tensor, group: int = 128, symmetric: bool = True, sca
 
 # ---- MXFP4 --------------------------------------------------------------------------------
 
-def dequantize_mxfp4(packed, scale) -> torch.Tensor:
+def dequantize_mxfp4(packed, scale, placed: bool = False) -> torch.Tensor:
     """float32 [..., N, K] = e2m1 * 2^(e - 127): from the checkpoint's E8M0 exponents (uint8
-    [..., N, K/32]) or the kernels' 16-bit scales ([..., K/32, N], mxfp4_scales)."""
+    [..., N, K/32]) or the kernels' 16-bit scales ([..., K/32, N], mxfp4_scales; placed: those
+    of the placed layout, times 2^PLACED_FOLD)."""
     v = _lut(packed.device)[unpack_nibbles(packed).long()]
     if scale.dtype != torch.uint8:
-        return v * expand_groups(scale.float().transpose(-1, -2), v.shape[-1])
+        s = scale.float() * 2.0 ** -PLACED_FOLD[scale.dtype] if placed else scale.float()
+        return v * expand_groups(s.transpose(-1, -2), v.shape[-1])
     exp = scale.to(torch.int32) - E8M0_BIAS
     return torch.ldexp(v, expand_groups(exp, v.shape[-1]).float())
 
 
-def mxfp4_scales(scale_e8m0: torch.Tensor, dtype, name: str = "scale") -> torch.Tensor:
+def mxfp4_scales(scale_e8m0: torch.Tensor, dtype, name: str = "scale", placed: bool = False) -> torch.Tensor:
     """The kernels' MXFP4 scales: E8M0 uint8 [..., N, K/32] -> 2^(e - 127) in `dtype` (bfloat16
-    or float16, the hidden states'), [..., K/32, N] like INT4's. Exact: every E8M0 value is a
-    bfloat16; float16 holds 2^-24 .. 2^15 only, and other exponents are refused."""
+    or float16, the hidden states'), [..., K/32, N] like INT4's; placed (weights in the placed
+    layout): 2^(e - 127 + PLACED_FOLD[dtype]). Exact: every E8M0 value is a bfloat16; a float16
+    holds 2^-24 .. 2^15 only; other exponents, and folded ones past 2^1, are refused."""
     exp = scale_e8m0.to(torch.int32) - E8M0_BIAS
-    if dtype == torch.float16 and exp.numel():
-        lo, hi = int(exp.min()), int(exp.max())
-        if lo < -24 or hi > 15:
-            raise ValueError(f"{name}: got E8M0 exponents 2^{lo} .. 2^{hi}, expected 2^-24 .. 2^15 for float16 "
-                             f"hidden states (a float16 scale holds no other power of two); use bfloat16")
-    elif dtype not in (torch.bfloat16, torch.float16):
+    if dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"dtype: got {dtype}, expected torch.bfloat16 or torch.float16")
+    fold = PLACED_FOLD[dtype] if placed else 0
+    top = 15 if dtype == torch.float16 else 127  # the largest power of two of the dtype
+    if exp.numel():
+        lo, hi = int(exp.min()) + fold, int(exp.max()) + fold
+        if hi > top or (dtype == torch.float16 and lo < -24):
+            held = f"2^{-24 - fold} .. 2^{top - fold}" if dtype == torch.float16 else f"at most 2^{top - fold}"
+            why = (f" (the placed layout's scales are stored times 2^{fold}; w4a8_mxfp4 takes others)" if placed
+                   else " (a float16 scale holds no other power of two); use bfloat16")
+            raise ValueError(f"{name}: got E8M0 exponents 2^{lo - fold} .. 2^{hi - fold}, expected {held} for "
+                             f"{'bfloat16' if dtype == torch.bfloat16 else 'float16'} hidden states{why}")
+    exp = exp + fold
     ones = torch.ones((), dtype=torch.float32, device=scale_e8m0.device)
     return torch.ldexp(ones, exp.float()).to(dtype).transpose(-1, -2).contiguous()
 
@@ -223,13 +236,74 @@ def from_fragment_layout(tiled: torch.Tensor, shuffle: bool = True) -> torch.Ten
 
 # ---- prepared weights: the fragment layout of a weight format, K padded -----------------------
 
+# ---- the placed layout: MXFP4 for bf16 tensor cores ----------------------------------------
+# The fragment layout's MXFP4 words once more, each word's eight E2M1 codes stored bit by bit:
+# register r's element e (nibble 2r + e of the fragment word) has its bits m, e0, e1, s at
+# PLACED_BITS[r][e]. A mask (register 0), a shift left by 4 or a rotate left by 10 and a mask
+# (registers 1, 2), or two shifts and two masks (register 3: left by 6 for m, e0, s, right by 2
+# for e1) put a pair in bf16's sign, lowest two exponent bits and top mantissa bit, the bf16 of
+# the E2M1 value times 2^-126 exactly (0.5 as a bf16 subnormal): 9 instructions a word instead
+# of a 17-instruction byte lookup (decode_w4::E2M1Placed). For fp16 each such register shifted
+# left by 3 and or-ed with itself, then masked, is the fp16 of the value times 2^-14 (two
+# instructions more a register). The scales are stored times 2^PLACED_FOLD[dtype], which a
+# bf16 and an fp16 hold for E8M0 exponents up to 128 (scales up to 2). The weights of the MXFP4
+# modes with 16-bit tokens (modes.Mode.e2m1_placed: w4a16_mxfp4) are in it.
+
+PLACED_BITS = (((6, 7, 8, 15), (22, 23, 24, 31)),
+               ((2, 3, 4, 11), (18, 19, 20, 27)),
+               ((28, 29, 30, 5), (12, 13, 14, 21)),
+               ((0, 1, 10, 9), (16, 17, 26, 25)))
+PLACED_FOLD = {torch.bfloat16: 126, torch.float16: 14}
+PLACED = "mxfp4_placed"  # the prepared layout's name where a weight format's would be
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., 4n] -> its little-endian 32-bit words as int64 [..., n], 0 .. 2^32 - 1."""
+    return t.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
+
+def _bytes(words: torch.Tensor) -> torch.Tensor:
+    """The inverse of _words."""
+    return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32).view(torch.uint8)
+
+
+def place_e2m1(tiled: torch.Tensor) -> torch.Tensor:
+    """MXFP4 weights in the fragment layout (uint8, last dimension a multiple of 4) -> the
+    placed layout: each 32-bit word's codes moved to PLACED_BITS."""
+    w, out = _words(tiled), None
+    for r in range(4):
+        for e in range(2):
+            code = (w >> (4 * (2 * r + e))) & 15
+            for b, pos in enumerate(PLACED_BITS[r][e]):
+                bit = ((code >> b) & 1) << pos
+                out = bit if out is None else out | bit
+    return _bytes(out)
+
+
+def unplace_e2m1(placed: torch.Tensor) -> torch.Tensor:
+    """The inverse of place_e2m1."""
+    w, out = _words(placed), None
+    for r in range(4):
+        for e in range(2):
+            for b, pos in enumerate(PLACED_BITS[r][e]):
+                bit = ((w >> pos) & 1) << (4 * (2 * r + e) + b)
+                out = bit if out is None else out | bit
+    return _bytes(out)
+
+
+def prepared_layout(mode) -> str:
+    """The prepared layout of a 4-bit mode's weights (a modes.Mode): its weight format's name
+    ("int4", "mxfp4"), or PLACED."""
+    return PLACED if mode.e2m1_placed else mode.weight
+
+
 def fragment_format(fmt) -> WeightFormat:
-    """The weight format (a WeightFormat or its name in modes.WEIGHT_FORMATS) whose weights
-    fused_moe takes in the fragment layout, else ValueError."""
-    spec = WEIGHT_FORMATS.get(fmt) if isinstance(fmt, str) else fmt
+    """The weight format (a WeightFormat or its name in modes.WEIGHT_FORMATS, or PLACED: MXFP4's)
+    whose weights fused_moe takes in the fragment layout, else ValueError."""
+    spec = WEIGHT_FORMATS.get("mxfp4" if fmt == PLACED else fmt) if isinstance(fmt, str) else fmt
     if not isinstance(spec, WeightFormat) or not spec.fragment_layout:
         raise ValueError(f"fmt: got {fmt!r}, expected a weight format prepared in the fragment layout, one of "
-                         f"{[n for n, f in WEIGHT_FORMATS.items() if f.fragment_layout]}")
+                         f"{[n for n, f in WEIGHT_FORMATS.items() if f.fragment_layout] + [PLACED]}")
     return spec
 
 
@@ -255,7 +329,8 @@ def pad_k(packed: torch.Tensor) -> torch.Tensor:
 def prepare_packed(packed: torch.Tensor, fmt) -> torch.Tensor:
     """Checkpoint-packed 4-bit weights uint8 [E, N, K/2] -> prepared uint8 [E, ceil(K/128), N/16,
     1024]: K zero-padded to a multiple of 128, then the fragment layout with the format's value
-    shuffle (fmt: "int4" or "mxfp4", or the WeightFormat). N must be a multiple of 16."""
+    shuffle (fmt: "int4" or "mxfp4", or the WeightFormat), or PLACED: MXFP4's words then placed
+    (place_e2m1). N must be a multiple of 16."""
     spec = fragment_format(fmt)
     if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8 or packed.dim() != 3:
         raise ValueError(f"packed: got {getattr(packed, 'dtype', type(packed).__name__)} "
@@ -264,6 +339,8 @@ def prepare_packed(packed: torch.Tensor, fmt) -> torch.Tensor:
     out = packed.new_empty(prepared_shape(E, N, K))
     for e in range(E):  # one expert at a time: the unpacked, permuted temporaries are 4x its bytes
         out[e] = to_fragment_layout(pad_k(packed[e:e + 1]), shuffle=spec.fragment_shuffle)[0]
+        if fmt == PLACED:
+            out[e] = place_e2m1(out[e])
     return out
 
 
@@ -277,4 +354,6 @@ def unprepare(tiled: torch.Tensor, K: int, fmt) -> torch.Tensor:
     if K % 2 or -(-K // FRAGMENT_K) != tiled.shape[1]:
         raise ValueError(f"K: got {K}, expected an even K with ceil(K/128) = {tiled.shape[1]} (the prepared "
                          f"tensor {tuple(tiled.shape)})")
+    if fmt == PLACED:
+        tiled = unplace_e2m1(tiled)
     return from_fragment_layout(tiled, shuffle=spec.fragment_shuffle)[..., :K // 2].contiguous()

@@ -61,19 +61,20 @@ def gemm_input(x, act_format: str, static_scale=None):
 
 def dequantize_weight(w, weight_format: str, scale=None, zero=None, K=None):
     """One expert's weight [N, K] in float32, as its format defines it, from the form fused_moe
-    takes: 4-bit weights (int4, mxfp4) prepared, uint8 [ceil(K/128), N/16, 1024], with K their
-    unpadded size (quant4.unprepare gives back the checkpoint packing, the padding cut off);
-    scales and zero terms as prepare_weights returns them."""
+    takes: 4-bit weights (int4, mxfp4, or quant4.PLACED: w4a16_mxfp4's) prepared, uint8
+    [ceil(K/128), N/16, 1024], with K their unpadded size (quant4.unprepare gives back the
+    checkpoint packing, the padding cut off); scales and zero terms as prepare_weights returns
+    them."""
     if weight_format == "w16":
         return w.float()
-    if _WEIGHT_FORMATS_ALL[weight_format].fragment_layout:
+    if weight_format == quant4.PLACED or _WEIGHT_FORMATS_ALL[weight_format].fragment_layout:
         if K is None:
             raise ValueError(f"K: got None, expected the unpadded K of the prepared {weight_format} weight "
                              f"{tuple(w.shape)}")
         w = quant4.unprepare(w[None], K, weight_format)[0]
         if weight_format == "int4":
             return quant4.dequantize_int4(w, scale, zero)
-        return quant4.dequantize_mxfp4(w, scale)
+        return quant4.dequantize_mxfp4(w, scale, placed=weight_format == quant4.PLACED)
     return w.float() * fp8.weight_scale_full(scale[None], *w.shape)[0]  # e4m3, e4m3_block128
 
 
@@ -113,6 +114,7 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
         raise ValueError(f"quant={spec.name!r}: w13_scale and w2_scale are required")
     act = Activation.parse(activation)
     K13 = K2 = None
+    layout = quant4.prepared_layout(spec) if spec else weight_format  # 4-bit: how the weights are prepared
     if _WEIGHT_FORMATS_ALL[weight_format].fragment_layout:  # K of each GEMM: H, and I from w13's N
         check_prepared(weight_format, w13=w13, w2=w2)
         n1 = quant4.FRAGMENT_ROWS * w13.shape[2]
@@ -136,8 +138,8 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant=None,
         rows = gemm_input(rows.float(), act_format, a13_scale)
         def pick(t):
             return None if t is None else t[e]
-        g13 = dequantize_weight(w13[e], weight_format, pick(w13_scale), pick(w13_zero), K13)
-        g2 = dequantize_weight(w2[e], weight_format, pick(w2_scale), pick(w2_zero), K2)
+        g13 = dequantize_weight(w13[e], layout, pick(w13_scale), pick(w13_zero), K13)
+        g2 = dequantize_weight(w2[e], layout, pick(w2_scale), pick(w2_zero), K2)
         h = rows @ g13.t()
         if w13_bias is not None:
             h = h + w13_bias[e].float()

@@ -51,6 +51,12 @@ constexpr int kWideBatch = 2;   // 64 columns: K steps per batch, two batches in
 
 struct Int4 {};
 struct E2M1 {};
+// E2M1 for 16-bit tensor cores (w4a16_mxfp4): each word's eight codes stored bit by bit
+// (quant4.PLACED_BITS) where a mask, or a shift or rotate and a mask, puts register r's pair in
+// bf16's sign, lowest two exponent bits and top mantissa bit: the E2M1 value times 2^-126
+// exactly (0.5 as a bf16 subnormal), or for fp16, moved by two more instructions, times 2^-14.
+// The scales come times 2^126 or 2^14 (quant4.mxfp4_scales).
+struct E2M1Placed {};
 
 struct Params {
   const int32_t* problem_shapes;  // [G][3] = (M, N, K)
@@ -172,10 +178,22 @@ __device__ __forceinline__ uint32_t e4m3x2_to(uint32_t v) {
 
 // One word of the fragment layout (the A registers of one 16-deep K block, see above) -> the
 // four registers in T, unscaled: INT4 with the value shuffle (a_i from nibbles i and i + 4),
-// E2M1 without it (a_i from nibbles 2i and 2i + 1, dequant8's pairs).
+// E2M1 without it (a_i from nibbles 2i and 2i + 1, dequant8's pairs), placed E2M1 by masks and
+// shifts (times 2^-126: register r's code pair from bits [m, e0, e1, s] of quant4.PLACED_BITS,
+// registers 0-2 the word masked, shifted left by 4 and rotated left by 10, register 3 the word
+// shifted left by 6 (m, e0, s) and right by 2 (e1); fp16: e1, e0, m three bits up, times 2^-14).
 template <class T, class W>
 __device__ __forceinline__ void fragment(uint32_t x, uint32_t (&a)[4]) {
-  if constexpr (std::is_same_v<W, Int4>) {
+  if constexpr (std::is_same_v<W, E2M1Placed>) {
+    a[0] = x & 0x81C081C0u;
+    a[1] = (x << 4) & 0x81C081C0u;
+    a[2] = __funnelshift_l(x, x, 10) & 0x81C081C0u;
+    a[3] = ((x << 6) & 0x80C080C0u) | ((x >> 2) & 0x01000100u);
+    if constexpr (std::is_same_v<T, __half>) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = ((a[i] << 3) | a[i]) & 0x8E008E00u;
+    }
+  } else if constexpr (std::is_same_v<W, Int4>) {
     constexpr uint32_t kMagic8 = std::is_same_v<T, __nv_bfloat16> ? 0x43084308u : 0x64086408u;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {

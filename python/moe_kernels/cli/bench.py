@@ -387,9 +387,9 @@ class DequantizedGroupedMM(Bf16GroupedMM):
     states. Its activations stay 16-bit, so it is checked against the 16-bit reference on those
     weights, not the quantized mode's."""
 
-    def __init__(self, weight_format: str):
+    def __init__(self, layout: str):  # quant4.prepared_layout of the mode
         super().__init__()
-        self.weight_format = weight_format
+        self.layout = layout
 
     def to_bf16(self, w, scale, K=None):  # one expert at a time: float32 temporaries of one expert
         import torch
@@ -401,7 +401,7 @@ class DequantizedGroupedMM(Bf16GroupedMM):
             shape, K = w.shape, None
         out = w.new_empty(shape, dtype=torch.bfloat16)
         for e in range(w.shape[0]):
-            out[e] = dequantize_weight(w[e], self.weight_format, scale[e], K=K).to(torch.bfloat16)
+            out[e] = dequantize_weight(w[e], self.layout, scale[e], K=K).to(torch.bfloat16)
         return out
 
 
@@ -432,9 +432,9 @@ class OwnFp8(Bf16GroupedMM):
     reference on those E4M3 weights."""
     tolerance = MODES["fp8"].tolerance
 
-    def __init__(self, weight_format: str):
+    def __init__(self, layout: str):
         super().__init__()
-        self.dequantized = DequantizedGroupedMM(weight_format)
+        self.dequantized = DequantizedGroupedMM(layout)
 
     def to_bf16(self, w, scale, K=None):  # E4M3 and its per-channel scales, made once per weight tensor
         import torch
@@ -478,20 +478,23 @@ def _align_blocks(ids, num_experts, block):
     return sorted_ids, expert_ids.to(torch.int32), padded_ends[-1:].to(torch.int32)
 
 
-def _humming_tensors(w, scale, weight_format):
+def _humming_tensors(w, scale, layout):
     """This package's 4-bit weights in the checkpoint packing ([E, N, K/2]: quant4.unprepare of
     the prepared ones; humming takes that packing) with their prepared scales [E, K/g, N], as
     humming's weight schema and tensors: the same nibbles as int32 words along K (element i in
     bits 4i), scales [E, N, K/g]. INT4's two's-complement q becomes humming's offset-binary
-    q + 8 (its symmetric uint4); MXFP4's prepared powers of two go back to E8M0 exponents."""
+    q + 8 (its symmetric uint4); MXFP4's prepared powers of two go back to E8M0 exponents (the
+    placed layout's less their fold)."""
     import torch
+    from .. import quant4
     s = scale.transpose(1, 2)
     config = {"dtype": "uint4", "group_size": 2 * w.shape[2] // s.shape[2]}
-    if weight_format == "int4":
+    if layout == "int4":
         w = w ^ 0x88
     else:
         config.update(dtype="float4e2m1", scale_dtype="float8e8m0")
-        s = (torch.log2(s.float()) + 127).round().to(torch.uint8).view(torch.float8_e8m0fnu)
+        fold = quant4.PLACED_FOLD[scale.dtype] if layout == quant4.PLACED else 0
+        s = (torch.log2(s.float()) + 127 - fold).round().to(torch.uint8).view(torch.float8_e8m0fnu)
     return config, {"weight": w.contiguous().view(torch.int32), "weight_scale": s.contiguous()}
 
 
@@ -510,16 +513,16 @@ class HummingMoE:
     # run before the peers whose copies of the weights would otherwise sit beside that.
     runs_first = True
 
-    def __init__(self, weight_format: str, fp8_inputs: bool = False):
-        self.weight_format, self.fp8_inputs = weight_format, fp8_inputs
+    def __init__(self, layout: str, fp8_inputs: bool = False):
+        self.layout, self.fp8_inputs = layout, fp8_inputs
         self._key, self._layers, self._tiles = None, None, {}
 
     def _layer(self, w, scale, K):
         import torch
         from humming.layer import HummingLayer
         from .. import quant4
-        w = quant4.unprepare(w, K, self.weight_format)  # humming repacks the checkpoint packing itself
-        config, tensors = _humming_tensors(w, scale, self.weight_format)
+        w = quant4.unprepare(w, K, self.layout)  # humming repacks the checkpoint packing itself
+        config, tensors = _humming_tensors(w, scale, self.layout)
         inputs = {"dtype": "float8e4m3", "quant_mode": "dynamic_token"} if self.fp8_inputs else None
         with torch.device(w.device):
             # its SM90 tiles are at least 128 wide along N: pad N (gpt-oss's 2880) to a multiple
@@ -578,24 +581,46 @@ def _humming_peer(quant):
         return name, None, f"not for {quant}"
     if importlib.util.find_spec("humming") is None:
         return name, None, "not installed"
-    return name, HummingMoE(MODES[quant].weight, fp8_inputs=MODES[quant].act == "fp8_row"), None
+    from .. import quant4
+    return name, HummingMoE(quant4.prepared_layout(MODES[quant]), fp8_inputs=MODES[quant].act == "fp8_row"), None
 
 
 class OwnW4A16:
     """For the W4A8 modes: this package's W4A16 mode on the same 4-bit weights and scales (16-bit
-    GEMM inputs instead of E4M3), checked against the W4A16 reference."""
+    GEMM inputs instead of E4M3), checked against the W4A16 reference. MXFP4 weights are moved
+    to W4A16's placed layout and their scales folded once per weight tensor (a copy)."""
 
     def __init__(self, weight_format: str):
         self.quant = {"int4": "w4a16_int4", "mxfp4": "w4a16_mxfp4"}[weight_format]
         self.tolerance = MODES[self.quant].tolerance
+        self._key, self._weights = None, None
+
+    def weights(self, w13, w2, w13_scale, w2_scale):
+        from .. import quant4
+        if quant4.prepared_layout(MODES[self.quant]) != quant4.PLACED:
+            return w13, w2, w13_scale, w2_scale
+        key = (w13.data_ptr(), w2.data_ptr())
+        if self._key != key:
+            self._key, self._weights = None, None
+            fold = 2.0 ** quant4.PLACED_FOLD[w13_scale.dtype]
+            self._key, self._weights = key, (quant4.place_e2m1(w13), quant4.place_e2m1(w2),
+                                             (w13_scale.float() * fold).to(w13_scale.dtype),
+                                             (w2_scale.float() * fold).to(w2_scale.dtype))
+        return self._weights
+
+    def release(self) -> None:
+        """Drops the copies (free_other_peers)."""
+        self._key, self._weights = None, None
 
     def __call__(self, x, w13, w2, wts, ids, act, w13_scale=None, w2_scale=None):
         import moe_kernels
+        w13, w2, w13_scale, w2_scale = self.weights(w13, w2, w13_scale, w2_scale)
         return moe_kernels.fused_moe(x, w13, w2, wts, ids, quant=self.quant, activation=act,
                                      w13_scale=w13_scale, w2_scale=w2_scale)
 
     def reference(self, x, w13, w2, wts, ids, act, w13_scale=None, w2_scale=None):
         from ..reference import fused_moe
+        w13, w2, w13_scale, w2_scale = self.weights(w13, w2, w13_scale, w2_scale)
         return fused_moe(x, w13, w2, wts, ids, quant=self.quant, activation=act, w13_scale=w13_scale,
                          w2_scale=w2_scale)
 
@@ -625,19 +650,20 @@ def peers(activation, quant="bf16"):
     with a `reference` method is checked against what it returns, within its `tolerance`,
     instead of the mode's reference."""
     import importlib.util
+    from .. import quant4
     import torch
     if quant == "fp8":
         return [("torch._scaled_grouped_mm",
                  torch_scaled_grouped_mm_moe if hasattr(torch, "_scaled_grouped_mm") else None,
                  f"not in torch {torch.__version__}")]
     if MODES[quant].weight in ("e4m3_block128", "int4", "mxfp4"):
-        dequantized = DequantizedGroupedMM(MODES[quant].weight)
+        dequantized = DequantizedGroupedMM(quant4.prepared_layout(MODES[quant]))
         out = [("torch._grouped_mm (bf16 weights)", dequantized if hasattr(torch, "_grouped_mm") else None,
                 f"not in torch {torch.__version__}")]
         if MODES[quant].weight_format.bits == 4 and not MODES[quant].act_format.quantized:
             out.append(("moe_kernels bf16 (same weights dequantized)", OwnBf16(dequantized), ""))
         if MODES[quant].weight_format.bits == 4:
-            out.append(("moe_kernels fp8 (same weights)", OwnFp8(MODES[quant].weight), ""))
+            out.append(("moe_kernels fp8 (same weights)", OwnFp8(quant4.prepared_layout(MODES[quant])), ""))
             if MODES[quant].act_format.quantized:  # W4A8: also W4A16 on the same weights
                 out.append(("moe_kernels w4a16 (same weights)", OwnW4A16(MODES[quant].weight), ""))
             out.append(_humming_peer(quant))

@@ -235,14 +235,16 @@ def int4_zero_from_packed_zp(zp: torch.Tensor, scale_nk: torch.Tensor) -> torch.
 
 
 def mxfp4_kernel_scales(s: torch.Tensor, dtype) -> torch.Tensor:
-    """MXFP4 E8M0 scales uint8 [E, N, K/32] as the core's 16-bit [E, K/32, N]."""
-    return quant4.mxfp4_scales(s, dtype)
+    """MXFP4 E8M0 scales uint8 [E, N, K/32] as the core's 16-bit [E, K/32, N] for w4a16_mxfp4
+    (the placed layout's, quant4.mxfp4_scales)."""
+    return quant4.mxfp4_scales(s, dtype, placed=True)
 
 
-def prepared_4bit(w: torch.Tensor, weight_format: str) -> torch.Tensor:
+def prepared_4bit(w: torch.Tensor, layout: str) -> torch.Tensor:
     """4-bit weights in the core's checkpoint packing uint8 [E, N, K/2] (signed INT4 nibbles or
-    E2M1) in the prepared layout the kernels read (moe_kernels.quant4.prepare_packed)."""
-    return quant4.prepare_packed(w.contiguous(), weight_format)
+    E2M1) in the prepared layout the kernels read (moe_kernels.quant4.prepare_packed; layout:
+    "int4", or quant4.PLACED for w4a16_mxfp4)."""
+    return quant4.prepare_packed(w.contiguous(), layout)
 
 
 # ---- the Triton-style quantization arguments (vLLM's and SGLang's fused_experts) ---------
@@ -338,8 +340,8 @@ def triton_weights(hidden_states, w1, w2, *, w1_scale, w2_scale, a1_scale, a2_sc
     s1 = tensor_arg("w1_scale", w1_scale, 3, torch.uint8)
     s2 = tensor_arg("w2_scale", w2_scale, 3, torch.uint8)
     return {"quant": "w4a16_mxfp4",
-            "w13": cached("mxfp4_w", lambda t: prepared_4bit(rows(t), "mxfp4"), w1, extra=(interleaved,)),
-            "w2": cached("mxfp4_w", lambda t: prepared_4bit(t, "mxfp4"), w2, extra=(False,)),
+            "w13": cached("mxfp4_w", lambda t: prepared_4bit(rows(t), quant4.PLACED), w1, extra=(interleaved,)),
+            "w2": cached("mxfp4_w", lambda t: prepared_4bit(t, quant4.PLACED), w2, extra=(False,)),
             "w13_scale": cached("mxfp4_scale", lambda t: cols(mxfp4_kernel_scales(t, hidden)), s1,
                                 extra=(hidden, interleaved)),
             "w2_scale": cached("mxfp4_scale", lambda t: mxfp4_kernel_scales(t, hidden), s2, extra=(hidden, False)),

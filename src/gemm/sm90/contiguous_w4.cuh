@@ -62,6 +62,10 @@ struct E2M1 {
   static constexpr int kGroup = 32;  // four scales per K block
   using Decode = decode_w4::E2M1;
 };
+struct E2M1Placed {  // bf16 tokens only (decode_w4::E2M1Placed)
+  static constexpr int kGroup = 32;
+  using Decode = decode_w4::E2M1Placed;
+};
 
 constexpr int kTileN = 256, kBlocksN = kTileN / kBlockN;
 constexpr int kStages = 3;
@@ -665,7 +669,7 @@ struct ContiguousW4 {
                "and the tokens' row scales)", kWhat);
       return MOEK_INVALID_ARGUMENT;
     }
-    if (a.act_out || (a.zero_base && (Cfg::kW4A8 || std::is_same_v<W, E2M1>))) {
+    if (a.act_out || (a.zero_base && (Cfg::kW4A8 || !std::is_same_v<W, Int4>))) {
       snprintf(err, errlen, "%s: applies no activation and takes zero points only with 16-bit tokens and "
                "INT4 weights", kWhat);
       return MOEK_UNSUPPORTED;
