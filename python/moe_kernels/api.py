@@ -94,9 +94,11 @@ def fused_moe(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     N1/16, 1024] and w2 [E, ceil(I/128), H/16, 1024] (moe_kernels.quant4; checkpoint-packed
     [E, N, K/2] weights go through moe_kernels.prepare.prepare_weights once at load time, and
     are refused here), with 16-bit scales [E, K/g, N] and, for asymmetric INT4 (AWQ), additive
-    zero terms w13_zero/w2_zero in the scales' layout, as moe_kernels.prepare makes them;
-    w4a8_int4 / w4a8_mxfp4: the same weights with the GEMM inputs quantized to E4M3 as fp8's
-    are. moe_kernels.modes.MODES lists every mode.
+    zero terms w13_zero/w2_zero in the scales' layout, as moe_kernels.prepare makes them
+    (w4a16_mxfp4's weights in the placed form of that layout, its scales times 2^126 for bf16
+    or 2^14 for fp16: prepared for that mode); w4a8_int4 / w4a8_mxfp4: the same weights (MXFP4
+    prepared for w4a8_mxfp4, its scales as they are) with the GEMM inputs quantized to E4M3 as
+    fp8's are. moe_kernels.modes.MODES lists every mode.
 
     apply_router_weight_on_input: top_k 1 only (Llama 4): the token's input row is multiplied
     by its router weight before GEMM1 (a [T, H] temporary) and the output is not weighted.

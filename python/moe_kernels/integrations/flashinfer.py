@@ -27,10 +27,11 @@ Modes, by the weights' dtype and quant_scales:
   [fc1 [E, 2I/128, H/128] (w31 order), fc2 [E, H/128, I/128]].
 - MXFP4 weights with 16-bit activations (use_w4_group_scaling=True, uint8 weights):
   quant_scales = [fc1, fc2] as moe_kernels.prepare.interleave_moe_scales_for_sm90_mixed_gemm
-  returns them (16-bit [E, K/32, N], or that viewed as int32, as FlashInfer's callers pass
-  it), or the checkpoint's E8M0 uint8 [E, N, K/32]. The weights must be as
-  moe_kernels.prepare.interleave_moe_weights_for_sm90_mixed_gemm returns them: the prepared
-  layout uint8 [E, ceil(K/128), N/16, 1024] (w31's halves swapped as whole 16-row blocks, once
+  returns them with quant_type "fp4" (16-bit [E, K/32, N], times 2^126 for bf16 or 2^14 for
+  fp16, or that viewed as int32, as FlashInfer's callers pass it), or the checkpoint's E8M0
+  uint8 [E, N, K/32]. The weights must be as
+  moe_kernels.prepare.interleave_moe_weights_for_sm90_mixed_gemm returns them for "fp4": the
+  prepared (placed) layout uint8 [E, ceil(K/128), N/16, 1024] (w31's halves swapped as whole 16-row blocks, once
   and cached), made from the checkpoint's weights once at load time. 3-D uint8 weights (the
   checkpoint packing, or FlashInfer's own interleaved bytes: they cannot be told apart) are
   refused, naming that helper.
