@@ -234,9 +234,7 @@ def from_fragment_layout(tiled: torch.Tensor, shuffle: bool = True) -> torch.Ten
     return pack_nibbles(w.reshape(E, 16 * A, 128 * S))
 
 
-# ---- prepared weights: the fragment layout of a weight format, K padded -----------------------
-
-# ---- the placed layout: MXFP4 for bf16 tensor cores ----------------------------------------
+# ---- the placed layout: MXFP4 for 16-bit tensor cores --------------------------------------
 # The fragment layout's MXFP4 words once more, each word's eight E2M1 codes stored bit by bit:
 # register r's element e (nibble 2r + e of the fragment word) has its bits m, e0, e1, s at
 # PLACED_BITS[r][e]. A mask (register 0), a shift left by 4 or a rotate left by 10 and a mask
@@ -296,6 +294,8 @@ def prepared_layout(mode) -> str:
     ("int4", "mxfp4"), or PLACED."""
     return PLACED if mode.e2m1_placed else mode.weight
 
+
+# ---- prepared weights: the fragment layout of a weight format, K padded -----------------------
 
 def fragment_format(fmt) -> WeightFormat:
     """The weight format (a WeightFormat or its name in modes.WEIGHT_FORMATS, or PLACED: MXFP4's)

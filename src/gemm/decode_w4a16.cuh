@@ -20,7 +20,8 @@
 //
 // Dequantization: INT4 (two's complement nibbles, register a_i in nibbles i and i + 4 of its word:
 // CUTLASS's value shuffle) as CUTLASS converts it (the nibble put into a 16-bit float of value
-// 128 + (q ^ 8), minus 136); E2M1 (a_i in nibbles 2i and 2i + 1) by a byte lookup (dequant8). Then times the
+// 128 + (q ^ 8), minus 136); E2M1 for W4A16 from the placed layout by masks and shifts
+// (E2M1Placed, below), for W4A8 (a_i in nibbles 2i and 2i + 1) by a byte lookup (dequant8). Then times the
 // group's scale ([K/g, N] in the hidden dtype) plus, for asymmetric INT4, its zero term (same
 // layout), rounded once to the hidden dtype (one fma; without zero terms the value the
 // prefill kernels' mainloop computes too). Scaling each K step's fp32 sums instead (fewer
@@ -185,6 +186,7 @@ __device__ __forceinline__ uint32_t e4m3x2_to(uint32_t v) {
 template <class T, class W>
 __device__ __forceinline__ void fragment(uint32_t x, uint32_t (&a)[4]) {
   if constexpr (std::is_same_v<W, E2M1Placed>) {
+    static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "placed E2M1: 16-bit registers");
     a[0] = x & 0x81C081C0u;
     a[1] = (x << 4) & 0x81C081C0u;
     a[2] = __funnelshift_l(x, x, 10) & 0x81C081C0u;
