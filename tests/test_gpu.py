@@ -841,6 +841,38 @@ def test_w4a16_every_built_kernel(quant, group, act_dtype, error_log):
     assert ran
 
 
+@pytest.mark.parametrize("act_dtype", ["bf16", "fp16"])
+def test_w4a16_mxfp4_placed_scales_at_the_top_of_their_range(act_dtype, error_log):
+    """w4a16_mxfp4 reads the placed layout with its scales stored times 2^126 (bf16) or 2^14
+    (fp16): E8M0 exponents up to 128 (scales up to 2), every code, every built kernel."""
+    from moe_kernels import quant4
+    from moe_kernels.prepare import prepare_weights
+    g = torch.Generator().manual_seed(5)
+    E, H, I, T, k = 4, 608, 352, 200, 2
+    dt = torch.bfloat16 if act_dtype == "bf16" else torch.float16
+    codes13, codes2 = torch.randint(0, 16, (E, 2 * I, H), generator=g), torch.randint(0, 16, (E, H, I), generator=g)
+    codes13[:, :, :16] = torch.arange(16)  # every code in every row
+    # exponents 120-128 (2^-7 .. 2^1); the inputs scaled so that the outputs stay O(1)-O(100)
+    e13 = torch.randint(120, 129, (E, 2 * I, H // 32), generator=g).to(torch.uint8)
+    e2 = torch.randint(120, 129, (E, H, I // 32), generator=g).to(torch.uint8)
+    e13[0, 0, 0] = e2[0, 0, 0] = 128
+    w = prepare_weights(quant4.pack_nibbles(codes13), quant4.pack_nibbles(codes2), quant="w4a16_mxfp4",
+                        w13_scale=e13, w2_scale=e2, dtype=dt, device="cuda")
+    assert w["w13_scale"].float().max().item() == 2.0 ** (1 + quant4.PLACED_FOLD[dt])
+    p = {"hidden_states": (torch.randn(T, H, generator=g) * 0.05).to(device="cuda", dtype=dt),
+         "topk_ids": torch.rand(T, E, generator=g).argsort(1)[:, :k].to(device="cuda", dtype=torch.int32),
+         "topk_weights": torch.full((T, k), 0.5, device="cuda"), "quant": "w4a16_mxfp4",
+         "w13": w["w13"], "w2": w["w2"], "w13_scale": w["w13_scale"], "w2_scale": w["w2_scale"]}
+    ref = reference_out(p)
+    kernels = [x for x in moe_kernels.list_kernels(quant="w4a16_mxfp4", out_dtype=act_dtype) if x.gemm]
+    assert kernels
+    for kern in kernels:
+        out = run(p, tactic=Tactic(kern.name, kern.name))
+        err = rel_error(out, ref)
+        error_log.add(f"w4a16_mxfp4/{act_dtype}/placed-range/{kern.name}", err)
+        assert err < TOLERANCE["w4a16_mxfp4"], f"{kern.name}: relative error {err:.3e}"
+
+
 @pytest.mark.parametrize("quant", ["w4a8_int4", "w4a8_mxfp4"])
 def test_w4a8_decode_reads_widened_inputs(quant, error_log):
     """The 4-bit decode GEMM reads W4A8's E4M3 inputs as 16-bit values, which routing's expand
