@@ -389,7 +389,7 @@ def test_default_rule_ring_kernels():
     assert default_tactic(base + ring, num_tokens=128, **qwen3) == Tactic("r16", "r16")   # 8 rows
     for shape, T in ((mixtral, 64), (dsv3, 512), (qwen3, 512), (dsv3, 4096)):  # 16+ rows: never the ring
         assert default_tactic(base + ring, num_tokens=T, **shape) == default_tactic(base, num_tokens=T, **shape)
-    # fp8_block takes it before its swap-AB tiles; per-channel fp8 (unmeasured) does not.
+    # fp8_block takes it before its swap-AB tiles; per-channel fp8 (it lost on the ring) does not.
     block = [_info("s8", "fp8_block", (8, 128, 128), "coop_swapab", mainloop="blockwise"),
              _info("b128", "fp8_block", (128, 128, 128), "coop", mainloop="blockwise"),
              _info("rb16", "fp8_block", (16, 64, 256), "ring", mainloop="blockwise")]

@@ -62,7 +62,7 @@ struct E2M1 {
   static constexpr int kGroup = 32;  // four scales per K block
   using Decode = decode_w4::E2M1;
 };
-struct E2M1Placed {  // bf16 tokens only (decode_w4::E2M1Placed)
+struct E2M1Placed {  // W4A16: 16-bit tokens (decode_w4::E2M1Placed, quant4.PLACED)
   static constexpr int kGroup = 32;
   using Decode = decode_w4::E2M1Placed;
 };
