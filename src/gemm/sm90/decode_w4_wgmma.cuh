@@ -129,7 +129,8 @@ struct Smem {
 };
 
 // Step s's copies into ring stage `stage`, as one commit group (empty past the last step).
-template <class T, int kN>
+// kSlots: the scale groups of a step (4: groups of 32, 2: 64, 1: 128 or more); kZero: INT4 zero terms.
+template <class T, int kN, int kSlots, bool kZero>
 __device__ __forceinline__ void copy_step(const Params& p, const WeightTile<T>& t, const TokenRows<T, T>& x,
                                           int m0, int s, int n_block, Smem<kN>& sm, int stage) {
   const int tid = threadIdx.x & 127;
@@ -138,21 +139,22 @@ __device__ __forceinline__ void copy_step(const Params& p, const WeightTile<T>& 
     const char* src = t.atom + (t.rows_ok ? s * t.step_bytes : 0);
     cp_async::copy_16(smem_addr(sm.weights[stage] + 32 * tid), src, t.rows_ok);
     cp_async::copy_16(smem_addr(sm.weights[stage] + 32 * tid + 16), src + 16, t.rows_ok);
-    // Scales (and zero terms): the step's groups (1, or 128 / group), 64 rows each, 16 bytes a thread.
-    const int groups = t.group >= kStepK ? 1 : kStepK / t.group;
-    if (tid < 8 * groups) {
-      const int gi = tid >> 3, n = n_block + 8 * (tid & 7), kg = (s * kStepK) / t.group + gi;
+    // Scales (and zero terms): the step's kSlots groups, 64 rows each, 16 bytes a thread; the
+    // group's row without a division by the runtime group on the common paths.
+    if (tid < 8 * kSlots) {
+      const int gi = tid >> 3, n = n_block + 8 * (tid & 7);
+      const int kg = kSlots > 1 ? s * kSlots + gi : t.steps_per_row == 1 ? s : s / t.steps_per_row;
       const bool ok = n < t.n && kg * t.group < t.k;
       const int64_t at = ok ? int64_t(kg) * t.n + n : 0;
       cp_async::copy_16(smem_addr(&sm.scales[stage][gi][8 * (tid & 7)]), t.scale + at, ok);
-      if (t.zero) cp_async::copy_16(smem_addr(&sm.zeros[stage][gi][8 * (tid & 7)]), t.zero + at, ok);
+      if constexpr (kZero) cp_async::copy_16(smem_addr(&sm.zeros[stage][gi][8 * (tid & 7)]), t.zero + at, ok);
     }
   }
   copy_tokens<T, kN>(x, m0, t.k, t.steps, s, smem_addr(sm.tokens[stage]), tid);  // commits the group
 }
 
 // One block: 64 weight rows (n_block ..) of group g for all of its tokens, kN at a time.
-template <class In, class T, class W, int kN>
+template <class In, class T, class W, int kN, int kSlots, bool kZero>
 __device__ __forceinline__ void block_tile(const Params& p, const WeightTile<T>& t, int n_block, Smem<kN>& sm) {
   constexpr uint32_t kLbo = kN / 8 * 128, kSbo = 128;
   const TokenRows<In, T> out_rows(p, t.g);
@@ -165,32 +167,41 @@ __device__ __forceinline__ void block_tile(const Params& p, const WeightTile<T>&
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
 #pragma unroll
-    for (int j = 0; j < kStages - 1; ++j) copy_step<T, kN>(p, t, x_rows, m0, j, n_block, sm, j);
+    for (int j = 0; j < kStages - 1; ++j) copy_step<T, kN, kSlots, kZero>(p, t, x_rows, m0, j, n_block, sm, j);
     for (int j = 0; j < steps; ++j) {
       const int stage = j % kStages;
       cp_async::wait<kStages - 2>();
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();  // step j landed for everyone; everyone done with step j - 1's stage
-      copy_step<T, kN>(p, t, x_rows, m0, j + kStages - 1, n_block, sm, (j + kStages - 1) % kStages);
+      copy_step<T, kN, kSlots, kZero>(p, t, x_rows, m0, j + kStages - 1, n_block, sm, (j + kStages - 1) % kStages);
       const uint4 w[2] = {*reinterpret_cast<const uint4*>(sm.weights[stage] + 32 * tid),
                           *reinterpret_cast<const uint4*>(sm.weights[stage] + 32 * tid + 16)};
+      // The step's scales (and zero terms) for rows row0 and row0 + 8, each in both halves of a
+      // register: one pair per slot (K blocks j of slot j * kSlots / 8).
+      uint32_t s_lo[kSlots], s_hi[kSlots], z_lo[kSlots], z_hi[kSlots];
+#pragma unroll
+      for (int c = 0; c < kSlots; ++c) {
+        s_lo[c] = sm.scales[stage][c][row0] * 0x10001u;
+        s_hi[c] = sm.scales[stage][c][row0 + 8] * 0x10001u;
+        z_lo[c] = kZero ? sm.zeros[stage][c][row0] * 0x10001u : 0u;
+        z_hi[c] = kZero ? sm.zeros[stage][c][row0 + 8] * 0x10001u : 0u;
+      }
       uint32_t av[8][4];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const int c = j >> t.shift;
-        const uint32_t s_lo = sm.scales[stage][c][row0] * 0x10001u, s_hi = sm.scales[stage][c][row0 + 8] * 0x10001u;
-        const uint32_t z_lo = t.zero ? sm.zeros[stage][c][row0] * 0x10001u : 0u;
-        const uint32_t z_hi = t.zero ? sm.zeros[stage][c][row0 + 8] * 0x10001u : 0u;
+        const int c = j * kSlots / 8;
         decode_w4::fragment<T, W>(decode::word(w[j >> 2], j & 3), av[j]);
 #pragma unroll
         for (int e = 0; e < 4; ++e)  // a1, a3: row + 8
-          av[j][e] = decode_w4::fma2<T>(av[j][e], e & 1 ? s_hi : s_lo, e & 1 ? z_hi : z_lo);
+          av[j][e] = decode_w4::fma2<T>(av[j][e], e & 1 ? s_hi[c] : s_lo[c], e & 1 ? z_hi[c] : z_lo[c]);
       }
-      const uint32_t tok = smem_addr(sm.tokens[stage]);
+      // K blocks 2j, 2j + 1 of the tokens: the stage's descriptor plus a constant (addresses in
+      // units of 16 bytes stay inside the 14-bit field: shared memory is under 256 KB).
+      const uint64_t tok = desc(smem_addr(sm.tokens[stage]), kLbo, kSbo);
       fence_acc<kN>(acc);
       wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < 8; ++j) wgmma<T, kN>(acc, av[j], desc(tok + 2 * j * kLbo, kLbo, kSbo));
+      for (int j = 0; j < 8; ++j) wgmma<T, kN>(acc, av[j], tok + 2 * j * kLbo / 16);
       wgmma_commit_wait();
       fence_acc<kN>(acc);
     }
@@ -204,7 +215,7 @@ __device__ __forceinline__ void block_tile(const Params& p, const WeightTile<T>&
   }
 }
 
-template <class In, class T, class W, int kN>
+template <class In, class T, class W, int kN, int kSlots, bool kZero>
 __global__ void __launch_bounds__(kThreads, 4) decode_w4_wgmma_kernel(Params p) {
   __shared__ Smem<kN> sm;
   pdl_begin();
@@ -212,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, 4) decode_w4_wgmma_kernel(Params p) 
   for (int y = blockIdx.y; y < active; y += gridDim.y) {
     // (The tile's rows, shapes and scale pointers; its weights are copied by copy_step.)
     const WeightTile<T> t(p, p.active_groups[1 + y], blockIdx.x * kColumns + 16 * ((threadIdx.x >> 5) & 3));
-    block_tile<In, T, W, kN>(p, t, blockIdx.x * kColumns, sm);
+    block_tile<In, T, W, kN, kSlots, kZero>(p, t, blockIdx.x * kColumns, sm);
   }
 }
 
@@ -222,6 +233,8 @@ __global__ void __launch_bounds__(kThreads, 4) decode_w4_wgmma_kernel(Params p) 
 // MMAs' and the output's; kTokens: the catalog's tile_m (8 or 16); 64 columns per block.
 template <class In, class T, class W, int kTokens>
 struct DecodeW4Wgmma {
+  static constexpr bool kInt4 = std::is_same_v<W, decode_w4::Int4>;  // zero terms are INT4's only
+
   static size_t workspace_size(int, int) { return 0; }
 
   // The scales come 8 columns (16 bytes) at a time, a step's 128 values in whole groups.
@@ -229,10 +242,28 @@ struct DecodeW4Wgmma {
     return decode_w4::check_args<In>(a, "4-bit wgmma decode GEMM", 16, err, errlen);
   }
 
+  // Built per scale groups a step and zero terms, so that the kernel's loop holds no runtime
+  // group arithmetic; MXFP4 (E2M1) always has groups of 32 and no zero terms.
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
+    if constexpr (!kInt4) {
+      if (a.weight_group != 32 || a.zero_base) {
+        snprintf(err, errlen, "4-bit wgmma decode GEMM: MXFP4 weights take scale groups of 32 and no zero terms "
+                 "(group %d%s)", a.weight_group, a.zero_base ? ", zero terms given" : "");
+        return MOEK_UNSUPPORTED;
+      }
+      return launch<4, false>(a, err, errlen);
+    } else {
+      if (a.weight_group == 32) return a.zero_base ? launch<4, true>(a, err, errlen) : launch<4, false>(a, err, errlen);
+      if (a.weight_group == 64) return a.zero_base ? launch<2, true>(a, err, errlen) : launch<2, false>(a, err, errlen);
+      return a.zero_base ? launch<1, true>(a, err, errlen) : launch<1, false>(a, err, errlen);
+    }
+  }
+
+  template <int kSlots, bool kZero>
+  static int launch(const GroupedGemmArgs& a, char* err, size_t errlen) {
     using namespace decode_w4_wgmma;
-    return decode_w4::launch_groups(decode_w4_wgmma_kernel<In, T, W, kTokens>, a, kColumns, kThreads,
+    return decode_w4::launch_groups(decode_w4_wgmma_kernel<In, T, W, kTokens, kSlots, kZero>, a, kColumns, kThreads,
                                     "4-bit wgmma decode GEMM", err, errlen);
   }
 
