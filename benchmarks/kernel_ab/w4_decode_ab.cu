@@ -17,6 +17,12 @@
 // layout with the scales as they are, each register multiplied by 2^126 first (4 instructions
 // more a word; any E8M0 scale). The gpt-oss "int4" rows run the INT4 path on the same shapes and
 // groups of 32: the same bytes with INT4's cheaper conversion.
+// "ring mma" (columns rmma8, rmma16, and rmma8p, rmma16p on the placed layout): the harness's own
+// copy of the wgmma block (the same cp.async ring, copies and dequantization) with each warp's
+// 16 rows multiplied by mma.sync m16n8k16 instead (the same A registers: wgmma's register-sourced
+// A fragment is mma.sync's), the tokens' B registers by ldmatrix from the ring's core matrices,
+// so the step needs no wgmma wait and no proxy fence (fence.proxy.async is MEMBAR.ALL.CTA +
+// FENCE.VIEW.ASYNC.S in SASS, once per K step in the wgmma block).
 // Build and run (docs/kernels/decode.md):
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I src -I include -I <build>/generated/include \
 //        benchmarks/kernel_ab/w4_decode_ab.cu -o w4_decode_ab && ./w4_decode_ab [rounds [gemm [T [reps]]]]
@@ -59,6 +65,94 @@ __device__ __forceinline__ void fragment<__nv_bfloat16, placed::Unfolded>(uint32
   for (int e = 0; e < 4; ++e) a[e] = mul2<__nv_bfloat16>(a[e], 0x7E807E80u);
 }
 }  // namespace moe_kernels::decode_w4
+
+namespace ring_mma {
+using namespace moe_kernels;
+using namespace moe_kernels::decode_w4_wgmma;  // Smem, copy_step, kStages, kColumns, kThreads
+using decode_w4::Params;
+using decode_w4::TokenRows;
+using decode_w4::WeightTile;
+
+// decode_w4_wgmma::block_tile with mma.sync in place of wgmma (see the top).
+template <class T, class W, int kN, int kSlots, bool kZero>
+__device__ __forceinline__ void block_tile(const Params& p, const WeightTile<T>& t, int n_block, Smem<kN>& sm) {
+  const TokenRows<T, T> out_rows(p, t.g);
+  const TokenRows<T, T> x_rows(p, t.g);
+  const int tid = threadIdx.x & 127, lane = tid & 31, r = lane >> 2, q = lane & 3, row0 = 16 * (tid >> 5) + r;
+  const int steps = t.steps;
+  for (int m0 = 0; m0 < x_rows.m_rows; m0 += kN) {
+    float acc[kN / 8][4] = {};
+#pragma unroll
+    for (int j = 0; j < kStages - 1; ++j) copy_step<T, kN, kSlots, kZero>(p, t, x_rows, m0, j, n_block, sm, j);
+    for (int j = 0; j < steps; ++j) {
+      const int stage = j % kStages;
+      cp_async::wait<kStages - 2>();
+      __syncthreads();  // step j landed for everyone; everyone done with step j - 1's stage
+      copy_step<T, kN, kSlots, kZero>(p, t, x_rows, m0, j + kStages - 1, n_block, sm, (j + kStages - 1) % kStages);
+      const uint4 w[2] = {*reinterpret_cast<const uint4*>(sm.weights[stage] + 32 * tid),
+                          *reinterpret_cast<const uint4*>(sm.weights[stage] + 32 * tid + 16)};
+      uint32_t s_lo[kSlots], s_hi[kSlots], z_lo[kSlots], z_hi[kSlots];
+#pragma unroll
+      for (int c = 0; c < kSlots; ++c) {
+        s_lo[c] = sm.scales[stage][c][row0] * 0x10001u;
+        s_hi[c] = sm.scales[stage][c][row0 + 8] * 0x10001u;
+        z_lo[c] = kZero ? sm.zeros[stage][c][row0] * 0x10001u : 0u;
+        z_hi[c] = kZero ? sm.zeros[stage][c][row0 + 8] * 0x10001u : 0u;
+      }
+      uint32_t av[8][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int c = j * kSlots / 8;
+        decode_w4::fragment<T, W>(decode::word(w[j >> 2], j & 3), av[j]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          av[j][e] = decode_w4::fma2<T>(av[j][e], e & 1 ? s_hi[c] : s_lo[c], e & 1 ? z_hi[c] : z_lo[c]);
+      }
+      // Core matrix (token block u, k block kb) at (kb * kN / 8 + u) * 128 bytes: ldmatrix of k
+      // blocks 2j .. 2j + 3 gives the B registers of K blocks j and j + 1 (token r, k 2q, 2q + 1).
+      const uint32_t tok = smem_addr(sm.tokens[stage]);
+#pragma unroll
+      for (int u = 0; u < kN / 8; ++u)
+#pragma unroll
+        for (int j = 0; j < 8; j += 2) {
+          uint32_t b[4];
+          cp_async::ldmatrix_x4(b, tok + ((2 * j + (lane >> 3)) * (kN / 8) + u) * 128 + (lane & 7) * 16);
+          decode::mma<T>(acc[u], av[j], b[0], b[1]);
+          decode::mma<T>(acc[u], av[j + 1], b[2], b[3]);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < kN / 8; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = m0 + 8 * u + 2 * q + (e & 1), col = n_block + row0 + 8 * (e >> 1);
+        if (m < x_rows.m_rows && col < t.n) out_rows.store(m, col, acc[u][e]);
+      }
+    cp_async::wait<0>();
+    __syncthreads();
+  }
+}
+
+template <class T, class W, int kN, int kSlots, bool kZero>
+__global__ void __launch_bounds__(kThreads, 4) kernel(Params p) {
+  __shared__ Smem<kN> sm;
+  pdl_begin();
+  const int active = p.active_groups[0];
+  for (int y = blockIdx.y; y < active; y += gridDim.y) {
+    const WeightTile<T> t(p, p.active_groups[1 + y], blockIdx.x * kColumns + 16 * ((threadIdx.x >> 5) & 3));
+    block_tile<T, W, kN, kSlots, kZero>(p, t, blockIdx.x * kColumns, sm);
+  }
+}
+
+// Groups of 32 or 128 (the harness's cases), no zero terms.
+template <class T, class W, int kN>
+int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
+  if (int st = DecodeW4Wgmma<T, T, W, kN>::check(a, err, errlen)) return st;
+  if (a.weight_group == 32)
+    return decode_w4::launch_groups(kernel<T, W, kN, 4, false>, a, kColumns, kThreads, "ring mma", err, errlen);
+  return decode_w4::launch_groups(kernel<T, W, kN, 1, false>, a, kColumns, kThreads, "ring mma", err, errlen);
+}
+}  // namespace ring_mma
 
 using namespace moe_kernels;
 
@@ -147,7 +241,8 @@ int main(int argc, char** argv) {
   std::mt19937 rng(0);
   printf("%-22s %4s %6s | %9s %9s | %9s %9s | %7s %7s | %9s %9s %9s | %9s %9s | %s\n", "gemm", "T", "active",
          "mma16 us", "mma64 us", "wgmma8 us", "wgmma16 us", "speedup", "TB/s", "mma16p", "wgmma8p", "wgmma16p",
-         "wgmma8u", "wgmma16u", "error: mma16 mma64 wgmma8 wgmma16 (mma16p wgmma8p wgmma16p wgmma8u wgmma16u)");
+         "wgmma8u", "wgmma16u", "error: mma16 mma64 wgmma8 wgmma16 (mma16p wgmma8p wgmma16p wgmma8u wgmma16u) | "
+         "ring mma rmma8 rmma16 rmma8p rmma16p us (errors)");
   const std::string only = argc > 2 ? argv[2] : "";
   const int only_t = argc > 3 ? atoi(argv[3]) : 0;
   const int reps_override = argc > 4 ? atoi(argv[4]) : 0;
@@ -218,6 +313,10 @@ int main(int argc, char** argv) {
     auto wg16p = [&] { return DecodeW4Wgmma<bf16, bf16, placed::Tag, 16>::run(ap, err, sizeof err); };
     auto wg8u = [&] { return DecodeW4Wgmma<bf16, bf16, placed::Unfolded, 8>::run(au, err, sizeof err); };
     auto wg16u = [&] { return DecodeW4Wgmma<bf16, bf16, placed::Unfolded, 16>::run(au, err, sizeof err); };
+    auto rm8 = [&] { return cs.mx ? ring_mma::run<bf16, D, 8>(a, err, sizeof err) : ring_mma::run<bf16, I, 8>(a, err, sizeof err); };
+    auto rm16 = [&] { return cs.mx ? ring_mma::run<bf16, D, 16>(a, err, sizeof err) : ring_mma::run<bf16, I, 16>(a, err, sizeof err); };
+    auto rm8p = [&] { return ring_mma::run<bf16, placed::Tag, 8>(ap, err, sizeof err); };
+    auto rm16p = [&] { return ring_mma::run<bf16, placed::Tag, 16>(ap, err, sizeof err); };
     // Host reference on sampled entries.
     std::vector<std::pair<int, int>> samples;
     for (int i = 0; i < 256; ++i) samples.push_back({int(rng() % rows), int(rng() % N)});
@@ -252,14 +351,20 @@ int main(int argc, char** argv) {
     const double em16p = cs.mx ? check("mma16p", mma16p) : 0, ep8 = cs.mx ? check("wgmma8p", wg8p) : 0,
                  ep16 = cs.mx ? check("wgmma16p", wg16p) : 0;
     const double eu8 = cs.mx ? check("wgmma8u", wg8u) : 0, eu16 = cs.mx ? check("wgmma16u", wg16u) : 0;
-    std::vector<float> t16, t64, tw8, tw16, tm16p, tp8, tp16, tu8, tu16;
+    const double er8 = check("rmma8", rm8), er16 = check("rmma16", rm16);
+    const double er8p = cs.mx ? check("rmma8p", rm8p) : 0, er16p = cs.mx ? check("rmma16p", rm16p) : 0;
+    std::vector<float> t16, t64, tw8, tw16, tm16p, tp8, tp16, tu8, tu16, tr8, tr16, tr8p, tr16p;
     const int reps = reps_override ? reps_override : cs.T >= 128 ? 20 : 100;
     for (int r = 0; r < rounds; ++r) {  // interleaved
       t16.push_back(time_it(mma16, reps));
       t64.push_back(time_it(mma64, reps));
       tw8.push_back(time_it(wg8, reps));
       tw16.push_back(time_it(wg16, reps));
+      tr8.push_back(time_it(rm8, reps));
+      tr16.push_back(time_it(rm16, reps));
       if (cs.mx) {
+        tr8p.push_back(time_it(rm8p, reps));
+        tr16p.push_back(time_it(rm16p, reps));
         tm16p.push_back(time_it(mma16p, reps));
         tp8.push_back(time_it(wg8p, reps));
         tp16.push_back(time_it(wg16p, reps));
@@ -270,13 +375,15 @@ int main(int argc, char** argv) {
     auto med = [](std::vector<float> v) { std::sort(v.begin(), v.end()); return v.empty() ? 0.f : v[v.size() / 2]; };
     const float m16 = med(t16), m64 = med(t64), mw8 = med(tw8), mw16 = med(tw16), mw = std::min(mw8, mw16);
     const float mm16p = med(tm16p), mp8 = med(tp8), mp16 = med(tp16), mu8 = med(tu8), mu16 = med(tu16);
+    const float mr8 = med(tr8), mr16 = med(tr16), mr8p = med(tr8p), mr16p = med(tr16p);
     const double bytes = double(routing.active.size()) * N * (K / 2 + 2.0 * K / G);
     // speedup: the best mma.sync block over the best wgmma one; TB/s: the best wgmma one's (the
     // weight and scale bytes of the active experts over the unpadded K)
     printf("%-22s %4d %6zu | %9.1f %9.1f | %9.1f %9.1f | %7.3f %7.2f | %9.1f %9.1f %9.1f | %9.1f %9.1f | "
-           "%.3g %.3g %.3g %.3g (%.3g %.3g %.3g %.3g %.3g)\n",
+           "%.3g %.3g %.3g %.3g (%.3g %.3g %.3g %.3g %.3g) | ring mma %9.1f %9.1f %9.1f %9.1f (%.3g %.3g %.3g %.3g)\n",
            cs.name.c_str(), cs.T, routing.active.size(), m16, m64, mw8, mw16, std::min(m16, m64) / mw,
-           bytes / mw * 1e-6, mm16p, mp8, mp16, mu8, mu16, e16, e64, ew8, ew16, em16p, ep8, ep16, eu8, eu16);
+           bytes / mw * 1e-6, mm16p, mp8, mp16, mu8, mu16, e16, e64, ew8, ew16, em16p, ep8, ep16, eu8, eu16,
+           mr8, mr16, mr8p, mr16p, er8, er16, er8p, er16p);
     fflush(stdout);
   }
   return 0;

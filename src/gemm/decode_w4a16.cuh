@@ -208,10 +208,6 @@ __device__ __forceinline__ void fragment(uint32_t x, uint32_t (&a)[4]) {
   }
 }
 
-// The step's scale groups: k16 block j of a step is in slot j >> shift, one slot for groups of
-// 128 or more, two for 64, four for 32 (check_args allows no other group).
-__device__ __forceinline__ int slot_shift(int group) { return group >= kStepK ? 3 : group == 64 ? 2 : 1; }
-
 // A lane's scales (and zero terms) of one K step: per slot, row r in the low half and r + 8 in
 // the high half. kSlots: the scale groups of a step, 1 (groups of 128 or more), 2 (64) or 4
 // (32); K block j of the step is in slot j * kSlots / 8, known when the kernel is compiled. kZero:
@@ -236,7 +232,7 @@ struct WeightTile {
   int64_t step_bytes;            // from one K step's atom to the next: N / 16 KB
   const unsigned short* scale;  // 16-bit scales [K / group, N]
   const unsigned short* zero;   // zero terms in the same layout, or null
-  int group, shift;
+  int group;
   int steps_per_row;             // groups of 128 or more: K steps per scale row (else 0)
 
   __device__ __forceinline__ WeightTile(const Params& p, int group_index, int first_row) : g(group_index) {
@@ -249,7 +245,6 @@ struct WeightTile {
     atom = static_cast<const char*>(p.ptr_b[g]) + int64_t(n0 / 16) * 1024 + 32 * (threadIdx.x & 31);
     scale = reinterpret_cast<const unsigned short*>(p.ptr_sfb[g]);
     group = p.group;
-    shift = slot_shift(group);
     steps_per_row = group >= kStepK ? group / kStepK : 0;
     zero = p.zero ? p.zero + int64_t(g) * (k / group) * n : nullptr;
   }

@@ -237,21 +237,23 @@ struct DecodeW4Wgmma {
 
   static size_t workspace_size(int, int) { return 0; }
 
-  // The scales come 8 columns (16 bytes) at a time, a step's 128 values in whole groups.
+  // The scales come 8 columns (16 bytes) at a time, a step's 128 values in whole groups; MXFP4
+  // (E2M1) weights in groups of 32 without zero terms, the one form built for them.
   static int check(const GroupedGemmArgs& a, char* err, size_t errlen) {
-    return decode_w4::check_args<In>(a, "4-bit wgmma decode GEMM", 16, err, errlen);
+    if (int st = decode_w4::check_args<In>(a, "4-bit wgmma decode GEMM", 16, err, errlen)) return st;
+    if (!kInt4 && (a.weight_group != 32 || a.zero_base)) {
+      snprintf(err, errlen, "4-bit wgmma decode GEMM: MXFP4 weights take scale groups of 32 and no zero terms "
+               "(group %d%s)", a.weight_group, a.zero_base ? ", zero terms given" : "");
+      return MOEK_UNSUPPORTED;
+    }
+    return MOEK_OK;
   }
 
   // Built per scale groups a step and zero terms, so that the kernel's loop holds no runtime
-  // group arithmetic; MXFP4 (E2M1) always has groups of 32 and no zero terms.
+  // group arithmetic.
   static int run(const GroupedGemmArgs& a, char* err, size_t errlen) {
     if (int st = check(a, err, errlen)) return st;
     if constexpr (!kInt4) {
-      if (a.weight_group != 32 || a.zero_base) {
-        snprintf(err, errlen, "4-bit wgmma decode GEMM: MXFP4 weights take scale groups of 32 and no zero terms "
-                 "(group %d%s)", a.weight_group, a.zero_base ? ", zero terms given" : "");
-        return MOEK_UNSUPPORTED;
-      }
       return launch<4, false>(a, err, errlen);
     } else {
       if (a.weight_group == 32) return a.zero_base ? launch<4, true>(a, err, errlen) : launch<4, false>(a, err, errlen);

@@ -151,9 +151,7 @@ __device__ __forceinline__ void copy_step(const Tile& t, int m0, int s, int n_bl
     cp_async::copy_16(smem_addr(sm.weights[stage] + 32 * tid), src, t.w_ok);
     cp_async::copy_16(smem_addr(sm.weights[stage] + 32 * tid + 16), src + 16, t.w_ok);
     if (tid < 8 * kGroups) {  // the step's groups, 64 rows each, 16 bytes a thread
-      // The group's row, with no division by the runtime group on the common paths.
-      const int gi = tid >> 3, n = n_block + 8 * (tid & 7);
-      const int kg = kGroups > 1 ? s * kGroups + gi : t.group == kStepK ? s : s * kStepK / t.group;
+      const int gi = tid >> 3, n = n_block + 8 * (tid & 7), kg = (s * kStepK) / t.group + gi;
       const bool ok = n < t.n && kg * t.group < t.k;
       cp_async::copy_16(smem_addr(&sm.scales[stage][gi][8 * (tid & 7)]), t.scale + (ok ? int64_t(kg) * t.n + n : 0), ok);
     }
@@ -224,12 +222,11 @@ __global__ void __launch_bounds__(kThreads, kN >= 32 ? 3 : 4) decode_w4a8_wgmma_
             rows_of<W>(lo, hi, a[c][2 * h], a[c][2 * h + 1]);
           }
         float part[kGroups][kN / 2] = {};
-        // K blocks 2c, 2c + 1 of the tokens: the stage's descriptor plus a constant (addresses in
-        // units of 16 bytes stay inside the 14-bit field: shared memory is under 256 KB).
-        const uint64_t tok = desc(smem_addr(sm.tokens[stage]), kLbo, kSbo);
+        const uint32_t tok = smem_addr(sm.tokens[stage]);
         decode_w4_wgmma::wgmma_fence();
 #pragma unroll
-        for (int c = 0; c < 4; ++c) wgmma_e4m3<kN>(part[c / kPerGroup], a[c], tok + 2 * c * kLbo / 16, c % kPerGroup);
+        for (int c = 0; c < 4; ++c)
+          wgmma_e4m3<kN>(part[c / kPerGroup], a[c], desc(tok + 2 * c * kLbo, kLbo, kSbo), c % kPerGroup);
         decode_w4_wgmma::wgmma_commit_wait();
 #pragma unroll
         for (int gi = 0; gi < kGroups; ++gi) {
