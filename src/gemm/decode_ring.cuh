@@ -76,15 +76,20 @@ struct Group {
 // Rows row0 .. row0 + kCount - 1 of K step s (of `rows` rows at `src`, ld bytes apart) into the
 // operand at dst, zeros past `rows` and past K. k_bytes % 16 == 0 (check), so a chunk lies wholly
 // inside K or wholly past it.
+// Each thread copies the same chunk c of rows r0, r0 + kThreads / kChunks, ...: a trip count
+// known when compiling, so the copies unroll with no loop and no per-chunk division.
 template <int kCount, int kStepBytes>
 __device__ __forceinline__ void copy_rows(uint32_t dst, const char* src, int64_t ld, int row0, int rows,
                                           int64_t k_bytes, int s) {
-  constexpr int kChunks = kStepBytes / 16;
+  constexpr int kChunks = kStepBytes / 16, kRowStride = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && (kCount * kChunks) % kThreads == 0, "whole chunks per thread");
+  const int r0 = threadIdx.x / kChunks, c = threadIdx.x % kChunks;
+  const int64_t kb = int64_t(s) * kStepBytes + 16 * c;
+  const bool k_ok = kb < k_bytes;
 #pragma unroll
-  for (int id = threadIdx.x; id < kCount * kChunks; id += kThreads) {
-    const int r = id / kChunks, c = id % kChunks;
-    const int64_t kb = int64_t(s) * kStepBytes + 16 * c;
-    const bool ok = row0 + r < rows && kb < k_bytes;
+  for (int i = 0; i < kCount * kChunks / kThreads; ++i) {
+    const int r = r0 + i * kRowStride;
+    const bool ok = k_ok && row0 + r < rows;
     cp_async::copy_16(dst + slot<kStepBytes>(r, c), src + (ok ? (row0 + r) * ld + kb : 0), ok);
   }
 }
