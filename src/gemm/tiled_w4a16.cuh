@@ -101,6 +101,7 @@ __device__ __forceinline__ void group_tile(const Params& p, int g, Stage<In, kTo
   const char* abase = static_cast<const char*>(p.ptr_a[g]);
   const int64_t lda = p.stride_a[g] * int64_t(sizeof(In));
   constexpr int kC = kChunks<In>, kPerChunk = 16 / int(sizeof(In));  // chunks per row, values per chunk
+  constexpr int kTokenCopies = (kTokens * kC + kWarps * 32 - 1) / (kWarps * 32);  // token chunks per thread, at most
   constexpr bool kScaledRows = sizeof(In) == 1;
   const float* sfa = kScaledRows ? p.ptr_sfa[g] : nullptr;
   const unsigned short* scale = reinterpret_cast<const unsigned short*>(p.ptr_sfb[g]);
@@ -119,7 +120,10 @@ __device__ __forceinline__ void group_tile(const Params& p, int g, Stage<In, kTo
         const bool ok = s < k_stages && n0 + 16 * warp < n;
         cp_async16(&st.weights[warp][lane], ok ? watom + (s / 2) * step_bytes + 16 * (s % 2) : watom, ok);
       }
-      for (int i = tid; i < kTokens * kC; i += kWarps * 32) {  // tokens: kTokens rows x kC chunks
+#pragma unroll
+      for (int j = 0; j < kTokenCopies; ++j) {  // tokens: kTokens rows x kC chunks, a fixed count per thread
+        const int i = tid + j * kWarps * 32;
+        if (kTokens * kC % (kWarps * 32) != 0 && i >= kTokens * kC) break;
         const int m = i / kC, c = i % kC;
         const bool ok = s < k_stages && m0 + m < m_rows && k0 + kPerChunk * c < k;
         cp_async16(&st.tokens[m][swizzle<In>(m, c)],
@@ -152,7 +156,10 @@ __device__ __forceinline__ void group_tile(const Params& p, int g, Stage<In, kTo
       cp_async_commit();
       const Stage<In, kTokens>& st = stages[s % kStages];
       if constexpr (kScaledRows) {  // E4M3 chunk c (values 16c ..) -> 16-bit chunks 2c, 2c + 1
-        for (int i = tid; i < kTokens * kC; i += kWarps * 32) {
+#pragma unroll
+        for (int j = 0; j < kTokenCopies; ++j) {
+          const int i = tid + j * kWarps * 32;
+          if (kTokens * kC % (kWarps * 32) != 0 && i >= kTokens * kC) break;
           const int m = i / kC, c = i % kC;
           const uint4 raw = st.tokens[m][swizzle<In>(m, c)];
           uint4 lo, hi;
