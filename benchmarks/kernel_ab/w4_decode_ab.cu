@@ -68,7 +68,7 @@ __device__ __forceinline__ void fragment<__nv_bfloat16, placed::Unfolded>(uint32
 
 namespace ring_mma {
 using namespace moe_kernels;
-using namespace moe_kernels::decode_w4_wgmma;  // Smem, copy_step, kStages, kColumns, kThreads
+using namespace moe_kernels::decode_w4_wgmma;  // Smem, copy_step, dequantize_step, kStages, kColumns, kThreads
 using decode_w4::Params;
 using decode_w4::TokenRows;
 using decode_w4::WeightTile;
@@ -89,25 +89,8 @@ __device__ __forceinline__ void block_tile(const Params& p, const WeightTile<T>&
       cp_async::wait<kStages - 2>();
       __syncthreads();  // step j landed for everyone; everyone done with step j - 1's stage
       copy_step<T, kN, kSlots, kZero>(p, t, x_rows, m0, j + kStages - 1, n_block, sm, (j + kStages - 1) % kStages);
-      const uint4 w[2] = {*reinterpret_cast<const uint4*>(sm.weights[stage] + 32 * tid),
-                          *reinterpret_cast<const uint4*>(sm.weights[stage] + 32 * tid + 16)};
-      uint32_t s_lo[kSlots], s_hi[kSlots], z_lo[kSlots], z_hi[kSlots];
-#pragma unroll
-      for (int c = 0; c < kSlots; ++c) {
-        s_lo[c] = sm.scales[stage][c][row0] * 0x10001u;
-        s_hi[c] = sm.scales[stage][c][row0 + 8] * 0x10001u;
-        z_lo[c] = kZero ? sm.zeros[stage][c][row0] * 0x10001u : 0u;
-        z_hi[c] = kZero ? sm.zeros[stage][c][row0 + 8] * 0x10001u : 0u;
-      }
       uint32_t av[8][4];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int c = j * kSlots / 8;
-        decode_w4::fragment<T, W>(decode::word(w[j >> 2], j & 3), av[j]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          av[j][e] = decode_w4::fma2<T>(av[j][e], e & 1 ? s_hi[c] : s_lo[c], e & 1 ? z_hi[c] : z_lo[c]);
-      }
+      dequantize_step<T, W, kN, kSlots, kZero>(sm, stage, tid, row0, av);
       // Core matrix (token block u, k block kb) at (kb * kN / 8 + u) * 128 bytes: ldmatrix of k
       // blocks 2j .. 2j + 3 gives the B registers of K blocks j and j + 1 (token r, k 2q, 2q + 1).
       const uint32_t tok = smem_addr(sm.tokens[stage]);

@@ -153,6 +153,32 @@ __device__ __forceinline__ void copy_step(const Params& p, const WeightTile<T>& 
   copy_tokens<T, kN>(x, m0, t.k, t.steps, s, smem_addr(sm.tokens[stage]), tid);  // commits the group
 }
 
+// Thread tid's A registers of ring stage `stage` (rows row0 and row0 + 8 of its warp, the step's
+// eight 16-deep K blocks): its 32 bytes dequantized and scaled (plus zero terms), one scale pair
+// per slot (K block j in slot j * kSlots / 8), each in both halves of a register.
+template <class T, class W, int kN, int kSlots, bool kZero>
+__device__ __forceinline__ void dequantize_step(const Smem<kN>& sm, int stage, int tid, int row0,
+                                                uint32_t (&av)[8][4]) {
+  const uint4 w[2] = {*reinterpret_cast<const uint4*>(sm.weights[stage] + 32 * tid),
+                      *reinterpret_cast<const uint4*>(sm.weights[stage] + 32 * tid + 16)};
+  uint32_t s_lo[kSlots], s_hi[kSlots], z_lo[kSlots], z_hi[kSlots];
+#pragma unroll
+  for (int c = 0; c < kSlots; ++c) {
+    s_lo[c] = sm.scales[stage][c][row0] * 0x10001u;
+    s_hi[c] = sm.scales[stage][c][row0 + 8] * 0x10001u;
+    z_lo[c] = kZero ? sm.zeros[stage][c][row0] * 0x10001u : 0u;
+    z_hi[c] = kZero ? sm.zeros[stage][c][row0 + 8] * 0x10001u : 0u;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int c = j * kSlots / 8;
+    decode_w4::fragment<T, W>(decode::word(w[j >> 2], j & 3), av[j]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e)  // a1, a3: row + 8
+      av[j][e] = decode_w4::fma2<T>(av[j][e], e & 1 ? s_hi[c] : s_lo[c], e & 1 ? z_hi[c] : z_lo[c]);
+  }
+}
+
 // One block: 64 weight rows (n_block ..) of group g for all of its tokens, kN at a time.
 template <class In, class T, class W, int kN, int kSlots, bool kZero>
 __device__ __forceinline__ void block_tile(const Params& p, const WeightTile<T>& t, int n_block, Smem<kN>& sm) {
@@ -174,27 +200,8 @@ __device__ __forceinline__ void block_tile(const Params& p, const WeightTile<T>&
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();  // step j landed for everyone; everyone done with step j - 1's stage
       copy_step<T, kN, kSlots, kZero>(p, t, x_rows, m0, j + kStages - 1, n_block, sm, (j + kStages - 1) % kStages);
-      const uint4 w[2] = {*reinterpret_cast<const uint4*>(sm.weights[stage] + 32 * tid),
-                          *reinterpret_cast<const uint4*>(sm.weights[stage] + 32 * tid + 16)};
-      // The step's scales (and zero terms) for rows row0 and row0 + 8, each in both halves of a
-      // register: one pair per slot (K blocks j of slot j * kSlots / 8).
-      uint32_t s_lo[kSlots], s_hi[kSlots], z_lo[kSlots], z_hi[kSlots];
-#pragma unroll
-      for (int c = 0; c < kSlots; ++c) {
-        s_lo[c] = sm.scales[stage][c][row0] * 0x10001u;
-        s_hi[c] = sm.scales[stage][c][row0 + 8] * 0x10001u;
-        z_lo[c] = kZero ? sm.zeros[stage][c][row0] * 0x10001u : 0u;
-        z_hi[c] = kZero ? sm.zeros[stage][c][row0 + 8] * 0x10001u : 0u;
-      }
       uint32_t av[8][4];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int c = j * kSlots / 8;
-        decode_w4::fragment<T, W>(decode::word(w[j >> 2], j & 3), av[j]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e)  // a1, a3: row + 8
-          av[j][e] = decode_w4::fma2<T>(av[j][e], e & 1 ? s_hi[c] : s_lo[c], e & 1 ? z_hi[c] : z_lo[c]);
-      }
+      dequantize_step<T, W, kN, kSlots, kZero>(sm, stage, tid, row0, av);
       // K blocks 2j, 2j + 1 of the tokens: the stage's descriptor plus a constant (addresses in
       // units of 16 bytes stay inside the 14-bit field: shared memory is under 256 KB).
       const uint64_t tok = desc(smem_addr(sm.tokens[stage]), kLbo, kSbo);
